@@ -1,0 +1,67 @@
+"""Errors raised by triton-builder, and the policy for using them.
+
+Policy
+------
+- ``UserInputError`` (exit 2): the user can fix it by editing the spec, a file or an argument.
+  The message names the field or file and says how to fix it. Raised *before* anything is
+  written. The CLI prints the message alone, never a traceback.
+- ``VerificationError`` (exit 1): the build ran but a numerical check failed. The message lists
+  every failing output with its numbers, one per line::
+
+      onnx failed verification:
+      - logits: rel L2 3.1e-02 > 1e-05 (max abs 2.0e-01, cosine 0.9990)
+
+- ``ServerError`` (exit 2): a server could not be reached, started or made ready; the message
+  quotes the server's own reason where it has one.
+- ``BuilderError``: the base; catch it to handle all of the above. Anything else escaping the
+  library is a bug and keeps its traceback.
+
+Usage::
+
+    from builder.errors import UserInputError
+    raise UserInputError("spec.yaml: field 'name': '../x' ... use letters, digits, '_' and '-'")
+"""
+
+from __future__ import annotations
+
+
+class BuilderError(Exception):
+    """Base of every error the library raises on purpose."""
+
+    exit_code = 1
+
+
+class UserInputError(BuilderError):
+    """Bad spec, file or argument: fixable by the user. Exit code 2."""
+
+    exit_code = 2
+
+
+class VerificationError(BuilderError):
+    """A variant's outputs differ from the reference beyond tolerance. Exit code 1."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, failures: list[str] | None = None):
+        self.failures = list(failures or [])
+        if self.failures:
+            message = message + "\n" + "\n".join(f"- {line}" for line in self.failures)
+        super().__init__(message)
+
+
+class ServerError(BuilderError):
+    """The server could not be started, reached, or made ready. Exit code 2."""
+
+    exit_code = 2
+
+
+class ServerDiedError(ServerError):
+    """The server process ended while we relied on it."""
+
+
+def unknown_choice(kind: str, name: str, known: list[str] | tuple[str, ...], how_to_add: str = "") -> UserInputError:
+    """The registry error: names the unknown thing, lists the supported ones and how to add one."""
+    text = f"unknown {kind} '{name}'; supported: {', '.join(sorted(known))}"
+    if how_to_add:
+        text += f". To add one: {how_to_add}"
+    return UserInputError(text)

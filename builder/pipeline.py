@@ -1,0 +1,93 @@
+"""Runs the stages in order and records each result; the report is made from those records.
+
+Usage::
+
+    result = build("examples/digits/spec.yaml", repository="model_repository")
+    result.published[0]["path"], result.rows    # where it went, the summary table rows
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from builder.errors import BuilderError, VerificationError
+from builder.repository.layout import check_version_free
+from builder.spec import ModelSpec, load_spec
+from builder.stages.base import BuildContext, BuildOptions, StageResult, Status, timed
+
+
+@dataclass
+class BuildResult:
+    context: BuildContext
+    published: list[dict[str, Any]]
+    rows: list[dict[str, Any]]
+
+    @property
+    def results(self) -> list[StageResult]:
+        return self.context.results
+
+
+def build(spec: str | Path | ModelSpec, repository: str | Path = "model_repository", *,
+          variants: list[str] | None = None, target: str | None = None, strict: bool = False,
+          publish_variants: bool | None = None, benchmark_seconds: float | None = None,
+          progress: Callable[[str], None] = print) -> BuildResult:
+    """Build, verify and publish one model spec into the repository. Raises BuilderError subclasses."""
+    from builder.report import variant_rows
+    from builder.stages import PIPELINE
+    from builder.variants import resolve_variants
+
+    model_spec = spec if isinstance(spec, ModelSpec) else load_spec(spec)
+    options = BuildOptions(repository=Path(repository).resolve(), variants=variants, target=target, strict=strict,
+                           benchmark_seconds=benchmark_seconds, publish_variants=publish_variants)
+    if target is not None:
+        from builder.spec import TARGETS
+        if target not in TARGETS:
+            from builder.errors import unknown_choice
+            raise unknown_choice("target", target, TARGETS, "targets are fixed: embedded, cpu, gpu")
+    check_version_free(options.repository, model_spec.name, model_spec.version)
+    workdir = Path(tempfile.mkdtemp(prefix=f"triton-builder-{model_spec.name}-"))
+    ctx = BuildContext(spec=model_spec, options=options, workdir=workdir, progress=progress)
+    ctx.requested_variants = resolve_variants(variants or model_spec.variants, ctx.target)
+    progress(f"building {model_spec.name} (target {ctx.target}; variants: {', '.join(ctx.requested_variants)})")
+    try:
+        for index, (name, module, required) in enumerate(PIPELINE, 1):
+            progress(f"[{index}/{len(PIPELINE)}] {name} ...")
+            result = timed(module.run, ctx, name)
+            ctx.results.append(result)
+            reason = result.reason.splitlines()[0] if result.reason else ""
+            progress(f"[{index}/{len(PIPELINE)}] {name}: {result.status.value} ({result.seconds:.1f} s) {reason}")
+            if name == "verify" and strict:
+                _raise_if_any_failed(ctx)
+            if result.status is Status.FAIL and required:
+                _raise_for(ctx, result)
+        published = next(r.outputs["published"] for r in ctx.results if r.stage == "publish")
+        return BuildResult(ctx, published, variant_rows(ctx))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _variant_failures(ctx: BuildContext) -> list[str]:
+    lines = []
+    for v in ctx.variants:
+        if v.rejected:
+            lines.append(f"{v.name}: " + v.rejected.replace("\n", "\n  "))
+    return lines
+
+
+def _raise_if_any_failed(ctx: BuildContext) -> None:
+    failed = [v for v in ctx.variants if v.verified is False]
+    if failed:
+        raise VerificationError(f"{ctx.spec.name}: {len(failed)} variant(s) failed verification (--strict)",
+                                _variant_failures(ctx))
+
+
+def _raise_for(ctx: BuildContext, result: StageResult) -> None:
+    if result.stage in ("verify", "select"):
+        raise VerificationError(f"{ctx.spec.name}: {result.reason}; nothing was published",
+                                _variant_failures(ctx) + [f"{r.stage}: {r.reason}" for r in ctx.results
+                                                          if r.status is Status.FAIL and r.stage.startswith("export")])
+    raise BuilderError(f"{ctx.spec.name}: stage {result.stage} failed: {result.reason}")

@@ -1,0 +1,205 @@
+"""The Triton model config as a validated object, rendered to text from templates/config/ and
+checked with Triton's own protobuf schema before anything is written.
+
+Usage::
+
+    config = ModelConfig(name="digits_cnn", backend="python", max_batch_size=64,
+                         inputs=[TensorConfig("image", "TYPE_FP32", [1, 8, 8])],
+                         outputs=[TensorConfig("logits", "TYPE_FP32", [10])])
+    text = render_config(config)          # raises BuilderError if Triton's schema rejects it
+    parsed = parse_config(text)           # a tritonclient model_config_pb2.ModelConfig
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from builder.errors import BuilderError, UserInputError, unknown_choice
+from builder.spec import NAME_PATTERN, TRITON_DTYPES
+
+TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
+INSTANCE_KINDS = ("KIND_CPU", "KIND_GPU", "KIND_AUTO")
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    name: str  # the key users and metadata use
+    template: str
+    model_filename: str
+    formats: tuple[str, ...]
+    embedded: bool  # the embedded (nvidia-pytriton) tritonserver can load it
+    triton_backend: str  # the backend library Triton needs
+
+
+BACKENDS: dict[str, BackendInfo] = {}
+
+
+def register_backend(info: BackendInfo) -> BackendInfo:
+    BACKENDS[info.name] = info
+    return info
+
+
+register_backend(BackendInfo("onnxruntime_onnx", "onnxruntime_onnx.pbtxt.j2", "model.onnx", ("onnx",), False, "onnxruntime"))
+register_backend(BackendInfo("pytorch_libtorch", "pytorch_libtorch.pbtxt.j2", "model.pt", ("torchscript",), False, "pytorch"))
+register_backend(BackendInfo("tensorrt_plan", "tensorrt_plan.pbtxt.j2", "model.plan", ("plan",), False, "tensorrt"))
+register_backend(BackendInfo("python", "python.pbtxt.j2", "model.py", ("onnx", "torchscript"), True, "python"))
+
+
+def backend_info(name: str) -> BackendInfo:
+    if name not in BACKENDS:
+        raise unknown_choice("backend", name, list(BACKENDS),
+                             "add a template under templates/config/ and register_backend(BackendInfo(...)) "
+                             "in builder/repository/config.py")
+    return BACKENDS[name]
+
+
+def backend_for(target: str, fmt: str) -> str:
+    """Which backend serves a variant of this format on this target."""
+    if target == "embedded":
+        if fmt not in BACKENDS["python"].formats:
+            raise UserInputError(f"the embedded target serves ONNX and TorchScript only, not '{fmt}'; "
+                                 "use target gpu for TensorRT plans")
+        return "python"
+    native = [b.name for b in BACKENDS.values() if fmt in b.formats and not b.embedded]
+    if not native:
+        raise UserInputError(f"no Triton backend serves format '{fmt}'")
+    return native[0]
+
+
+@dataclass
+class TensorConfig:
+    name: str
+    data_type: str
+    dims: list[int]
+
+
+@dataclass
+class DynamicBatching:
+    max_queue_delay_microseconds: int = 0
+    preferred_batch_size: list[int] = field(default_factory=list)
+
+
+@dataclass
+class InstanceGroup:
+    kind: str = "KIND_CPU"
+    count: int = 1
+    gpus: list[int] = field(default_factory=list)
+
+
+@dataclass
+class WarmupInput:
+    name: str
+    data_type: str
+    dims: list[int]
+    zero: bool = False  # integer inputs (token ids) get zeros: random ids may be out of range
+
+
+@dataclass
+class Warmup:
+    name: str
+    batch_size: int
+    inputs: list[WarmupInput]
+
+
+@dataclass
+class ModelConfig:
+    name: str
+    backend: str
+    max_batch_size: int
+    inputs: list[TensorConfig]
+    outputs: list[TensorConfig]
+    dynamic_batching: DynamicBatching | None = None
+    instance_groups: list[InstanceGroup] = field(default_factory=lambda: [InstanceGroup()])
+    version_policy: str = "latest"
+    warmups: list[Warmup] = field(default_factory=list)
+    parameters: dict[str, str] = field(default_factory=dict)
+    optimization: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not NAME_PATTERN.match(self.name or ""):
+            problems.append(f"name {self.name!r}: use letters, digits, '_' and '-' only")
+        backend_info(self.backend)
+        if self.max_batch_size < 0:
+            problems.append("max_batch_size must be >= 0")
+        if not self.inputs or not self.outputs:
+            problems.append("at least one input and one output are needed")
+        valid_types = set(TRITON_DTYPES.values())
+        for t in (*self.inputs, *self.outputs):
+            if not NAME_PATTERN.match(t.name):
+                problems.append(f"tensor name {t.name!r}: use letters, digits, '_' and '-' only")
+            if t.data_type not in valid_types:
+                problems.append(f"tensor {t.name}: data_type {t.data_type} is not one of {sorted(valid_types)}")
+            if not t.dims or any(d == 0 or d < -1 for d in t.dims):
+                problems.append(f"tensor {t.name}: dims {t.dims} must be non-empty, each > 0 or -1")
+        if self.dynamic_batching is not None:
+            if self.max_batch_size == 0:
+                problems.append("dynamic_batching needs max_batch_size > 0")
+            too_big = [s for s in self.dynamic_batching.preferred_batch_size if s > self.max_batch_size or s < 1]
+            if too_big:
+                problems.append(f"preferred_batch_size {too_big} must be within 1..max_batch_size")
+            if self.dynamic_batching.max_queue_delay_microseconds < 0:
+                problems.append("max_queue_delay_microseconds must be >= 0")
+        for g in self.instance_groups:
+            if g.kind not in INSTANCE_KINDS or g.count < 1:
+                problems.append(f"instance_group {g}: kind in {INSTANCE_KINDS}, count >= 1")
+        if self.version_policy not in ("latest", "all"):
+            problems.append("version_policy must be latest or all")
+        for w in self.warmups:
+            if any(d < 1 for i in w.inputs for d in i.dims):
+                problems.append(f"warmup {w.name}: dims must be concrete (no -1)")
+        if problems:
+            raise BuilderError(f"invalid model config for '{self.name}': " + "; ".join(problems))
+
+    @property
+    def default_model_filename(self) -> str:
+        return backend_info(self.backend).model_filename
+
+
+def _pbstr(value: Any) -> str:
+    """Escape a value for a protobuf text string literal."""
+    text = str(value)
+    if re.search(r"[\x00-\x1f]", text):
+        raise BuilderError(f"control characters are not allowed in config values: {text!r}")
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _environment():
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, trim_blocks=False, autoescape=False)
+    env.filters["pbstr"] = _pbstr
+    return env
+
+
+def render_config(config: ModelConfig) -> str:
+    info = backend_info(config.backend)
+    template = _environment().get_template(f"config/{info.template}")
+    text = template.render(c=config, template_name=info.template)
+    text = "\n".join(line.rstrip() for line in text.splitlines() if line.strip()) + "\n"
+    parsed = parse_config(text)
+    if parsed.name != config.name:
+        raise BuilderError(f"rendered config name {parsed.name!r} != {config.name!r}")
+    return text
+
+
+def parse_config(text: str):
+    """Parse config text with Triton's own schema (tritonclient's model_config_pb2)."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    message = model_config_pb2.ModelConfig()
+    try:
+        text_format.Parse(text, message)
+    except text_format.ParseError as exc:
+        raise BuilderError(f"config does not parse with Triton's schema: {exc}") from None
+    return message
+
+
+def config_as_dict(text: str) -> dict[str, Any]:
+    from google.protobuf import json_format
+    return json_format.MessageToDict(parse_config(text), preserving_proto_field_name=True)

@@ -1,0 +1,112 @@
+"""`triton-builder validate <repo>/<name>`: the CI/CD regression check of a published model.
+
+Re-checks, for each version (or the one asked for): the config parses with Triton's schema and
+names the model folder; every file's sha256 matches metadata.yaml; the model file, run in-process,
+reproduces reference.npz within the tolerance recorded at build time.
+
+Usage::
+
+    report = validate_model("model_repository/digits_cnn")
+    report.ok, report.failures     # failures: one line per problem, with numbers
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from builder.errors import UserInputError
+from builder.files import sha256_file
+from builder.repository.config import parse_config
+from builder.repository.layout import existing_versions
+from builder.repository.metadata import read_metadata, read_reference
+from builder.runtime import open_runner
+from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures
+
+
+@dataclass
+class VersionCheck:
+    version: int
+    failures: list[str] = field(default_factory=list)
+    metrics: dict = field(default_factory=dict)
+    skipped: str = ""
+
+
+@dataclass
+class ValidationReport:
+    model: str
+    path: Path
+    versions: list[VersionCheck] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and all(not v.failures for v in self.versions)
+
+    def lines(self) -> list[str]:
+        out = [f"- {f}" for f in self.failures]
+        for v in self.versions:
+            if v.skipped:
+                out.append(f"version {v.version}: SKIPPED ({v.skipped})")
+            elif v.failures:
+                out.append(f"version {v.version}: FAIL")
+                out.extend(f"  - {f}" for f in v.failures)
+            else:
+                worst = max((m.get("rel_l2", 0.0) for m in v.metrics.values()), default=0.0)
+                out.append(f"version {v.version}: OK (hashes match; worst rel L2 {worst:.1e})")
+        return out
+
+
+def validate_model(model_path: str | Path, version: int | None = None, *, gpu: str | None = None,
+                   tensorrt_version: str | None = None) -> ValidationReport:
+    folder = Path(model_path).resolve()
+    if not folder.is_dir():
+        raise UserInputError(f"{model_path}: no such model folder; pass <repository>/<model name>")
+    report = ValidationReport(model=folder.name, path=folder)
+    config_path = folder / "config.pbtxt"
+    if not config_path.is_file():
+        raise UserInputError(f"{config_path} is missing: not a model folder")
+    try:
+        config = parse_config(config_path.read_text())
+    except Exception as exc:  # noqa: BLE001
+        report.failures.append(f"config.pbtxt: {exc}")
+        return report
+    if config.name != folder.name:
+        report.failures.append(f"config.pbtxt: name '{config.name}' != folder name '{folder.name}'")
+    versions = existing_versions(folder)
+    if version is not None:
+        if version not in versions:
+            raise UserInputError(f"{folder.name} has no version {version} (it has: {versions or 'none'})")
+        versions = [version]
+    if not versions:
+        report.failures.append("no version folders")
+    for number in versions:
+        report.versions.append(_check_version(folder / str(number), number, gpu, tensorrt_version))
+    return report
+
+
+def _check_version(folder: Path, number: int, gpu: str | None, tensorrt_version: str | None) -> VersionCheck:
+    check = VersionCheck(number)
+    meta = read_metadata(folder / "metadata.yaml")
+    for name, expected in (meta.get("files_sha256") or {}).items():
+        path = folder / name
+        if not path.is_file():
+            check.failures.append(f"{name}: missing")
+        elif sha256_file(path) != expected:
+            check.failures.append(f"{name}: sha256 differs from metadata.yaml (file changed after the build)")
+    artifact = meta["artifact"]
+    if artifact["format"] == "plan":
+        from builder.repository.compatibility import plan_compatibility_failures
+        check.failures.extend(plan_compatibility_failures(meta, gpu=gpu, tensorrt_version=tensorrt_version))
+        check.skipped = "" if check.failures else "TensorRT plans are re-run on the GPU host only"
+        return check
+    if check.failures:
+        return check
+    cases, outputs = read_reference(folder / "reference.npz")
+    output_names = [o["name"] for o in meta["spec"]["outputs"]]
+    input_names = [i["name"] for i in meta["spec"]["inputs"]]
+    run = open_runner(artifact["format"], folder / artifact["file"], output_names, input_names)
+    check.metrics = merge_case_metrics([compare_outputs(ref, run(case["inputs"])) for case, ref in zip(cases, outputs)])
+    tolerance = (meta.get("verification") or {}).get("tolerance") or {"rel_l2": 1e-5}
+    check.failures.extend(tolerance_failures(check.metrics, tolerance))
+    return check

@@ -1,0 +1,465 @@
+"""The model spec: the YAML contract users write, as validated dataclasses.
+
+Every error names the file and the field, and says how to fix it::
+
+    >>> spec = load_spec("examples/digits/spec.yaml")
+    >>> spec.name, spec.inputs[0].shape, spec.max_batch_size
+    ('digits_cnn', [1, 8, 8], 64)
+
+Relative paths resolve against the spec file's folder; that folder is importable for
+``source.module``. See README.md "Spec reference" for every key.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from builder.errors import UserInputError
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+MODULE_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+# numpy dtype name -> Triton data type. The single place dtypes are defined.
+TRITON_DTYPES = {
+    "float32": "TYPE_FP32",
+    "float16": "TYPE_FP16",
+    "float64": "TYPE_FP64",
+    "int64": "TYPE_INT64",
+    "int32": "TYPE_INT32",
+    "int16": "TYPE_INT16",
+    "int8": "TYPE_INT8",
+    "uint8": "TYPE_UINT8",
+    "bool": "TYPE_BOOL",
+}
+TARGETS = ("embedded", "cpu", "gpu")
+OBJECTIVES = ("throughput", "latency")
+
+# Default tolerances per precision: relative L2 error of each output against the reference.
+DEFAULT_TOLERANCES = {
+    "fp32": {"rel_l2": 1e-5},
+    "fp16": {"rel_l2": 1e-2},
+    "int8": {"rel_l2": 0.1},
+}
+
+
+def validate_model_name(name: Any, where: str = "name") -> str:
+    """A Triton model name: letters, digits, '_' and '-' only (no paths, quotes or spaces)."""
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise UserInputError(
+            f"{where}: {name!r} is not a valid model name; use 1-128 letters, digits, '_' and '-' "
+            "only (no '/', '..', quotes or spaces), e.g. digits_cnn"
+        )
+    return name
+
+
+@dataclass
+class TensorSpec:
+    name: str
+    dtype: str = "float32"
+    shape: list[int] = field(default_factory=list)
+    value_range: tuple[float, float] | None = None
+    min_shape: list[int] | None = None
+    opt_shape: list[int] | None = None
+    max_shape: list[int] | None = None
+
+    @property
+    def triton_dtype(self) -> str:
+        return TRITON_DTYPES[self.dtype]
+
+    @property
+    def dynamic(self) -> bool:
+        return any(d == -1 for d in self.shape)
+
+    def concrete_shape(self, dynamic_size: int) -> list[int]:
+        """The per-sample shape with every -1 replaced by ``dynamic_size``."""
+        return [dynamic_size if d == -1 else d for d in self.shape]
+
+    def profile_shapes(self) -> dict[str, list[int]]:
+        """min/opt/max per-sample shapes (TensorRT profiles, warm-up, generated inputs)."""
+        return {
+            "min": self.min_shape or self.concrete_shape(1),
+            "opt": self.opt_shape or self.concrete_shape(16),
+            "max": self.max_shape or self.concrete_shape(64),
+        }
+
+
+@dataclass
+class OutputSpec:
+    name: str
+    dtype: str | None = None
+    shape: list[int] | None = None
+
+
+@dataclass
+class SourceSpec:
+    kind: str  # module | torchscript | onnx
+    value: str  # "pkg.mod:callable" or a resolved file path
+    weights: Path | None = None
+
+    @property
+    def path(self) -> Path | None:
+        return Path(self.value) if self.kind in ("torchscript", "onnx") else None
+
+
+@dataclass
+class DataSpec:
+    calibration: Path | None = None
+    validation: Path | None = None
+
+
+@dataclass
+class VerifySpec:
+    batch_sizes: list[int] | None = None
+    dynamic_sizes: list[int] | None = None
+    tolerances: dict[str, dict[str, float]] = field(default_factory=dict)
+    max_accuracy_drop: float = 1.0  # percentage points
+    seed: int = 0
+
+    def tolerance(self, precision: str) -> dict[str, float]:
+        merged = dict(DEFAULT_TOLERANCES.get(precision, DEFAULT_TOLERANCES["fp32"]))
+        merged.update(self.tolerances.get(precision, {}))
+        return merged
+
+
+@dataclass
+class DeploySpec:
+    target: str = "embedded"
+    instances: int = 1
+    dynamic_batching: bool = True
+    max_queue_delay_microseconds: int = 0
+    preferred_batch_sizes: list[int] = field(default_factory=list)
+    warmup: bool = True
+    publish_variants: bool = False
+    version_policy: str = "latest"  # latest | all
+
+
+@dataclass
+class OnnxSpec:
+    exporter: str = "auto"  # auto (dynamo, legacy on failure) | dynamo | legacy
+    opset: int | None = None
+
+
+@dataclass
+class ModelSpec:
+    name: str
+    source: SourceSpec
+    inputs: list[TensorSpec]
+    outputs: list[OutputSpec]
+    max_batch_size: int = 0
+    version: int | None = None
+    data: DataSpec = field(default_factory=DataSpec)
+    variants: list[str] | None = None
+    objective: str = "throughput"
+    verify: VerifySpec = field(default_factory=VerifySpec)
+    deploy: DeploySpec = field(default_factory=DeploySpec)
+    onnx: OnnxSpec = field(default_factory=OnnxSpec)
+    spec_path: Path | None = None
+
+    @property
+    def spec_dir(self) -> Path:
+        return self.spec_path.parent if self.spec_path else Path.cwd()
+
+    @property
+    def batching(self) -> bool:
+        return self.max_batch_size > 0
+
+    @property
+    def has_dynamic_dims(self) -> bool:
+        return any(t.dynamic for t in self.inputs)
+
+
+# --------------------------------------------------------------------------------------------
+# parsing
+
+
+class _Fields:
+    """Reads one mapping of the YAML, remembering where it is for error messages."""
+
+    def __init__(self, data: Any, where: str, known: tuple[str, ...], origin: str):
+        self.where = where
+        self.origin = origin
+        if not isinstance(data, dict):
+            raise self.error(f"must be a mapping with keys {', '.join(known)}; got {type(data).__name__}")
+        unknown = sorted(set(map(str, data)) - set(known))
+        if unknown:
+            raise self.error(
+                f"unknown key(s) {', '.join(repr(u) for u in unknown)}; known keys: {', '.join(known)}"
+            )
+        self.data = data
+
+    def label(self, key: str | None = None) -> str:
+        if key is None:
+            return self.where or "(top level)"
+        return f"{self.where}.{key}" if self.where else key
+
+    def error(self, text: str, key: str | None = None) -> UserInputError:
+        return UserInputError(f"{self.origin}: field '{self.label(key)}': {text}")
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def require(self, key: str, hint: str) -> Any:
+        if key not in self.data or self.data[key] is None:
+            raise self.error(f"missing; {hint}", key)
+        return self.data[key]
+
+    def integer(self, key: str, default: int | None, minimum: int | None = None) -> int | None:
+        value = self.data.get(key, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(f"must be an integer, got {value!r}", key)
+        if minimum is not None and value < minimum:
+            raise self.error(f"must be >= {minimum}, got {value}", key)
+        return value
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self.data.get(key, default)
+        if not isinstance(value, bool):
+            raise self.error(f"must be true or false, got {value!r}", key)
+        return value
+
+    def choice(self, key: str, default: str, choices: tuple[str, ...]) -> str:
+        value = self.data.get(key, default)
+        if value not in choices:
+            raise self.error(f"{value!r} is not supported; use one of: {', '.join(choices)}", key)
+        return value
+
+    def int_list(self, key: str, minimum: int = 1, allow_dynamic: bool = False) -> list[int] | None:
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise self.error(f"must be a list of integers, got {value!r}", key)
+        for v in value:
+            if not (v >= minimum or (allow_dynamic and v == -1)):
+                allowed = f">= {minimum}" + (" or -1 (dynamic)" if allow_dynamic else "")
+                raise self.error(f"every entry must be {allowed}, got {v}", key)
+        return list(value)
+
+    def path(self, key: str, base: Path, must_exist: bool = True) -> Path | None:
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            raise self.error(f"must be a file path, got {value!r}", key)
+        resolved = (base / value).resolve() if not Path(value).is_absolute() else Path(value)
+        if must_exist and not resolved.is_file():
+            raise self.error(f"file not found: {resolved} (relative paths resolve against {base})", key)
+        return resolved
+
+
+_TOP_KEYS = (
+    "name", "version", "source", "inputs", "outputs", "max_batch_size", "data", "variants",
+    "objective", "verify", "deploy", "onnx",
+)
+_SOURCE_KEYS = ("module", "torchscript", "onnx", "weights")
+_INPUT_KEYS = ("name", "dtype", "shape", "value_range", "min_shape", "opt_shape", "max_shape")
+_OUTPUT_KEYS = ("name", "dtype", "shape")
+_DATA_KEYS = ("calibration", "validation")
+_VERIFY_KEYS = ("batch_sizes", "dynamic_sizes", "tolerances", "max_accuracy_drop", "seed")
+_DEPLOY_KEYS = (
+    "target", "instances", "dynamic_batching", "max_queue_delay_microseconds",
+    "preferred_batch_sizes", "warmup", "publish_variants", "version_policy",
+)
+_ONNX_KEYS = ("exporter", "opset")
+_TOLERANCE_KEYS = ("rel_l2", "max_abs", "min_cosine")
+
+
+def load_spec(path: str | Path) -> ModelSpec:
+    """Read and validate a spec file. Raises UserInputError naming the field on any problem."""
+    import yaml
+
+    spec_path = Path(path).resolve()
+    if not spec_path.is_file():
+        raise UserInputError(f"spec file not found: {path}; pass the path of a YAML model spec")
+    try:
+        data = yaml.safe_load(spec_path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise UserInputError(
+            f"{spec_path.name}: not valid YAML{where}: {getattr(exc, 'problem', exc)}; fix the syntax"
+        ) from None
+    return parse_spec(data, spec_path)
+
+
+def parse_spec(data: Any, spec_path: Path | None = None) -> ModelSpec:
+    origin = spec_path.name if spec_path else "spec"
+    base = spec_path.parent if spec_path else Path.cwd()
+    top = _Fields(data, "", _TOP_KEYS, origin)
+
+    name = validate_model_name(top.require("name", "give the Triton model name, e.g. name: digits_cnn"),
+                               f"{origin}: field 'name'")
+    version = top.integer("version", None, minimum=1)
+    max_batch_size = top.integer("max_batch_size", 0, minimum=0)
+
+    source = _parse_source(top.require("source", "give exactly one of module / torchscript / onnx"),
+                           origin, base)
+    inputs = _parse_inputs(top.require("inputs", "list the model inputs, e.g. - {name: x, dtype: float32, shape: [3]}"),
+                           origin)
+    outputs = _parse_outputs(top.require("outputs", "list the model outputs, e.g. - {name: logits}"), origin)
+    names = [t.name for t in inputs] + [o.name for o in outputs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise top.error(f"tensor name(s) used more than once across inputs/outputs: {', '.join(duplicates)}",
+                        "outputs")
+
+    data_spec = DataSpec()
+    if top.get("data") is not None:
+        d = _Fields(top.get("data"), "data", _DATA_KEYS, origin)
+        data_spec = DataSpec(calibration=d.path("calibration", base), validation=d.path("validation", base))
+
+    variants = top.get("variants")
+    if variants is not None and (not isinstance(variants, list) or not all(isinstance(v, str) for v in variants)
+                                 or not variants):
+        raise top.error(f"must be a non-empty list of variant names, got {variants!r}", "variants")
+
+    return ModelSpec(
+        name=name,
+        version=version,
+        source=source,
+        inputs=inputs,
+        outputs=outputs,
+        max_batch_size=max_batch_size,
+        data=data_spec,
+        variants=variants,
+        objective=top.choice("objective", "throughput", OBJECTIVES),
+        verify=_parse_verify(top.get("verify"), origin, max_batch_size),
+        deploy=_parse_deploy(top.get("deploy"), origin, max_batch_size),
+        onnx=_parse_onnx(top.get("onnx"), origin),
+        spec_path=spec_path,
+    )
+
+
+def _parse_source(raw: Any, origin: str, base: Path) -> SourceSpec:
+    f = _Fields(raw, "source", _SOURCE_KEYS, origin)
+    given = [k for k in ("module", "torchscript", "onnx") if f.get(k) is not None]
+    if len(given) != 1:
+        raise f.error(f"give exactly one of module / torchscript / onnx (got {', '.join(given) or 'none'})")
+    kind = given[0]
+    weights = f.path("weights", base)
+    if kind == "module":
+        ref = f.get("module")
+        if not isinstance(ref, str) or not MODULE_PATTERN.match(ref):
+            raise f.error(f"{ref!r} is not 'python.module:callable', e.g. model:build", "module")
+        return SourceSpec(kind="module", value=ref, weights=weights)
+    if weights is not None:
+        raise f.error(f"weights only apply to source.module; a {kind} file carries its own weights", "weights")
+    return SourceSpec(kind=kind, value=str(f.path(kind, base)))
+
+
+def _parse_shape(f: _Fields, key: str, allow_dynamic: bool, required: bool) -> list[int] | None:
+    value = f.get(key)
+    if value is None:
+        if required:
+            raise f.error("missing; give the per-sample shape WITHOUT the batch dimension, e.g. [1, 8, 8]", key)
+        return None
+    shape = f.int_list(key, minimum=1, allow_dynamic=allow_dynamic)
+    return shape
+
+
+def _parse_inputs(raw: Any, origin: str) -> list[TensorSpec]:
+    if not isinstance(raw, list) or not raw:
+        raise UserInputError(f"{origin}: field 'inputs': must be a non-empty list of tensors")
+    result = []
+    for i, item in enumerate(raw):
+        f = _Fields(item, f"inputs[{i}]", _INPUT_KEYS, origin)
+        name = f.require("name", "give the input's name as the model's forward() calls it")
+        validate_model_name(name, f"{origin}: field 'inputs[{i}].name'")
+        dtype = f.choice("dtype", "float32", tuple(TRITON_DTYPES))
+        shape = _parse_shape(f, "shape", allow_dynamic=True, required=True)
+        tensor = TensorSpec(name=name, dtype=dtype, shape=shape)
+        for key in ("min_shape", "opt_shape", "max_shape"):
+            concrete = _parse_shape(f, key, allow_dynamic=False, required=False)
+            if concrete is not None:
+                mismatch = len(concrete) != len(shape) or any(
+                    s != -1 and c != s for c, s in zip(concrete, shape))
+                if mismatch:
+                    raise f.error(f"{concrete} does not fit shape {shape}: same rank, fixed dims equal", key)
+            setattr(tensor, key, concrete)
+        if f.get("value_range") is not None:
+            vr = f.get("value_range")
+            if (not isinstance(vr, list) or len(vr) != 2 or not all(isinstance(v, (int, float)) for v in vr)
+                    or vr[0] >= vr[1]):
+                raise f.error(f"must be [low, high] with low < high, got {vr!r}", "value_range")
+            tensor.value_range = (vr[0], vr[1])
+        result.append(tensor)
+    return result
+
+
+def _parse_outputs(raw: Any, origin: str) -> list[OutputSpec]:
+    if not isinstance(raw, list) or not raw:
+        raise UserInputError(f"{origin}: field 'outputs': must be a non-empty list, e.g. - {{name: logits}}")
+    result = []
+    for i, item in enumerate(raw):
+        f = _Fields(item, f"outputs[{i}]", _OUTPUT_KEYS, origin)
+        name = f.require("name", "give the output's name")
+        validate_model_name(name, f"{origin}: field 'outputs[{i}].name'")
+        dtype = f.choice("dtype", None, (None, *TRITON_DTYPES)) if f.get("dtype") is not None else None
+        result.append(OutputSpec(name=name, dtype=dtype, shape=_parse_shape(f, "shape", True, False)))
+    return result
+
+
+def _parse_verify(raw: Any, origin: str, max_batch_size: int) -> VerifySpec:
+    if raw is None:
+        return VerifySpec()
+    f = _Fields(raw, "verify", _VERIFY_KEYS, origin)
+    batch_sizes = f.int_list("batch_sizes")
+    if batch_sizes and max_batch_size and max(batch_sizes) > max_batch_size:
+        raise f.error(f"{max(batch_sizes)} exceeds max_batch_size {max_batch_size}", "batch_sizes")
+    tolerances = {}
+    raw_tol = f.get("tolerances") or {}
+    if not isinstance(raw_tol, dict):
+        raise f.error("must map a precision (fp32, fp16, int8) to {rel_l2, max_abs, min_cosine}", "tolerances")
+    for precision, values in raw_tol.items():
+        if precision not in DEFAULT_TOLERANCES:
+            raise f.error(f"unknown precision {precision!r}; known: {', '.join(DEFAULT_TOLERANCES)}", "tolerances")
+        tf = _Fields(values, f"verify.tolerances.{precision}", _TOLERANCE_KEYS, origin)
+        for key, value in tf.data.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise tf.error(f"must be a non-negative number, got {value!r}", key)
+        tolerances[precision] = {k: float(v) for k, v in tf.data.items()}
+    drop = f.get("max_accuracy_drop", 1.0)
+    if isinstance(drop, bool) or not isinstance(drop, (int, float)) or drop < 0:
+        raise f.error(f"must be a non-negative number of percentage points, got {drop!r}", "max_accuracy_drop")
+    return VerifySpec(
+        batch_sizes=batch_sizes,
+        dynamic_sizes=f.int_list("dynamic_sizes"),
+        tolerances=tolerances,
+        max_accuracy_drop=float(drop),
+        seed=f.integer("seed", 0, minimum=0),
+    )
+
+
+def _parse_deploy(raw: Any, origin: str, max_batch_size: int) -> DeploySpec:
+    if raw is None:
+        return DeploySpec(dynamic_batching=max_batch_size > 0)
+    f = _Fields(raw, "deploy", _DEPLOY_KEYS, origin)
+    preferred = f.int_list("preferred_batch_sizes") or []
+    if preferred and (max_batch_size == 0 or max(preferred) > max_batch_size):
+        raise f.error(f"{preferred} must be <= max_batch_size ({max_batch_size})", "preferred_batch_sizes")
+    dynamic_batching = f.boolean("dynamic_batching", max_batch_size > 0)
+    if dynamic_batching and max_batch_size == 0:
+        raise f.error("needs max_batch_size > 0 (the model must have a batch dimension)", "dynamic_batching")
+    return DeploySpec(
+        target=f.choice("target", "embedded", TARGETS),
+        instances=f.integer("instances", 1, minimum=1),
+        dynamic_batching=dynamic_batching,
+        max_queue_delay_microseconds=f.integer("max_queue_delay_microseconds", 0, minimum=0),
+        preferred_batch_sizes=preferred,
+        warmup=f.boolean("warmup", True),
+        publish_variants=f.boolean("publish_variants", False),
+        version_policy=f.choice("version_policy", "latest", ("latest", "all")),
+    )
+
+
+def _parse_onnx(raw: Any, origin: str) -> OnnxSpec:
+    if raw is None:
+        return OnnxSpec()
+    f = _Fields(raw, "onnx", _ONNX_KEYS, origin)
+    return OnnxSpec(exporter=f.choice("exporter", "auto", ("auto", "dynamo", "legacy")),
+                    opset=f.integer("opset", None, minimum=7))

@@ -1,0 +1,18 @@
+"""One module per stage. Importing this package registers every stage's variants.
+
+PIPELINE lists the stages in order: (name, module, required). A required stage that fails stops
+the build; an optional one is recorded and the build goes on.
+"""
+
+from __future__ import annotations
+
+from builder.stages import export_onnx, export_torchscript, load, publish, select, verify
+
+PIPELINE = [
+    ("load", load, True),
+    ("export_torchscript", export_torchscript, False),
+    ("export_onnx", export_onnx, False),
+    ("verify", verify, True),
+    ("select", select, True),
+    ("publish", publish, True),
+]

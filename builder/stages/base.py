@@ -1,0 +1,153 @@
+"""Types every stage shares: the build context it reads and writes, and the result it returns.
+
+A stage is a function ``run(ctx: BuildContext) -> StageResult``. Stages never import each other;
+what one produces for the next goes into the context (``ctx.variants``, ``ctx.reference``...).
+
+Usage::
+
+    def run(ctx):
+        if not ctx.wants("onnx"):
+            return StageResult.skipped("export_onnx", "variant onnx not requested")
+        ...
+        return StageResult.ok("export_onnx", outputs={"opset": 20})
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from builder.spec import ModelSpec
+
+
+class Status(str, enum.Enum):
+    OK = "OK"
+    FAIL = "FAIL"
+    SKIPPED = "SKIPPED"
+
+
+@dataclass
+class StageResult:
+    stage: str
+    status: Status
+    reason: str = ""
+    outputs: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @classmethod
+    def ok(cls, stage: str, reason: str = "", **outputs: Any) -> "StageResult":
+        return cls(stage, Status.OK, reason, outputs)
+
+    @classmethod
+    def fail(cls, stage: str, reason: str, **outputs: Any) -> "StageResult":
+        return cls(stage, Status.FAIL, reason, outputs)
+
+    @classmethod
+    def skipped(cls, stage: str, reason: str, **outputs: Any) -> "StageResult":
+        return cls(stage, Status.SKIPPED, reason, outputs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "status": self.status.value, "reason": self.reason,
+                "seconds": round(self.seconds, 3), "outputs": self.outputs}
+
+
+@dataclass
+class Variant:
+    """One candidate model file (or files) the build may publish."""
+
+    name: str  # registry name: onnx, torchscript, onnx_int8_static, ...
+    format: str  # onnx | torchscript | plan
+    precision: str  # fp32 | fp16 | int8
+    path: Path  # the main model file, inside the build's work folder
+    exporter: str = ""
+    opset: int | None = None
+    passes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    # filled by verify / benchmark / select
+    verification: dict[str, Any] | None = None
+    verified: bool | None = None
+    accuracy: dict[str, Any] | None = None
+    benchmark: dict[str, Any] | None = None
+    rejected: str = ""  # why it may not be published ("" = eligible)
+    selected: bool = False
+    selection_reason: str = ""
+    published_as: str = ""
+
+    @property
+    def files(self) -> list[Path]:
+        """The model file and its companions (ONNX external data) that travel together."""
+        extra = sorted(p for p in self.path.parent.glob(self.path.name + ".*") if p != self.path)
+        return [self.path, *extra]
+
+    @property
+    def size_mb(self) -> float:
+        return sum(p.stat().st_size for p in self.files if p.exists()) / 1e6
+
+    @property
+    def eligible(self) -> bool:
+        return self.verified is True and not self.rejected
+
+
+@dataclass
+class Reference:
+    """The cases every variant is checked on, and what the eager reference returned for them."""
+
+    cases: list[dict[str, Any]]  # [{"id": "b1_s16", "inputs": {name: array}}]
+    outputs: list[dict[str, Any]]  # per case {name: array}
+    validation_inputs: dict[str, Any] | None = None  # full validation set (for the task metric)
+    validation_outputs: dict[str, Any] | None = None
+    labels: Any = None
+    output_dtypes: dict[str, str] = field(default_factory=dict)
+    output_shapes: dict[str, list[int]] = field(default_factory=dict)  # per sample, -1 dynamic
+
+
+@dataclass
+class BuildOptions:
+    repository: Path
+    variants: list[str] | None = None  # overrides spec.variants
+    target: str | None = None  # overrides spec.deploy.target
+    strict: bool = False  # any variant failing verification fails the build
+    benchmark_seconds: float | None = None  # cap per variant
+    publish_variants: bool | None = None
+
+
+@dataclass
+class BuildContext:
+    spec: ModelSpec
+    options: BuildOptions
+    workdir: Path
+    progress: Callable[[str], None] = print
+    model: Any = None  # eager torch module (or a TorchScript module / ORT session for file sources)
+    reference_kind: str = ""  # "pytorch eager" | "torchscript" | "onnxruntime (source ONNX)"
+    reference: Reference | None = None
+    variants: list[Variant] = field(default_factory=list)
+    requested_variants: list[str] = field(default_factory=list)
+    selected: Variant | None = None
+    notes: list[str] = field(default_factory=list)
+    source_hashes: dict[str, str] = field(default_factory=dict)
+    results: list[StageResult] = field(default_factory=list)
+
+    @property
+    def target(self) -> str:
+        return self.options.target or self.spec.deploy.target
+
+    def wants(self, variant_name: str) -> bool:
+        return variant_name in self.requested_variants
+
+    def variant(self, name: str) -> Variant | None:
+        return next((v for v in self.variants if v.name == name), None)
+
+    def add_variant(self, variant: Variant) -> Variant:
+        self.variants = [v for v in self.variants if v.name != variant.name] + [variant]
+        return variant
+
+
+def timed(fn: Callable[[BuildContext], StageResult], ctx: BuildContext, name: str) -> StageResult:
+    start = time.perf_counter()
+    result = fn(ctx)
+    result.seconds = time.perf_counter() - start
+    result.stage = result.stage or name
+    return result

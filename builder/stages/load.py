@@ -1,0 +1,237 @@
+"""Stage `load`: import the model (module + weights, TorchScript or ONNX file), read the data,
+check the spec against the model, and compute the reference outputs every variant is held to."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from builder.errors import UserInputError
+from builder.files import sha256_file
+from builder.stages.base import BuildContext, Reference, StageResult
+from builder.tensors import build_cases, run_batched, trace_example
+from builder.runtime import open_runner, torch_runner
+
+STAGE = "load"
+
+
+def run(ctx: BuildContext) -> StageResult:
+    spec = ctx.spec
+    source = spec.source
+    if source.kind == "module":
+        ctx.model = _import_module(ctx)
+        if source.weights is not None:
+            _load_weights(ctx.model, source.weights)
+            ctx.source_hashes[source.weights.name] = sha256_file(source.weights)
+        runner = torch_runner(ctx.model, [o.name for o in spec.outputs], [t.name for t in spec.inputs])
+        ctx.reference_kind = "pytorch eager"
+    elif source.kind == "torchscript":
+        import torch
+        try:
+            ctx.model = torch.jit.load(str(source.path), map_location="cpu").eval()
+        except Exception as exc:  # noqa: BLE001 - torch raises many types for a bad archive
+            raise UserInputError(f"source.torchscript: {source.path} is not a TorchScript archive "
+                                 f"({str(exc).splitlines()[0]}); save it with torch.jit.save") from None
+        runner = torch_runner(ctx.model, [o.name for o in spec.outputs], [t.name for t in spec.inputs])
+        ctx.reference_kind = "torchscript (source file)"
+        ctx.source_hashes[source.path.name] = sha256_file(source.path)
+    else:
+        _check_onnx_against_spec(ctx)
+        runner = open_runner("onnx", source.path, [o.name for o in spec.outputs])
+        ctx.reference_kind = "onnxruntime (source ONNX; no PyTorch model given)"
+        ctx.source_hashes[source.path.name] = sha256_file(source.path)
+
+    validation = _read_npz(spec.data.validation, "data.validation", ctx) if spec.data.validation else None
+    if spec.data.calibration:
+        _read_npz(spec.data.calibration, "data.calibration", ctx)
+
+    example = trace_example(spec)
+    outputs = _call_checked(runner, example, ctx)
+    if len(outputs) != len(spec.outputs):
+        raise UserInputError(
+            f"{_origin(ctx)}: field 'outputs': the spec lists {len(spec.outputs)} output(s) "
+            f"({', '.join(o.name for o in spec.outputs)}) but the model returns {len(outputs)}; list one name per output"
+        )
+
+    cases = build_cases(spec, validation)
+    reference_outputs = [_call_checked(runner, case["inputs"], ctx) for case in cases]
+    ctx.reference = Reference(cases=cases, outputs=reference_outputs)
+    _infer_output_signature(ctx)
+
+    if validation is not None:
+        val_inputs = {t.name: validation[t.name] for t in spec.inputs}
+        batch = spec.max_batch_size or len(next(iter(val_inputs.values())))
+        ctx.reference.validation_inputs = val_inputs
+        ctx.reference.validation_outputs = (run_batched(runner, val_inputs, batch) if spec.batching
+                                            else runner(val_inputs))
+        if "labels" in validation:
+            ctx.reference.labels = validation["labels"]
+
+    return StageResult.ok(STAGE, reference=ctx.reference_kind, cases=[c["id"] for c in cases],
+                          validation_samples=None if validation is None else len(next(iter(validation.values()))))
+
+
+def _origin(ctx: BuildContext) -> str:
+    return ctx.spec.spec_path.name if ctx.spec.spec_path else "spec"
+
+
+def _import_module(ctx: BuildContext):
+    import torch
+
+    ref = ctx.spec.source.value
+    module_name, attr = ref.split(":")
+    top = module_name.split(".")[0]
+    search = [str(ctx.spec.spec_dir), str(Path.cwd())]
+    # two specs may both say "model:build"; drop a cached module of that name from elsewhere
+    for name in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
+        file = getattr(sys.modules[name], "__file__", None) or ""
+        if not file.startswith(str(ctx.spec.spec_dir)):
+            del sys.modules[name]
+    sys.path[:0] = search
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise UserInputError(
+            f"{_origin(ctx)}: field 'source.module': cannot import '{module_name}' ({exc}); the spec folder "
+            f"{ctx.spec.spec_dir} is importable, so put {module_name.replace('.', '/')}.py there"
+        ) from None
+    finally:
+        for path in search:
+            sys.path.remove(path)
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise UserInputError(f"{_origin(ctx)}: field 'source.module': '{module_name}' has no callable '{attr}'")
+    model = factory()
+    if not isinstance(model, torch.nn.Module):
+        raise UserInputError(
+            f"{_origin(ctx)}: field 'source.module': {ref}() returned {type(model).__name__}, not a torch.nn.Module")
+    return model.eval()
+
+
+def _load_weights(model, path: Path) -> None:
+    import torch
+
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+        try:
+            state = load_file(str(path))
+        except Exception as exc:  # noqa: BLE001
+            raise UserInputError(f"source.weights: {path} is not a valid safetensors file ({exc})") from None
+    else:
+        try:
+            state = torch.load(str(path), map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - UnpicklingError and friends
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UserInputError(
+                f"source.weights: {path} holds more than plain tensors (a pickle of arbitrary objects), which "
+                f"is never unpickled ({first[:200]}). Save the state_dict with safetensors "
+                "(safetensors.torch.save_file(model.state_dict(), 'weights.safetensors')) or torch.save(model.state_dict())"
+            ) from None
+        if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+            state = state["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UserInputError(f"source.weights: {path} is not a state_dict (a mapping of names to tensors)")
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        detail = " ".join(str(exc).split())[:600]
+        raise UserInputError(
+            f"source.weights: {path.name} does not fit the module: {detail}. Use the weights saved from this "
+            "architecture, or fix source.module"
+        ) from None
+
+
+def _read_npz(path: Path, field: str, ctx: BuildContext) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            data = {k: archive[k] for k in archive.files}
+    except Exception as exc:  # noqa: BLE001
+        raise UserInputError(f"{field}: {path} is not a readable .npz of arrays ({exc})") from None
+    counts = set()
+    for tensor in ctx.spec.inputs:
+        if tensor.name not in data:
+            raise UserInputError(f"{field}: {path.name} has no array '{tensor.name}' (it has: "
+                                 f"{', '.join(data) or 'nothing'}); key each input by its name")
+        array = data[tensor.name]
+        per_sample = list(array.shape[1:]) if ctx.spec.batching else list(array.shape)
+        fits = len(per_sample) == len(tensor.shape) and all(s == -1 or s == a for s, a in zip(tensor.shape, per_sample))
+        if not fits:
+            raise UserInputError(f"{field}: {path.name}['{tensor.name}'] has per-sample shape {per_sample}, "
+                                 f"the spec says {tensor.shape} (inputs: {tensor.name})")
+        if not np.can_cast(array.dtype, np.dtype(tensor.dtype), casting="same_kind"):
+            raise UserInputError(f"{field}: {path.name}['{tensor.name}'] is {array.dtype}, the spec says {tensor.dtype}")
+        data[tensor.name] = array.astype(tensor.dtype)
+        counts.add(len(array))
+    if ctx.spec.batching and len(counts) > 1:
+        raise UserInputError(f"{field}: {path.name}: inputs have different sample counts {sorted(counts)}")
+    return data
+
+
+def _call_checked(runner, inputs: dict[str, np.ndarray], ctx: BuildContext) -> dict[str, np.ndarray]:
+    try:
+        outputs = runner(inputs)
+    except UserInputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure here means the spec's shapes are wrong
+        shapes = ", ".join(f"{k}{list(v.shape)} {v.dtype}" for k, v in inputs.items())
+        detail = " ".join(str(exc).split())[:400]
+        raise UserInputError(
+            f"{_origin(ctx)}: field 'inputs': the model rejected inputs built from the spec ({shapes}): {detail}. "
+            "Fix inputs[].shape / dtype (per-sample shape, no batch dimension) to match the model"
+        ) from None
+    return outputs
+
+
+def _infer_output_signature(ctx: BuildContext) -> None:
+    """Output dtypes and per-sample dims from the reference; a dim that varies across cases is -1."""
+    ref = ctx.reference
+    batching = ctx.spec.batching
+    for spec_out in ctx.spec.outputs:
+        arrays = [case[spec_out.name] for case in ref.outputs]
+        dims = [list(a.shape[1:] if batching else a.shape) for a in arrays]
+        shape = [d if all(len(x) == len(dims[0]) and x[i] == d for x in dims) else -1 for i, d in enumerate(dims[0])]
+        dtype = str(arrays[0].dtype)
+        if spec_out.dtype and spec_out.dtype != dtype:
+            raise UserInputError(f"{_origin(ctx)}: field 'outputs': '{spec_out.name}' is {dtype} from the model, "
+                                 f"the spec says {spec_out.dtype}")
+        if spec_out.shape and (len(spec_out.shape) != len(shape) or any(
+                s != -1 and s != d for s, d in zip(spec_out.shape, shape))):
+            raise UserInputError(f"{_origin(ctx)}: field 'outputs': '{spec_out.name}' has per-sample shape {shape}, "
+                                 f"the spec says {spec_out.shape}")
+        ref.output_dtypes[spec_out.name] = dtype
+        ref.output_shapes[spec_out.name] = spec_out.shape or shape
+
+
+def _check_onnx_against_spec(ctx: BuildContext) -> None:
+    import onnx
+
+    path = ctx.spec.source.path
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001
+        raise UserInputError(f"source.onnx: {path} is not an ONNX model ({exc})") from None
+    init_names = {i.name for i in model.graph.initializer}
+    graph_inputs = [i for i in model.graph.input if i.name not in init_names]
+    by_name = {i.name: i for i in graph_inputs}
+    for tensor in ctx.spec.inputs:
+        if tensor.name not in by_name:
+            raise UserInputError(f"{_origin(ctx)}: field 'inputs': '{tensor.name}' is not an input of {path.name} "
+                                 f"(its inputs: {', '.join(by_name)})")
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in by_name[tensor.name].type.tensor_type.shape.dim]
+        per_sample = dims[1:] if ctx.spec.batching else dims
+        elem = onnx.helper.tensor_dtype_to_np_dtype(by_name[tensor.name].type.tensor_type.elem_type)
+        if str(elem) != tensor.dtype:
+            raise UserInputError(f"{_origin(ctx)}: field 'inputs': '{tensor.name}' is {elem} in {path.name}, "
+                                 f"the spec says {tensor.dtype}")
+        if len(per_sample) != len(tensor.shape) or any(g != -1 and s != -1 and g != s
+                                                       for g, s in zip(per_sample, tensor.shape)):
+            raise UserInputError(f"{_origin(ctx)}: field 'inputs': '{tensor.name}' has per-sample dims {per_sample} "
+                                 f"in {path.name}, the spec says {tensor.shape}")
+    outputs = [o.name for o in model.graph.output]
+    missing = [o.name for o in ctx.spec.outputs if o.name not in outputs]
+    if missing:
+        raise UserInputError(f"{_origin(ctx)}: field 'outputs': {', '.join(missing)} not in {path.name} "
+                             f"(its outputs: {', '.join(outputs)})")

@@ -1,0 +1,72 @@
+"""Stage `verify`: every variant against the reference, on every case, with the per-precision
+tolerance; with labelled validation data also the top-1 accuracy and its drop. A variant that fails
+is never published; the reason lists every failing output with its numbers."""
+
+from __future__ import annotations
+
+from builder.runtime import open_runner
+from builder.stages.base import BuildContext, StageResult, Variant
+from builder.tensors import (compare_outputs, merge_case_metrics, run_batched, tolerance_failures,
+                             top1_accuracy)
+
+STAGE = "verify"
+
+
+def verify_variant(ctx: BuildContext, variant: Variant) -> list[str]:
+    spec = ctx.spec
+    outputs = [o.name for o in spec.outputs]
+    run = open_runner(variant.format, variant.path, outputs, [t.name for t in spec.inputs])
+    per_case = []
+    for case, ref in zip(ctx.reference.cases, ctx.reference.outputs):
+        try:
+            per_case.append(compare_outputs(ref, run(case["inputs"])))
+        except Exception as exc:  # noqa: BLE001 - a runtime failure on a case is a verification failure
+            return [f"case {case['id']}: the variant failed to run: {' '.join(str(exc).split())[:300]}"]
+    metrics = merge_case_metrics(per_case)
+    tolerance = spec.verify.tolerance(variant.precision)
+    failures = tolerance_failures(metrics, tolerance)
+    variant.verification = {"metrics": metrics, "tolerance": tolerance, "cases": len(per_case),
+                            "reference": ctx.reference_kind}
+
+    ref = ctx.reference
+    if ref.validation_inputs is not None:
+        batch = spec.max_batch_size or len(next(iter(ref.validation_inputs.values())))
+        got = run_batched(run, ref.validation_inputs, batch) if spec.batching else run(ref.validation_inputs)
+        variant.accuracy = {"cosine_vs_reference": {
+            name: m.get("cosine") for name, m in compare_outputs(ref.validation_outputs, got).items()}}
+        if ref.labels is not None:
+            first = outputs[0]
+            ref_top1 = top1_accuracy(ref.validation_outputs[first], ref.labels)
+            var_top1 = top1_accuracy(got[first], ref.labels)
+            drop = ref_top1 - var_top1
+            variant.accuracy.update({"metric": "top1", "output": first, "reference": ref_top1,
+                                     "variant": var_top1, "drop": drop})
+            if drop > spec.verify.max_accuracy_drop:
+                failures.append(f"{first}: top-1 accuracy {var_top1:.2f}% vs reference {ref_top1:.2f}%: "
+                                f"drop {drop:.2f} points > {spec.verify.max_accuracy_drop} allowed")
+    return failures
+
+
+def run(ctx: BuildContext) -> StageResult:
+    if not ctx.variants:
+        return StageResult.fail(STAGE, "no variant was produced to verify")
+    report = {}
+    for variant in ctx.variants:
+        if variant.verified is not None:
+            continue
+        if variant.format == "plan":
+            variant.verified = False
+            variant.rejected = "TensorRT plans are verified on the GPU host where they are built"
+            report[variant.name] = variant.rejected
+            continue
+        ctx.progress(f"  verifying {variant.name} ...")
+        failures = verify_variant(ctx, variant)
+        variant.verified = not failures
+        if failures:
+            variant.rejected = "failed verification:\n" + "\n".join(f"- {f}" for f in failures)
+            ctx.progress(f"  {variant.name} FAILED verification:\n" + "\n".join(f"    - {f}" for f in failures))
+        report[variant.name] = "passed" if not failures else failures
+    passed = [v.name for v in ctx.variants if v.verified]
+    if not passed:
+        return StageResult.fail(STAGE, "no variant passed verification", results=report)
+    return StageResult.ok(STAGE, f"passed: {', '.join(passed)}", results=report)

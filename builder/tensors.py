@@ -1,0 +1,188 @@
+"""Numeric helpers shared by stages, validation and the served check: dtypes, generated inputs,
+verification cases and the equivalence metrics.
+
+Usage::
+
+    cases = build_cases(spec, validation=None)          # [{"id": "b1_d4", "inputs": {...}}, ...]
+    metrics = compare_outputs(ref, got)                  # {"logits": {"rel_l2": ..., ...}}
+    failures = tolerance_failures(metrics, {"rel_l2": 1e-5})
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from builder.spec import ModelSpec, TensorSpec
+
+EPS = 1e-12
+
+
+def np_dtype(name: str) -> np.dtype:
+    return np.dtype(name)
+
+
+def random_tensor(tensor: TensorSpec, batch: int | None, dynamic_size: int, rng: np.random.Generator) -> np.ndarray:
+    """A random array for one input: never all zeros; integers within value_range."""
+    shape = tensor.concrete_shape(dynamic_size)
+    if batch is not None:
+        shape = [batch, *shape]
+    dtype = np_dtype(tensor.dtype)
+    if tensor.dtype == "bool":
+        return rng.random(shape) > 0.5
+    if np.issubdtype(dtype, np.integer):
+        low, high = tensor.value_range or (0, 100)
+        return rng.integers(int(low), int(high), size=shape).astype(dtype)
+    if tensor.value_range:
+        low, high = tensor.value_range
+        return rng.uniform(low, high, size=shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def default_batch_sizes(spec: ModelSpec) -> list[int]:
+    if spec.verify.batch_sizes:
+        return list(spec.verify.batch_sizes)
+    if not spec.batching:
+        return [0]
+    sizes = [1, 3, spec.max_batch_size]
+    return sorted({s for s in sizes if s <= spec.max_batch_size})
+
+
+def default_dynamic_sizes(spec: ModelSpec) -> list[int]:
+    if not spec.has_dynamic_dims:
+        return [0]
+    if spec.verify.dynamic_sizes:
+        return list(spec.verify.dynamic_sizes)
+    profile = spec.inputs[[t.dynamic for t in spec.inputs].index(True)].profile_shapes()
+    dyn = [i for i, d in enumerate(next(t for t in spec.inputs if t.dynamic).shape) if d == -1][0]
+    low, opt, high = profile["min"][dyn], profile["opt"][dyn], profile["max"][dyn]
+    # an odd size in between catches kernels that only work on round sizes
+    return sorted({max(low, 1), opt, high, max(low, (opt + high) // 2 | 1)})
+
+
+def trace_example(spec: ModelSpec, seed: int = 12345) -> dict[str, np.ndarray]:
+    """The example used for tracing/export: batch 2 and the opt size, so neither specialises to 1."""
+    rng = np.random.default_rng(seed)
+    batch = min(2, spec.max_batch_size) if spec.batching else None
+    dyn = _opt_dynamic_size(spec)
+    return {t.name: random_tensor(t, batch, dyn, rng) for t in spec.inputs}
+
+
+def _opt_dynamic_size(spec: ModelSpec) -> int:
+    for t in spec.inputs:
+        if t.dynamic:
+            idx = t.shape.index(-1)
+            return t.profile_shapes()["opt"][idx]
+    return 0
+
+
+def build_cases(spec: ModelSpec, validation: dict[str, np.ndarray] | None) -> list[dict[str, Any]]:
+    """Verification cases: validation batches when given, generated ones at every batch size and
+    dynamic size otherwise (and in addition, for dynamic dims validation data does not vary)."""
+    rng = np.random.default_rng(spec.verify.seed)
+    cases: list[dict[str, Any]] = []
+    batch_sizes = default_batch_sizes(spec)
+    if validation is not None:
+        count = len(next(iter(validation.values()))) if spec.batching else 1
+        start = 0
+        for batch in batch_sizes:
+            if spec.batching:
+                take = min(batch, count)
+                idx = [(start + i) % count for i in range(take)]
+                start += take
+                inputs = {t.name: np.ascontiguousarray(validation[t.name][idx]) for t in spec.inputs}
+                cases.append({"id": f"val_b{take}", "inputs": inputs})
+            else:
+                cases.append({"id": "val", "inputs": {t.name: validation[t.name] for t in spec.inputs}})
+                break
+    if validation is None or spec.has_dynamic_dims:
+        for dyn in default_dynamic_sizes(spec):
+            for batch in batch_sizes:
+                b = batch if spec.batching else None
+                inputs = {t.name: random_tensor(t, b, dyn, rng) for t in spec.inputs}
+                label = f"gen_b{batch}" + (f"_d{dyn}" if spec.has_dynamic_dims else "")
+                cases.append({"id": label, "inputs": inputs})
+    return cases
+
+
+def compare_outputs(reference: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    """Per output: max abs / max relative / relative L2 error and cosine similarity."""
+    metrics: dict[str, dict[str, float]] = {}
+    for name, ref in reference.items():
+        if name not in got:
+            metrics[name] = {"missing": 1.0}
+            continue
+        out = got[name]
+        if tuple(np.shape(out)) != tuple(np.shape(ref)):
+            metrics[name] = {"shape_mismatch": 1.0, "expected": list(np.shape(ref)), "got": list(np.shape(out))}
+            continue
+        r = np.asarray(ref, dtype=np.float64).ravel()
+        o = np.asarray(out, dtype=np.float64).ravel()
+        diff = np.abs(r - o)
+        ref_norm = float(np.linalg.norm(r))
+        out_norm = float(np.linalg.norm(o))
+        metrics[name] = {
+            "max_abs": float(diff.max()) if diff.size else 0.0,
+            "max_rel": float((diff / (np.abs(r) + 1e-6)).max()) if diff.size else 0.0,
+            "rel_l2": float(np.linalg.norm(r - o) / max(ref_norm, EPS)) if ref_norm > 0 else float(np.linalg.norm(o)),
+            "cosine": float(r @ o / max(ref_norm * out_norm, EPS)) if ref_norm and out_norm else float(ref_norm == out_norm),
+        }
+    return metrics
+
+
+def merge_case_metrics(per_case: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Worst value over all cases for each output and metric (cosine: the lowest)."""
+    merged: dict[str, dict[str, float]] = {}
+    for metrics in per_case:
+        for name, m in metrics.items():
+            into = merged.setdefault(name, {})
+            for key, value in m.items():
+                if not isinstance(value, (int, float)):
+                    into[key] = value
+                elif key == "cosine":
+                    into[key] = min(into.get(key, 1.0), value)
+                else:
+                    into[key] = max(into.get(key, 0.0), value)
+    return merged
+
+
+def tolerance_failures(metrics: dict[str, dict[str, float]], tolerance: dict[str, float]) -> list[str]:
+    """One line per failing output, with its numbers, e.g. 'logits: rel L2 3.1e-02 > 1e-05 (...)'."""
+    failures = []
+    for name, m in metrics.items():
+        if "missing" in m:
+            failures.append(f"{name}: output missing from the variant's results")
+            continue
+        if "shape_mismatch" in m:
+            failures.append(f"{name}: shape {m['got']} != reference {m['expected']}")
+            continue
+        broken = []
+        if m["rel_l2"] > tolerance.get("rel_l2", float("inf")):
+            broken.append(f"rel L2 {m['rel_l2']:.1e} > {tolerance['rel_l2']:.0e}")
+        if m["max_abs"] > tolerance.get("max_abs", float("inf")):
+            broken.append(f"max abs {m['max_abs']:.1e} > atol {tolerance['max_abs']:.0e}")
+        if m["cosine"] < tolerance.get("min_cosine", -1.0):
+            broken.append(f"cosine {m['cosine']:.6f} < {tolerance['min_cosine']}")
+        if broken:
+            failures.append(
+                f"{name}: {'; '.join(broken)} (max abs {m['max_abs']:.1e}, max rel {m['max_rel']:.1e}, "
+                f"rel L2 {m['rel_l2']:.1e}, cosine {m['cosine']:.6f})"
+            )
+    return failures
+
+
+def top1_accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
+    """Percentage of rows whose argmax equals the label."""
+    return float((np.argmax(logits.reshape(len(labels), -1), axis=1) == labels).mean() * 100.0)
+
+
+def run_batched(run, inputs: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:
+    """Run ``run(inputs) -> outputs`` over the whole set in batches and concatenate."""
+    count = len(next(iter(inputs.values())))
+    pieces: dict[str, list[np.ndarray]] = {}
+    for start in range(0, count, max(batch, 1)):
+        chunk = {k: v[start:start + batch] for k, v in inputs.items()}
+        for name, value in run(chunk).items():
+            pieces.setdefault(name, []).append(value)
+    return {k: np.concatenate(v) for k, v in pieces.items()}

@@ -1,0 +1,76 @@
+"""The variant registry: every model variant the builder can make, registered by the stage that
+makes it.
+
+A stage module registers what it makes with a decorator::
+
+    @register_variant("onnx_int8_static", format="onnx", precision="int8", stage="quantize",
+                      description="static INT8 (QDQ, per-channel) calibrated on the spec's data")
+    def make_int8_static(ctx, base): ...
+
+``resolve_variants(["onnx", "nope"], "cpu")`` raises a UserInputError that names 'nope', lists the
+supported variants and says how to add one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from builder.errors import unknown_choice
+
+ALL_TARGETS = ("embedded", "cpu", "gpu")
+
+
+@dataclass(frozen=True)
+class VariantInfo:
+    name: str
+    format: str
+    precision: str
+    stage: str
+    description: str
+    targets: tuple[str, ...] = ALL_TARGETS  # where it is tried by default
+    needs_gpu: bool = False
+    maker: Callable[..., Any] | None = None
+
+
+_REGISTRY: dict[str, VariantInfo] = {}
+
+
+def register_variant(name: str, *, format: str, precision: str, stage: str, description: str,
+                     targets: tuple[str, ...] = ALL_TARGETS, needs_gpu: bool = False):
+    def decorate(maker):
+        _REGISTRY[name] = VariantInfo(name, format, precision, stage, description, targets, needs_gpu, maker)
+        return maker
+    return decorate
+
+
+def _ensure_loaded() -> None:
+    import builder.stages  # noqa: F401  (importing the stages registers their variants)
+
+
+def registered() -> dict[str, VariantInfo]:
+    _ensure_loaded()
+    return dict(_REGISTRY)
+
+
+def info(name: str) -> VariantInfo:
+    return registered()[name]
+
+
+def variants_of_stage(stage: str) -> list[VariantInfo]:
+    return [v for v in registered().values() if v.stage == stage]
+
+
+def resolve_variants(requested: list[str] | None, target: str) -> list[str]:
+    """The variant names to try: the ones asked for (validated), or the target's defaults."""
+    known = registered()
+    if requested is None:
+        return [name for name, v in known.items() if target in v.targets]
+    for name in requested:
+        if name not in known:
+            raise unknown_choice(
+                "variant", name, list(known),
+                "register a maker with @register_variant(...) in the stage module under builder/stages/ "
+                "that produces it",
+            )
+    return list(dict.fromkeys(requested))

@@ -1,0 +1,156 @@
+"""Triton python-backend model written by triton-builder.
+
+Runs the ONNX file (onnxruntime) or TorchScript file (torch) that sits beside it in the version
+folder. Settings come from config.pbtxt parameters:
+  model_file        file name in the version folder (model.onnx / model.pt)
+  runtime           onnxruntime | torchscript
+  intra_op_threads  threads per model instance (default 1: Triton scales with instances)
+Requests that Triton's dynamic batcher groups together are run as one batch when their
+per-sample shapes agree, and one by one otherwise (dynamic dims of different sizes).
+If drift_profile.json and drift.py are present, a sample of the traffic feeds drift gauges on
+Triton's own metrics endpoint (see monitoring/README.md).
+"""
+
+import importlib.util
+import json
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+        self.model_name = args["model_name"]
+        self.version = args["model_version"]
+        folder = os.path.join(args["model_repository"], args["model_version"])
+        self.batching = int(config.get("max_batch_size", 0)) > 0
+        self.inputs = [(i["name"], pb_utils.triton_string_to_numpy(i["data_type"])) for i in config["input"]]
+        self.outputs = [(o["name"], pb_utils.triton_string_to_numpy(o["data_type"])) for o in config["output"]]
+        path = os.path.join(folder, params.get("model_file", "model.onnx"))
+        threads = int(params.get("intra_op_threads", "1") or 1)
+        runtime = params.get("runtime", "onnxruntime")
+        if runtime == "onnxruntime":
+            import onnxruntime as ort
+
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+            session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+            names = [name for name, _ in self.outputs]
+            self._run = lambda feeds: dict(zip(names, session.run(names, feeds)))
+        elif runtime == "torchscript":
+            import torch
+
+            torch.set_num_threads(threads)
+            module = torch.jit.load(path, map_location="cpu").eval()
+            names = [name for name, _ in self.outputs]
+            order = [name for name, _ in self.inputs]
+
+            def run_torch(feeds):
+                with torch.inference_mode():
+                    result = module(*[torch.from_numpy(np.ascontiguousarray(feeds[n])) for n in order])
+                if isinstance(result, torch.Tensor):
+                    result = [result]
+                return {n: r.numpy() for n, r in zip(names, result)}
+
+            self._run = run_torch
+        else:
+            raise pb_utils.TritonModelException(f"unknown runtime '{runtime}' (use onnxruntime or torchscript)")
+        self.drift = _DriftHook.create(folder, self.model_name, self.version, params)
+
+    def execute(self, requests):
+        arrays = []
+        for request in requests:
+            arrays.append({name: pb_utils.get_input_tensor_by_name(request, name).as_numpy().astype(dtype, copy=False)
+                           for name, dtype in self.inputs})
+        results = self._run_grouped(arrays)
+        responses = []
+        for result in results:
+            if isinstance(result, Exception):
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(result))))
+                continue
+            tensors = [pb_utils.Tensor(name, np.ascontiguousarray(result[name]).astype(dtype, copy=False))
+                       for name, dtype in self.outputs]
+            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
+        return responses
+
+    def _run_grouped(self, arrays):
+        same_shapes = self.batching and len(arrays) > 1 and all(
+            a[name].shape[1:] == arrays[0][name].shape[1:] for a in arrays for name, _ in self.inputs)
+        if same_shapes:
+            try:
+                counts = [len(a[self.inputs[0][0]]) for a in arrays]
+                feeds = {name: np.concatenate([a[name] for a in arrays]) for name, _ in self.inputs}
+                merged = self._run(feeds)
+                self._observe(feeds, merged)
+                bounds = np.cumsum([0] + counts)
+                return [{k: v[bounds[i]:bounds[i + 1]] for k, v in merged.items()} for i in range(len(arrays))]
+            except Exception:  # noqa: BLE001 - fall back to one by one so each request gets its own error
+                pass
+        results = []
+        for feeds in arrays:
+            try:
+                out = self._run(feeds)
+                self._observe(feeds, out)
+                results.append(out)
+            except Exception as exc:  # noqa: BLE001
+                results.append(exc)
+        return results
+
+    def _observe(self, feeds, outputs):
+        if self.drift is not None:
+            self.drift.observe(feeds, outputs)
+
+    def finalize(self):
+        self.drift = None
+
+
+class _DriftHook:
+    """Feeds a sample of the traffic to drift.DriftWindow and publishes its scores as gauges."""
+
+    @classmethod
+    def create(cls, folder, model_name, version, params):
+        profile_path = os.path.join(folder, "drift_profile.json")
+        code_path = os.path.join(folder, "drift.py")
+        if params.get("drift", "on") == "off" or not (os.path.exists(profile_path) and os.path.exists(code_path)):
+            return None
+        spec = importlib.util.spec_from_file_location(f"triton_builder_drift_{model_name}_{version}", code_path)
+        drift = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(drift)
+        return cls(drift, drift.load_profile(profile_path), model_name, version, params)
+
+    def __init__(self, drift, profile, model_name, version, params):
+        self.window = drift.DriftWindow(profile, window=int(params.get("drift_window", "512")),
+                                        sample_every=int(params.get("drift_sample_every", "1")))
+        self.labels = {"model": model_name, "version": str(version)}
+        self.publish_every = int(params.get("drift_publish_every", "8"))
+        self.calls = 0
+        gauge = pb_utils.MetricFamily.GAUGE
+        self.psi = pb_utils.MetricFamily(name="triton_builder_drift_psi", description="PSI of served traffic vs the build-time profile", kind=gauge)
+        self.js = pb_utils.MetricFamily(name="triton_builder_drift_js", description="Jensen-Shannon distance (base 2) of served traffic vs the profile", kind=gauge)
+        self.samples = pb_utils.MetricFamily(name="triton_builder_drift_window_samples", description="sampled rows in the drift window", kind=gauge)
+        thresholds = pb_utils.MetricFamily(name="triton_builder_drift_threshold", description="drift alert threshold", kind=gauge)
+        for metric, default in (("psi", "0.25"), ("js", "0.2")):
+            thresholds.Metric(labels={**self.labels, "metric": metric}).set(float(params.get(f"drift_{metric}_threshold", default)))
+        self._thresholds = thresholds
+        self.samples_metric = self.samples.Metric(labels=self.labels)
+        self.per_feature = {}
+
+    def observe(self, feeds, outputs):
+        self.window.observe(feeds, outputs)
+        self.calls += 1
+        if self.calls % self.publish_every == 0:
+            self.publish()
+
+    def publish(self):
+        for feature, scores in self.window.scores().items():
+            if feature not in self.per_feature:
+                labels = {**self.labels, "feature": feature}
+                self.per_feature[feature] = (self.psi.Metric(labels=labels), self.js.Metric(labels=labels))
+            psi_metric, js_metric = self.per_feature[feature]
+            psi_metric.set(float(scores["psi"]))
+            js_metric.set(float(scores["js"]))
+        self.samples_metric.set(float(self.window.samples))
