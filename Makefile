@@ -1,0 +1,37 @@
+# Everything a fresh machine needs is installed by these targets.
+#   make test   - install (venv + system packages) and run the whole test suite
+#   make demo   - the main job: build the digits example, serve it on the embedded Triton,
+#                 check it over HTTP and gRPC, load-test it, print the report, stop
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: setup system-deps test test-unit demo bench clean
+
+$(STAMP): pyproject.toml requirements/constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c requirements/constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP) system-deps
+
+system-deps:
+	bash scripts/install-system-deps.sh
+
+test: setup
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
+
+demo: setup
+	$(BIN)/triton-builder run examples/digits/spec.yaml
+
+bench: setup
+	$(BIN)/python benchmarks/quantization_speedup.py
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,199 @@
+"""`triton-builder check`: the served accuracy gate.
+
+Sends the version's reference.npz inputs (every case: several batch sizes and dynamic sizes) to a
+RUNNING Triton over HTTP and/or gRPC and compares the answers with the stored reference outputs,
+with the metrics and tolerance of the build's verification. It also reads back the config Triton
+actually loaded and reports every difference from what the builder intended.
+
+Usage::
+
+    report = check_served("digits_cnn", repository="model_repository", url="127.0.0.1:8000",
+                          grpc_url="127.0.0.1:8001", protocol="both")
+    report.ok          # False -> report.lines() lists each output with its numbers
+
+Exit codes in the CLI: 0 all within tolerance, 1 a difference, 2 server unreachable / model not ready.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from builder.errors import ServerError, UserInputError
+from builder.repository.config import config_as_dict
+from builder.repository.layout import latest_version, model_dir
+from builder.repository.metadata import read_metadata, read_reference
+from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures
+
+
+@dataclass
+class CheckReport:
+    model: str
+    version: int
+    metrics: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # protocol -> output -> metric
+    failures: list[str] = field(default_factory=list)
+    config_differences: list[str] = field(default_factory=list)
+    cases: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and not self.config_differences
+
+    def lines(self) -> list[str]:
+        status = "OK" if self.ok else "FAIL"
+        out = [f"{self.model} version {self.version}: {status} ({self.cases} cases per protocol)"]
+        for protocol, metrics in self.metrics.items():
+            for name, m in metrics.items():
+                if "rel_l2" in m:
+                    out.append(f"  {protocol:4s} {name}: rel L2 {m['rel_l2']:.1e}, max abs {m['max_abs']:.1e}, "
+                               f"cosine {m['cosine']:.6f}")
+        out += [f"- {f}" for f in self.failures]
+        out += [f"- config: {d}" for d in self.config_differences]
+        return out
+
+
+def _split_url(url: str) -> tuple[str, int]:
+    host, _, port = url.rpartition(":")
+    if not host or not port.isdigit():
+        raise UserInputError(f"--url {url!r}: use HOST:PORT, e.g. 127.0.0.1:8000")
+    return host, int(port)
+
+
+def check_served(name: str, *, repository: str | Path = "model_repository", url: str = "127.0.0.1:8000",
+                 grpc_url: str | None = None, protocol: str = "both", version: int | None = None,
+                 timeout: float = 30.0) -> CheckReport:
+    folder = model_dir(Path(repository), name)
+    if not folder.is_dir():
+        raise UserInputError(f"model '{name}' is not in {Path(repository).resolve()}; pass --repository")
+    number = version if version is not None else latest_version(folder)
+    if number is None or not (folder / str(number)).is_dir():
+        raise UserInputError(f"model '{name}' has no version {version if version is not None else '(none at all)'}")
+    meta = read_metadata(folder / str(number) / "metadata.yaml")
+    cases, outputs = read_reference(folder / str(number) / "reference.npz")
+    tolerance = (meta.get("verification") or {}).get("tolerance") or {"rel_l2": 1e-5}
+    output_names = [o["name"] for o in meta["spec"]["outputs"]]
+    report = CheckReport(name, number, cases=len(cases))
+
+    if grpc_url is None:
+        host, port = _split_url(url)
+        grpc_url = f"{host}:{port + 1}"
+    protocols = ["http", "grpc"] if protocol == "both" else [protocol]
+    if protocol not in ("http", "grpc", "both"):
+        raise UserInputError(f"--protocol {protocol!r}: use http, grpc or both")
+
+    http_client = _http_client(url, timeout)
+    _require_ready(http_client, name, number, url)
+    intended = config_as_dict((folder / "config.pbtxt").read_text())
+    report.config_differences = config_differences(intended, http_client.get_model_config(name))
+
+    for proto in protocols:
+        client = http_client if proto == "http" else _grpc_client(grpc_url, timeout)
+        try:
+            per_case = []
+            for case, ref in zip(cases, outputs):
+                got = infer(client, proto, name, str(number), case["inputs"], output_names)
+                per_case.append(compare_outputs(ref, got))
+        except ServerError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failed request is a failed gate, with the server's words
+            report.failures.append(f"{proto}: request failed: {' '.join(str(exc).split())[:300]}")
+            continue
+        finally:
+            if proto == "grpc":
+                client.close()
+        metrics = merge_case_metrics(per_case)
+        report.metrics[proto] = metrics
+        report.failures += [f"{proto} {line}" for line in tolerance_failures(metrics, tolerance)]
+    http_client.close()
+    return report
+
+
+def _http_client(url: str, timeout: float):
+    import tritonclient.http as httpclient
+
+    try:
+        client = httpclient.InferenceServerClient(url, connection_timeout=timeout, network_timeout=timeout)
+        client.is_server_live()
+    except Exception as exc:  # noqa: BLE001
+        raise ServerError(f"cannot reach Triton at {url} over HTTP ({' '.join(str(exc).split())[:200]}); "
+                          "is it running? (triton-builder serve prints its address)") from None
+    return client
+
+
+def _grpc_client(url: str, timeout: float):
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        client.is_server_live(client_timeout=timeout)
+    except Exception as exc:  # noqa: BLE001
+        client.close()
+        raise ServerError(f"cannot reach Triton at {url} over gRPC ({' '.join(str(exc).split())[:200]}); "
+                          "pass --grpc-url") from None
+    return client
+
+
+def _require_ready(client, name: str, version: int, url: str) -> None:
+    if client.is_model_ready(name, str(version)):
+        return
+    reason = ""
+    try:
+        for entry in client.get_model_repository_index():
+            if entry.get("name") == name:
+                reason = f" (state {entry.get('state', '?')}: {entry.get('reason', '') or 'no reason given'})"
+    except Exception:  # noqa: BLE001 - the index is only used to explain
+        pass
+    raise ServerError(f"model '{name}' version {version} is not ready on {url}{reason}")
+
+
+def infer(client, protocol: str, name: str, version: str, inputs: dict[str, np.ndarray],
+          output_names: list[str]) -> dict[str, np.ndarray]:
+    """One inference request with numpy inputs, over either client; returns numpy outputs."""
+    from tritonclient.utils import np_to_triton_dtype
+
+    if protocol == "http":
+        import tritonclient.http as module
+    else:
+        import tritonclient.grpc as module
+    request_inputs = []
+    for key, value in inputs.items():
+        item = module.InferInput(key, list(value.shape), np_to_triton_dtype(value.dtype))
+        item.set_data_from_numpy(np.ascontiguousarray(value))
+        request_inputs.append(item)
+    requested = [module.InferRequestedOutput(o) for o in output_names]
+    result = client.infer(name, request_inputs, model_version=version, outputs=requested)
+    return {o: result.as_numpy(o) for o in output_names}
+
+
+def _tensor_summary(items: list[dict[str, Any]]) -> list[tuple]:
+    return [(t.get("name"), t.get("data_type"), [int(d) for d in t.get("dims", [])]) for t in items]
+
+
+def config_differences(intended: dict[str, Any], loaded: dict[str, Any]) -> list[str]:
+    """What Triton loaded vs what the builder wrote, on the fields that change behaviour."""
+    differences = []
+
+    def compare(label: str, want: Any, got: Any) -> None:
+        if want != got:
+            differences.append(f"{label}: intended {want}, loaded {got}")
+
+    compare("max_batch_size", int(intended.get("max_batch_size", 0)), int(loaded.get("max_batch_size", 0)))
+    compare("inputs", _tensor_summary(intended.get("input", [])), _tensor_summary(loaded.get("input", [])))
+    compare("outputs", _tensor_summary(intended.get("output", [])), _tensor_summary(loaded.get("output", [])))
+    want_batching, got_batching = intended.get("dynamic_batching"), loaded.get("dynamic_batching")
+    compare("dynamic_batching", want_batching is not None, got_batching is not None)
+    if want_batching is not None and got_batching is not None:
+        # Triton's auto-complete fills an empty list with [max_batch_size]: the same behaviour
+        max_batch = [int(intended.get("max_batch_size", 0))]
+        compare("dynamic_batching.preferred_batch_size",
+                [int(s) for s in want_batching.get("preferred_batch_size", [])] or max_batch,
+                [int(s) for s in got_batching.get("preferred_batch_size", [])] or max_batch)
+        compare("dynamic_batching.max_queue_delay_microseconds",
+                int(want_batching.get("max_queue_delay_microseconds", 0)),
+                int(got_batching.get("max_queue_delay_microseconds", 0)))
+    groups = lambda cfg: [(g.get("kind", "KIND_AUTO"), int(g.get("count", 1))) for g in cfg.get("instance_group", [])]  # noqa: E731
+    compare("instance_group", groups(intended), groups(loaded))
+    return differences

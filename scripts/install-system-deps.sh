@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Install the system packages triton-builder's monitoring tests need:
+#   - prometheus      (Debian package: provides /usr/bin/prometheus and /usr/bin/promtool)
+#   - docker-compose  (Debian package, v1: validates docker-compose.yml without an engine)
+#
+# Idempotent: packages whose command is already on PATH are left alone and the
+# script exits 0.  Installs with `apt-get install -y --no-install-recommends`;
+# runs `apt-get update` only if the first install attempt fails (stale or empty
+# package lists).  Runs as root (CI does); otherwise uses sudo when available;
+# otherwise explains what to run and exits non-zero.
+#
+# Usage: scripts/install-system-deps.sh
+set -euo pipefail
+
+log() { printf 'install-system-deps: %s\n' "$*"; }
+
+# command-on-PATH -> Debian package
+declare -a WANT_CMDS=(promtool prometheus docker-compose)
+declare -A PKG_OF=([promtool]=prometheus [prometheus]=prometheus [docker-compose]=docker-compose)
+
+missing_pkgs=()
+for cmd in "${WANT_CMDS[@]}"; do
+    pkg="${PKG_OF[$cmd]}"
+    if command -v "$cmd" >/dev/null 2>&1; then
+        log "$cmd already present at $(command -v "$cmd")"
+    else
+        log "$cmd missing (package: $pkg)"
+        case " ${missing_pkgs[*]-} " in
+            *" $pkg "*) ;;
+            *) missing_pkgs+=("$pkg") ;;
+        esac
+    fi
+done
+
+if [ "${#missing_pkgs[@]}" -eq 0 ]; then
+    log "nothing to do"
+    exit 0
+fi
+
+if ! command -v apt-get >/dev/null 2>&1; then
+    log "apt-get not found: this script supports Debian/Ubuntu only." >&2
+    log "install these packages by hand: ${missing_pkgs[*]}" >&2
+    exit 2
+fi
+
+SUDO=()
+if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then
+        SUDO=(sudo)
+        log "not root: using sudo"
+    else
+        log "not root and sudo is not available." >&2
+        log "run as root: apt-get install -y --no-install-recommends ${missing_pkgs[*]}" >&2
+        exit 3
+    fi
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+install_cmd=(${SUDO[@]+"${SUDO[@]}"} apt-get install -y --no-install-recommends "${missing_pkgs[@]}")
+
+log "installing: ${missing_pkgs[*]}"
+if ! "${install_cmd[@]}"; then
+    log "install failed; running apt-get update and retrying"
+    ${SUDO[@]+"${SUDO[@]}"} apt-get update
+    "${install_cmd[@]}"
+fi
+
+# Verify.
+rc=0
+for cmd in "${WANT_CMDS[@]}"; do
+    if command -v "$cmd" >/dev/null 2>&1; then
+        log "ok: $cmd -> $(command -v "$cmd")"
+    else
+        log "still missing after install: $cmd" >&2
+        rc=1
+    fi
+done
+if [ "$rc" -eq 0 ]; then
+    log "installed: ${missing_pkgs[*]}"
+fi
+exit "$rc"

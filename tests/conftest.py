@@ -1,0 +1,46 @@
+"""Shared fixtures. Heavy work (a full build) is done once per session and reused read-only."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run `python -m builder ...` as a user would; returns the completed process."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "-m", "builder", *args], cwd=cwd or ROOT, capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture
+def quiet():
+    return lambda message: None
+
+
+@pytest.fixture(scope="session")
+def built_repository(tmp_path_factory) -> Path:
+    """digits_cnn and bert_tiny built once (no benchmark) into a session repository."""
+    from builder.pipeline import build
+
+    repo = tmp_path_factory.mktemp("session_repo") / "model_repository"
+    for spec in ("digits/spec.yaml", "bert_tiny/spec.yaml"):
+        build(EXAMPLES / spec, repo, variants=["onnx", "torchscript"], benchmark_seconds=0,
+              progress=lambda m: None)
+    return repo
+
+
+@pytest.fixture
+def digits_copy(tmp_path) -> Path:
+    """A writable copy of the digits example: tests edit its spec freely."""
+    target = tmp_path / "digits"
+    shutil.copytree(EXAMPLES / "digits", target, ignore=shutil.ignore_patterns("__pycache__"))
+    return target

@@ -1,0 +1,171 @@
+"""Every user mistake: exit code 2 (or UserInputError), a message naming the field/file and the
+fix, and nothing written. A verification failure: exit code 1 with the per-output list."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+import yaml
+
+from builder.errors import UserInputError, VerificationError
+from builder.pipeline import build
+from tests.conftest import run_cli
+
+
+def edit_spec(folder, **changes):
+    path = folder / "spec.yaml"
+    data = yaml.safe_load(path.read_text())
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def assert_nothing_written(tmp_path, repo):
+    assert not repo.exists() or not any(p for p in repo.iterdir() if not p.name.startswith(".")), list(repo.iterdir())
+    leftovers = [p.name for p in tmp_path.iterdir() if "staging" in p.name]
+    assert not leftovers, leftovers
+
+
+def test_bad_yaml_exits_2_with_line_and_writes_nothing(digits_copy, tmp_path):
+    (digits_copy / "spec.yaml").write_text("name: digits_cnn\ninputs: [ {name: image\n")
+    repo = tmp_path / "repo"
+    proc = run_cli("build", str(digits_copy / "spec.yaml"), "--repository", str(repo))
+    assert proc.returncode == 2, proc.stderr
+    assert "not valid YAML at line" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not repo.exists()
+
+
+def test_unknown_key_exits_2_via_cli(digits_copy, tmp_path):
+    spec = edit_spec(digits_copy, batch=4)
+    proc = run_cli("build", str(spec), "--repository", str(tmp_path / "repo"))
+    assert proc.returncode == 2
+    assert "unknown key(s) 'batch'; known keys: name, version" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("bad_name", ["../x", 'a"b'])
+def test_bad_name_exits_2(digits_copy, tmp_path, bad_name):
+    spec = edit_spec(digits_copy, name=bad_name)
+    repo = tmp_path / "repo"
+    proc = run_cli("build", str(spec), "--repository", str(repo))
+    assert proc.returncode == 2
+    assert "field 'name'" in proc.stderr and "letters, digits, '_' and '-'" in proc.stderr
+    assert_nothing_written(tmp_path, repo)
+    assert not (tmp_path / "x").exists()
+
+
+def test_missing_keys_and_bad_dtype(digits_copy, tmp_path, quiet):
+    with pytest.raises(UserInputError, match=r"field 'outputs': missing"):
+        build(edit_spec(digits_copy, outputs=None), tmp_path / "repo", progress=quiet)
+    spec = edit_spec(digits_copy, outputs=[{"name": "logits"}],
+                     inputs=[{"name": "image", "dtype": "float128", "shape": [1, 8, 8]}])
+    with pytest.raises(UserInputError, match=r"inputs\[0\].dtype': 'float128' is not supported"):
+        build(spec, tmp_path / "repo", progress=quiet)
+    assert_nothing_written(tmp_path, tmp_path / "repo")
+
+
+def test_missing_data_file(digits_copy, tmp_path, quiet):
+    spec = edit_spec(digits_copy, data={"validation": "data/missing.npz"})
+    with pytest.raises(UserInputError, match=r"field 'data.validation': file not found: .*missing.npz"):
+        build(spec, tmp_path / "repo", progress=quiet)
+
+
+def test_spec_shape_that_does_not_match_the_model(digits_copy, tmp_path, quiet):
+    spec = edit_spec(digits_copy, data=None, inputs=[{"name": "image", "dtype": "float32", "shape": [3, 8, 8]}])
+    with pytest.raises(UserInputError, match=r"field 'inputs': the model rejected inputs built from the spec "
+                                             r"\(image\[2, 3, 8, 8\] float32\).*Fix inputs\[\]\.shape"):
+        build(spec, tmp_path / "repo", progress=quiet)
+    assert_nothing_written(tmp_path, tmp_path / "repo")
+
+
+def test_validation_data_that_does_not_fit_the_spec(digits_copy, tmp_path, quiet):
+    import numpy as np
+    np.savez(digits_copy / "data" / "val.npz", image=np.zeros((4, 1, 9, 9), np.float32))
+    with pytest.raises(UserInputError, match=r"data.validation: val.npz\['image'\] has per-sample shape \[1, 9, 9\], "
+                                             r"the spec says \[1, 8, 8\]"):
+        build(digits_copy / "spec.yaml", tmp_path / "repo", progress=quiet)
+
+
+def test_weights_that_do_not_fit_the_module(digits_copy, tmp_path, quiet):
+    from safetensors.torch import save_file
+    save_file({"conv.weight": torch.zeros(3, 3)}, str(digits_copy / "weights.safetensors"))
+    repo = tmp_path / "repo"
+    with pytest.raises(UserInputError, match=r"source.weights: weights.safetensors does not fit the module: .*Missing key"):
+        build(digits_copy / "spec.yaml", repo, progress=quiet)
+    assert_nothing_written(tmp_path, repo)
+
+
+class Payload:
+    def __reduce__(self):
+        return (print, ("this must never run",))
+
+
+def test_pickle_weights_are_refused_not_unpickled(digits_copy, tmp_path, capsys):
+    evil = digits_copy / "weights.pt"
+    evil.write_bytes(pickle.dumps({"conv": Payload()}))
+    spec = edit_spec(digits_copy, source={"module": "model:build", "weights": "weights.pt"})
+    repo = tmp_path / "repo"
+    with pytest.raises(UserInputError, match=r"source.weights: .*weights.pt holds more than plain tensors .* never unpickled"):
+        build(spec, repo, progress=lambda m: None)
+    assert "this must never run" not in capsys.readouterr().out
+    assert_nothing_written(tmp_path, repo)
+
+
+def test_pt_state_dict_is_accepted(digits_copy, tmp_path, quiet):
+    from safetensors.torch import load_file
+    torch.save(load_file(str(digits_copy / "weights.safetensors")), digits_copy / "weights.pt")
+    spec = edit_spec(digits_copy, source={"module": "model:build", "weights": "weights.pt"})
+    result = build(spec, tmp_path / "repo", variants=["onnx"], benchmark_seconds=0, progress=quiet)
+    assert result.published[0]["version"] == 1
+
+
+def test_module_that_cannot_be_imported(digits_copy, tmp_path, quiet):
+    spec = edit_spec(digits_copy, source={"module": "nomodule:build"})
+    with pytest.raises(UserInputError, match=r"source.module': cannot import 'nomodule'"):
+        build(spec, tmp_path / "repo", progress=quiet)
+
+
+def test_unknown_variant_lists_supported(digits_copy, tmp_path, quiet):
+    with pytest.raises(UserInputError, match=r"unknown variant 'onnx_int3'; supported: .*onnx.*To add one: register"):
+        build(digits_copy / "spec.yaml", tmp_path / "repo", variants=["onnx_int3"], progress=quiet)
+
+
+def test_verification_failure_exits_1_with_per_output_numbers(digits_copy, tmp_path):
+    spec = edit_spec(digits_copy, variants=["onnx"], verify={"tolerances": {"fp32": {"rel_l2": 1e-12}}})
+    repo = tmp_path / "repo"
+    proc = run_cli("build", str(spec), "--repository", str(repo), "--benchmark-seconds", "0")
+    assert proc.returncode == 1, proc.stderr
+    assert "no variant passed verification; nothing was published" in proc.stderr
+    assert "- onnx: failed verification:" in proc.stderr
+    assert "- logits: rel L2" in proc.stderr and "> 1e-12" in proc.stderr
+    assert_nothing_written(tmp_path, repo)
+
+
+def test_strict_fails_when_any_variant_fails(digits_copy, tmp_path, quiet):
+    spec = edit_spec(digits_copy, verify={"tolerances": {"fp32": {"max_abs": 0.0}}})
+    # torchscript (trace) is bit-exact and passes; onnx differs slightly and fails max_abs 0
+    result = build(spec, tmp_path / "repo", variants=["onnx", "torchscript"], benchmark_seconds=0, progress=quiet)
+    assert result.context.selected.name == "torchscript"
+    onnx = result.context.variant("onnx")
+    assert onnx.verified is False and "logits: max abs" in onnx.rejected
+    with pytest.raises(VerificationError, match=r"1 variant\(s\) failed verification \(--strict\)"):
+        build(spec, tmp_path / "repo2", variants=["onnx", "torchscript"], strict=True, benchmark_seconds=0,
+              progress=quiet)
+    assert not (tmp_path / "repo2").exists()
+
+
+def test_existing_version_is_never_overwritten(digits_copy, tmp_path, quiet):
+    repo = tmp_path / "repo"
+    build(digits_copy / "spec.yaml", repo, variants=["onnx"], benchmark_seconds=0, progress=quiet)
+    before = sorted(p.name for p in (repo / "digits_cnn" / "1").iterdir())
+    spec = edit_spec(digits_copy, version=1)
+    with pytest.raises(UserInputError, match=r"version 1 of model 'digits_cnn' already exists .* never overwritten"):
+        build(spec, repo, variants=["onnx"], progress=quiet)
+    assert sorted(p.name for p in (repo / "digits_cnn" / "1").iterdir()) == before

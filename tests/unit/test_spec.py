@@ -1,0 +1,123 @@
+"""The spec contract: every mistake names the field and the fix."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from builder.errors import UserInputError
+from builder.spec import load_spec, parse_spec
+
+BASE = {
+    "name": "m",
+    "source": {"module": "model:build"},
+    "inputs": [{"name": "x", "dtype": "float32", "shape": [3]}],
+    "outputs": [{"name": "y"}],
+    "max_batch_size": 8,
+}
+
+
+def spec_with(**changes):
+    data = {**BASE, **changes}
+    return {k: v for k, v in data.items() if v is not None}
+
+
+def test_valid_spec_parses_with_defaults(tmp_path):
+    spec = parse_spec(spec_with(), tmp_path / "spec.yaml")
+    assert spec.name == "m" and spec.max_batch_size == 8
+    assert spec.deploy.target == "embedded" and spec.deploy.dynamic_batching is True
+    assert spec.verify.tolerance("fp32") == {"rel_l2": 1e-5}
+    assert spec.inputs[0].triton_dtype == "TYPE_FP32"
+
+
+def test_example_specs_load():
+    from tests.conftest import EXAMPLES
+    for path in EXAMPLES.glob("*/spec.yaml"):
+        spec = load_spec(path)
+        assert spec.source.weights is None or spec.source.weights.is_file()
+
+
+@pytest.mark.parametrize("name", ["../x", 'a"b', "a b", "", "x/y", "a" * 129, 5])
+def test_bad_model_names_are_refused(name):
+    with pytest.raises(UserInputError, match=r"field 'name'.*letters, digits, '_' and '-'"):
+        parse_spec(spec_with(name=name))
+
+
+def test_unknown_top_level_key_lists_known_ones():
+    with pytest.raises(UserInputError, match=r"unknown key\(s\) 'colour'; known keys: name, version, source"):
+        parse_spec(spec_with(colour="red"))
+
+
+def test_unknown_nested_key_names_its_path():
+    with pytest.raises(UserInputError, match=r"field 'inputs\[0\]': unknown key\(s\) 'shpe'"):
+        parse_spec(spec_with(inputs=[{"name": "x", "shpe": [3]}]))
+
+
+def test_missing_required_key():
+    with pytest.raises(UserInputError, match=r"field 'inputs': missing"):
+        parse_spec(spec_with(inputs=None))
+
+
+def test_bad_dtype_lists_supported():
+    with pytest.raises(UserInputError, match=r"field 'inputs\[0\].dtype': 'complex64' is not supported; use one of: float32"):
+        parse_spec(spec_with(inputs=[{"name": "x", "dtype": "complex64", "shape": [3]}]))
+
+
+def test_source_needs_exactly_one_kind():
+    with pytest.raises(UserInputError, match=r"field 'source': give exactly one of module / torchscript / onnx \(got module, onnx\)"):
+        parse_spec(spec_with(source={"module": "m:b", "onnx": "x.onnx"}))
+
+
+def test_missing_weights_file_names_the_path(tmp_path):
+    with pytest.raises(UserInputError, match=r"field 'source.weights': file not found: .*nope.safetensors"):
+        parse_spec(spec_with(source={"module": "model:build", "weights": "nope.safetensors"}), tmp_path / "s.yaml")
+
+
+def test_shape_rejects_zero_and_batch_like_values():
+    with pytest.raises(UserInputError, match=r"field 'inputs\[0\].shape': every entry must be >= 1 or -1"):
+        parse_spec(spec_with(inputs=[{"name": "x", "shape": [0, 3]}]))
+
+
+def test_preferred_batch_sizes_within_max():
+    with pytest.raises(UserInputError, match=r"field 'deploy.preferred_batch_sizes'.*<= max_batch_size \(8\)"):
+        parse_spec(spec_with(deploy={"preferred_batch_sizes": [4, 16]}))
+
+
+def test_dynamic_batching_needs_batch_dimension():
+    with pytest.raises(UserInputError, match=r"deploy.dynamic_batching': needs max_batch_size > 0"):
+        parse_spec(spec_with(max_batch_size=0, deploy={"dynamic_batching": True}))
+
+
+def test_unknown_tolerance_precision():
+    with pytest.raises(UserInputError, match=r"unknown precision 'fp8'; known: fp32, fp16, int8"):
+        parse_spec(spec_with(verify={"tolerances": {"fp8": {"rel_l2": 1}}}))
+
+
+def test_duplicate_tensor_names():
+    with pytest.raises(UserInputError, match=r"used more than once.*: x"):
+        parse_spec(spec_with(outputs=[{"name": "x"}]))
+
+
+def test_bad_yaml_names_line(tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_text("name: m\ninputs: [\n")
+    with pytest.raises(UserInputError, match=r"spec.yaml: not valid YAML at line \d+"):
+        load_spec(path)
+
+
+def test_spec_file_must_be_a_mapping(tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(["a", "b"]))
+    with pytest.raises(UserInputError, match=r"must be a mapping"):
+        load_spec(path)
+
+
+def test_profile_shapes_replace_dynamic_dims():
+    spec = parse_spec(spec_with(inputs=[{"name": "ids", "dtype": "int64", "shape": [-1], "max_shape": [32]}]))
+    shapes = spec.inputs[0].profile_shapes()
+    assert shapes == {"min": [1], "opt": [16], "max": [32]}
+
+
+def test_profile_shape_must_fit_fixed_dims():
+    with pytest.raises(UserInputError, match=r"max_shape': \[4, 32\] does not fit shape \[3, -1\]"):
+        parse_spec(spec_with(inputs=[{"name": "x", "shape": [3, -1], "max_shape": [4, 32]}]))
