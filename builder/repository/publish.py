@@ -21,6 +21,8 @@ from builder.files import sha256_file
 from builder.spec import TRITON_DTYPES, ModelSpec
 
 PYTHON_BACKEND_MODEL = Path(__file__).resolve().parents[2] / "templates" / "python_backend" / "model.py"
+# drift.py is self-contained (numpy only): it travels with the python-backend model.py
+DRIFT_MODULE = Path(__file__).resolve().parents[1] / "drift.py"
 RUNTIME_FOR_FORMAT = {"onnx": "onnxruntime", "torchscript": "torchscript"}
 
 
@@ -65,6 +67,7 @@ def publish_model(repository: Path, config: ModelConfig, model_files: list[Path]
             shutil.copyfile(source, draft.folder / (model_name + suffix))
         if config.backend == "python":
             shutil.copyfile(PYTHON_BACKEND_MODEL, draft.folder / "model.py")
+            shutil.copyfile(DRIFT_MODULE, draft.folder / "drift.py")
         hashes = {p.name: sha256_file(p) for p in sorted(draft.folder.iterdir()) if p.is_file()}
         fill(draft.folder, draft.version, hashes)
         draft.config_text = render_config(config)

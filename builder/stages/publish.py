@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
+from builder.drift import build_profile, save_profile
 from builder.repository.layout import check_version_free
 from builder.repository.metadata import library_versions, write_metadata, write_reference
 from builder.repository.publish import config_for, publish_model
@@ -47,6 +48,15 @@ def _metadata(ctx: BuildContext, variant: Variant, name: str, version: int, hash
     }
 
 
+def _profile_data(ctx: BuildContext):
+    """The data the drift profile describes: the validation set, else the largest reference case."""
+    ref = ctx.reference
+    if ref.validation_inputs is not None:
+        return ref.validation_inputs, ref.validation_outputs
+    index = max(range(len(ref.cases)), key=lambda i: len(next(iter(ref.cases[i]["inputs"].values()))))
+    return ref.cases[index]["inputs"], ref.outputs[index]
+
+
 def _publish_one(ctx: BuildContext, variant: Variant, name: str, version: int | None) -> dict:
     signature = {o.name: (ctx.reference.output_dtypes[o.name], ctx.reference.output_shapes[o.name])
                  for o in ctx.spec.outputs}
@@ -54,6 +64,8 @@ def _publish_one(ctx: BuildContext, variant: Variant, name: str, version: int | 
 
     def fill(folder: Path, version: int, hashes: dict[str, str]) -> None:
         write_reference(folder / "reference.npz", ctx.reference.cases, ctx.reference.outputs)
+        if config.backend == "python":
+            save_profile(str(folder / "drift_profile.json"), build_profile(*_profile_data(ctx)))
         record = _metadata(ctx, variant, name, version, hashes, config.backend)
         write_metadata(folder / "metadata.yaml", record)
         write_reports(folder, ctx)

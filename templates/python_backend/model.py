@@ -133,8 +133,9 @@ class _DriftHook:
         self.js = pb_utils.MetricFamily(name="triton_builder_drift_js", description="Jensen-Shannon distance (base 2) of served traffic vs the profile", kind=gauge)
         self.samples = pb_utils.MetricFamily(name="triton_builder_drift_window_samples", description="sampled rows in the drift window", kind=gauge)
         thresholds = pb_utils.MetricFamily(name="triton_builder_drift_threshold", description="drift alert threshold", kind=gauge)
-        for metric, default in (("psi", "0.25"), ("js", "0.2")):
-            thresholds.Metric(labels={**self.labels, "metric": metric}).set(float(params.get(f"drift_{metric}_threshold", default)))
+        for metric, default in (profile.get("thresholds") or {"psi": 0.25, "js": 0.2}).items():
+            value = float(params.get(f"drift_{metric}_threshold", default))
+            thresholds.Metric(labels={**self.labels, "metric": metric}).set(value)
         self._thresholds = thresholds
         self.samples_metric = self.samples.Metric(labels=self.labels)
         self.per_feature = {}

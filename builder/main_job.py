@@ -1,0 +1,116 @@
+"""The main job, end to end on the embedded default: build a spec, serve the repository on the
+embedded tritonserver, run the served accuracy gate over HTTP and gRPC, drive a short Locust load,
+print one report, stop the server.
+
+Usage::
+
+    code = run_main_job("examples/digits/spec.yaml", "runs/model_repository", load_seconds=10)
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+from builder.errors import BuilderError
+
+
+def run_main_job(spec: str | Path, repository: str | Path = "runs/model_repository", *, load_seconds: float = 10.0,
+                 users: int = 8, keep_serving: bool = False, fresh: bool = True,
+                 announce: Callable[[str], None] = print) -> int:
+    from builder.pipeline import build
+    from builder.report import format_table
+    from builder.serving.check import check_served
+    from builder.serving.embedded import EmbeddedServer
+
+    repository = Path(repository)
+    if fresh and repository.exists() and repository.name == "model_repository" and repository.parent.name == "runs":
+        shutil.rmtree(repository)  # the main job's own scratch repository, never the user's
+    started = time.perf_counter()
+    announce("== 1/4 build")
+    result = build(spec, repository, progress=announce)
+    name = result.context.spec.name
+    announce("")
+    announce(format_table(result.rows))
+
+    announce("\n== 2/4 serve (embedded tritonserver)")
+    code = 0
+    with EmbeddedServer(repository, extra_args=["--metrics-config=summary_latencies=true"]) as server:
+        announce(f"  HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}")
+        announce(f"  log  {server.log_path}")
+        for left, why in server.left_out.items():
+            announce(f"  left out {left}: {why}")
+
+        announce("\n== 3/4 check (served answers vs reference.npz, HTTP and gRPC)")
+        report = check_served(name, repository=repository, url=server.http_url, grpc_url=server.grpc_url)
+        for line in report.lines():
+            announce("  " + line)
+        if not report.ok:
+            code = 1
+
+        announce(f"\n== 4/4 load test ({users} users, {load_seconds:.0f} s, HTTP)")
+        summary = _load(name, server, users, load_seconds, repository, announce)
+
+        announce("\n== report")
+        rows = [
+            ("model", f"{name} version {report.version} ({result.published[0]['backend']} backend)"),
+            ("selected variant", result.context.selected.name),
+            ("served check", "OK (HTTP + gRPC)" if report.ok else "FAIL"),
+        ]
+        if summary:
+            rows += [("load", _format_load(summary))]
+        rows += [("metrics (Prometheus text)", server.metrics_url),
+                 ("Prometheus scrape config", "monitoring/prometheus/prometheus.yml (targets: this metrics port)"),
+                 ("elapsed", f"{time.perf_counter() - started:.1f} s")]
+        width = max(len(k) for k, _ in rows)
+        for key, value in rows:
+            announce(f"  {key.ljust(width)} | {value}")
+        if summary and summary.get("failures", 0):
+            code = code or 1
+        if keep_serving:
+            announce("\nserving until Ctrl-C ...")
+            try:
+                while server.is_running():
+                    time.sleep(0.5)
+            except KeyboardInterrupt:
+                pass
+    announce("server stopped")
+    return code
+
+
+def _load(name, server, users, seconds, repository, announce):
+    try:
+        from builder.tuning.loadtest import format_summary, run_loadtest
+    except ImportError:
+        announce("  (load testing is not available in this build)")
+        return None
+    out = Path(repository).parent / "loadtest" / name
+    try:
+        summary = run_loadtest(name, server.http_url, "http", users, seconds, out,
+                               payload=_payload(repository, name), timeout_s=seconds + 60)
+    except BuilderError as exc:
+        announce(f"  load test failed: {exc}")
+        return {"failures": 1}
+    announce("  " + format_summary(summary))
+    announce(f"  reports: {out}")
+    return summary
+
+
+def _payload(repository: Path, name: str) -> Path | None:
+    from builder.repository.layout import latest_version
+    folder = Path(repository) / name
+    version = latest_version(folder)
+    path = folder / str(version) / "reference.npz" if version else None
+    return path if path and path.exists() else None
+
+
+def _format_load(summary: dict) -> str:
+    parts = [f"{summary.get('rps', 0):.0f} req/s", f"p50 {summary.get('p50_ms', 0):.1f} ms",
+             f"p99 {summary.get('p99_ms', 0):.1f} ms", f"{summary.get('requests', 0)} requests",
+             f"{summary.get('failures', 0)} failures"]
+    server_side = summary.get("server") or {}
+    if server_side.get("average_batch_size"):
+        parts.append(f"avg formed batch {server_side['average_batch_size']:.2f}")
+    return ", ".join(parts)
