@@ -82,7 +82,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", help="embedded | cpu | gpu (default: the spec's deploy.target)")
     p.add_argument("--strict", action="store_true", help="fail if any variant fails verification")
     p.add_argument("--publish-variants", action="store_true", help="also publish the others as <name>__<variant>")
-    p.add_argument("--benchmark-seconds", type=float, help="time cap per variant measurement")
+    p.add_argument("--benchmark-seconds", type=float,
+                   help="measuring time cap per variant (default 2; 0 skips measuring and selects by preference)")
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("validate", help="re-check hashes and equivalence of a published model")

@@ -38,7 +38,7 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = "model_reposito
     """Build, verify and publish one model spec into the repository. Raises BuilderError subclasses."""
     from builder.report import variant_rows
     from builder.stages import PIPELINE
-    from builder.variants import resolve_variants
+    from builder.variants import add_bases, resolve_variants
 
     model_spec = spec if isinstance(spec, ModelSpec) else load_spec(spec)
     options = BuildOptions(repository=Path(repository).resolve(), variants=variants, target=target, strict=strict,
@@ -48,10 +48,14 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = "model_reposito
         if target not in TARGETS:
             from builder.errors import unknown_choice
             raise unknown_choice("target", target, TARGETS, "targets are fixed: embedded, cpu, gpu")
+    if benchmark_seconds is not None and benchmark_seconds < 0:
+        from builder.errors import UserInputError
+        raise UserInputError(f"--benchmark-seconds: {benchmark_seconds} is negative; give seconds per variant, "
+                             "or 0 to skip measuring")
     check_version_free(options.repository, model_spec.name, model_spec.version)
     workdir = Path(tempfile.mkdtemp(prefix=f"triton-builder-{model_spec.name}-"))
     ctx = BuildContext(spec=model_spec, options=options, workdir=workdir, progress=progress)
-    ctx.requested_variants = resolve_variants(variants or model_spec.variants, ctx.target)
+    ctx.requested_variants, ctx.base_only = add_bases(resolve_variants(variants or model_spec.variants, ctx.target))
     progress(f"building {model_spec.name} (target {ctx.target}; variants: {', '.join(ctx.requested_variants)})")
     try:
         for index, (name, module, required) in enumerate(PIPELINE, 1):
@@ -87,7 +91,8 @@ def _raise_if_any_failed(ctx: BuildContext) -> None:
 
 def _raise_for(ctx: BuildContext, result: StageResult) -> None:
     if result.stage in ("verify", "select"):
+        failed_stages = [f"{r.stage}: {r.reason}" for r in ctx.results
+                         if r.status is Status.FAIL and r.stage not in ("verify", "select")]
         raise VerificationError(f"{ctx.spec.name}: {result.reason}; nothing was published",
-                                _variant_failures(ctx) + [f"{r.stage}: {r.reason}" for r in ctx.results
-                                                          if r.status is Status.FAIL and r.stage.startswith("export")])
+                                _variant_failures(ctx) + failed_stages)
     raise BuilderError(f"{ctx.spec.name}: stage {result.stage} failed: {result.reason}")

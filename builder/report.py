@@ -4,7 +4,7 @@ Usage::
 
     rows = variant_rows(ctx)          # list of dicts, one per variant
     print(format_table(rows))         # the summary table the CLI ends with
-    write_reports(folder, ctx)        # build_report.md + build_report.json
+    write_reports(folder, ctx)        # build_report.md + build_report.json + build_report.png
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 COLUMNS = ["variant", "size MB", "exporter", "rel L2", "max abs", "acc drop", "p50 ms (b=1)",
-           "throughput", "status"]
+           "throughput", "x onnx", "status"]
+PLOT_NAME = "build_report.png"
 
 
 def _worst(variant, key: str) -> float | None:
@@ -29,6 +30,7 @@ def _fmt(value: Any, spec: str) -> str:
 
 def variant_rows(ctx) -> list[dict[str, Any]]:
     rows = []
+    plain = next((v for v in ctx.variants if v.name == "onnx" and v.benchmark), None)
     for v in ctx.variants:
         bench = v.benchmark or {}
         if v.selected:
@@ -52,7 +54,14 @@ def variant_rows(ctx) -> list[dict[str, Any]]:
             "acc drop": (v.accuracy or {}).get("drop"),
             "p50 ms (b=1)": (bench.get("latency_ms_b1") or {}).get("p50"),
             "throughput": bench.get("best_throughput"),
+            "x onnx": (bench["best_throughput"] / plain.benchmark["best_throughput"]
+                       if plain is not None and bench.get("best_throughput") else None),
             "status": status,
+            "precision_tolerance": (v.verification or {}).get("tolerance"),
+            "throughput_by_batch": dict(bench.get("throughput_by_batch") or {}),
+            "best_batch": bench.get("best_batch"),
+            "selected": v.selected,
+            "eligible": v.eligible,
             "why": v.selection_reason,
             "rejected": v.rejected,
             "notes": list(v.notes),
@@ -62,7 +71,7 @@ def variant_rows(ctx) -> list[dict[str, Any]]:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     formats = {"size MB": ".3f", "rel L2": ".1e", "max abs": ".1e", "acc drop": "+.2f", "p50 ms (b=1)": ".3f",
-               "throughput": ".0f"}
+               "throughput": ".0f", "x onnx": ".2f"}
     cells = [[_fmt(r[c], formats[c]) if c in formats else str(r[c]) for c in COLUMNS] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(COLUMNS)]
     line = lambda values: " | ".join(v.ljust(w) for v, w in zip(values, widths))  # noqa: E731
@@ -84,6 +93,10 @@ def report_dict(ctx) -> dict[str, Any]:
 
 def write_reports(folder: Path, ctx) -> None:
     data = report_dict(ctx)
+    try:
+        write_plot(folder / PLOT_NAME, data["variants"], ctx.spec.verify.max_accuracy_drop)
+    except Exception as exc:  # noqa: BLE001 - a figure must never stop a publish; the report says why
+        data["notes"].append(f"plot not drawn: {type(exc).__name__}: {exc}")
     (folder / "build_report.json").write_text(json.dumps(data, indent=2, default=str))
     lines = [f"# Build report: {ctx.spec.name}", "",
              f"- target: {ctx.target}; objective: {ctx.spec.objective}; reference: {ctx.reference_kind}",
@@ -91,13 +104,93 @@ def write_reports(folder: Path, ctx) -> None:
     for row in data["variants"]:
         lines.append(f"- **{row['variant']}**: {row['why'] or row['status']}")
         lines.extend(f"  - {n}" for n in row["notes"])
-        if row["rejected"]:
+        if "\n" in row["rejected"]:  # a one-line reason is already in `why`
             lines.extend(f"  {line}" for line in row["rejected"].splitlines())
-    if ctx.notes:
-        lines += ["", "## Notes", ""] + [f"- {n}" for n in ctx.notes]
+    lines += _measurement_lines(ctx)
+    if data["notes"]:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in data["notes"]]
     lines += ["", "## Stages", "", "| stage | status | seconds | reason |", "|---|---|---|---|"]
     lines += [f"| {r.stage} | {r.status.value} | {r.seconds:.2f} | {r.reason.splitlines()[0] if r.reason else ''} |"
               for r in ctx.results]
     for extra in sorted(folder.glob("*.png")):
         lines += ["", f"![{extra.stem}]({extra.name})"]
     (folder / "build_report.md").write_text("\n".join(lines) + "\n")
+
+
+def _measurement_lines(ctx) -> list[str]:
+    measured = [v for v in ctx.variants if v.benchmark]
+    if not measured:
+        return []
+    batches = sorted({int(b) for v in measured for b in v.benchmark["throughput_by_batch"]})
+    head = ["variant", *(f"b={b} inf/s" for b in batches), "p50/p95/p99 ms (b=1)", "threads", "peak MB", "stable"]
+    runtimes = "; ".join(dict.fromkeys(v.benchmark.get("runtime", "") for v in measured))
+    lines = ["", "## Measurements", "", f"Rule: {measured[0].benchmark.get('rule', '')}.", "",
+             f"Runtimes: {runtimes}.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for v in measured:
+        bench = v.benchmark
+        by_batch = {int(b): ips for b, ips in bench["throughput_by_batch"].items()}
+        lat = bench.get("latency_ms_b1") or {}
+        unstable = [str(b) for b, ok in (bench.get("stable") or {}).items() if not ok]
+        cells = [v.name, *(_fmt(by_batch.get(b), ".0f") for b in batches),
+                 "/".join(_fmt(lat.get(k), ".3f") for k in ("p50", "p95", "p99")), str(bench.get("threads", "-")),
+                 _fmt(bench.get("peak_memory_mb"), ".1f"),
+                 "yes" if not unstable else f"no at b={','.join(unstable)} (fastest 3 windows)"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def write_plot(path: Path, rows: list[dict[str, Any]], max_accuracy_drop: float | None = None) -> bool:
+    """Throughput vs batch size per variant, and accuracy drop (or rel L2 without labels) vs
+    speed-up over plain onnx. Drawn from the report rows; nothing is written when nothing was measured."""
+    measured = [r for r in rows if r["throughput_by_batch"]]
+    if not measured:
+        return False
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(11, 4.4), dpi=100)
+    FigureCanvasAgg(figure)
+    left, right = figure.subplots(1, 2)
+    colors = {row["variant"]: f"C{i % 10}" for i, row in enumerate(measured)}
+    for row in measured:
+        points = sorted((int(b), ips) for b, ips in row["throughput_by_batch"].items())
+        style = {"linewidth": 2.5} if row["selected"] else {"linestyle": "-" if row["eligible"] else ":"}
+        left.plot([b for b, _ in points], [ips for _, ips in points], marker="o", label=row["variant"],
+                  color=colors[row["variant"]], **style)
+    left.set_xscale("log", base=2)
+    left.set_xlabel("batch size")
+    left.set_ylabel("throughput (inferences/s)")
+    left.set_title("throughput vs batch size")
+    left.grid(True, alpha=0.3)
+    left.legend(fontsize=8)
+
+    with_labels = any(r["acc drop"] is not None for r in measured)
+    key, label = (("acc drop", "top-1 accuracy drop (points)") if with_labels
+                  else ("rel L2", "worst rel L2 vs reference"))
+    for i, row in enumerate(measured):
+        x, y = row["x onnx"], row[key]
+        if x is None or y is None:
+            continue
+        marker = "*" if row["selected"] else ("o" if row["eligible"] else "x")
+        right.scatter([x], [y], marker=marker, s=160 if row["selected"] else 60, color=colors[row["variant"]])
+        right.annotate(row["variant"], (x, y), textcoords="offset points", xytext=(5, 5 + 9 * (i % 3)), fontsize=8,
+                       color=colors[row["variant"]])
+    right.set_xscale("log")
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+    right.xaxis.set_major_locator(FixedLocator([0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 3, 5, 10, 20, 50]))
+    right.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}x"))
+    right.xaxis.set_minor_formatter(NullFormatter())
+    if with_labels and max_accuracy_drop is not None:
+        right.axhline(max_accuracy_drop, color="red", linestyle="--", linewidth=1, label="max accuracy drop")
+        right.legend(fontsize=8)
+    elif not with_labels:
+        right.set_yscale("symlog", linthresh=1e-7)
+    right.axvline(1.0, color="grey", linewidth=0.8)
+    right.set_xlabel("speed-up over onnx (best throughput)")
+    right.set_ylabel(label)
+    right.set_title("accuracy vs speed (* selected, x not eligible)")
+    right.grid(True, alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(str(path))
+    return True

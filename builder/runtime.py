@@ -5,6 +5,9 @@ Usage::
 
     run = open_runner("onnx", Path("model.onnx"), output_names=["logits"])
     outputs = run({"image": x})
+
+Formats: onnx (onnxruntime, CPU provider), torchscript (torch, CPU), plan (TensorRT on a CUDA GPU;
+``tensorrt_unavailable_reason()`` says why not here). Heavy imports happen inside the functions.
 """
 
 from __future__ import annotations
@@ -27,7 +30,79 @@ def open_runner(fmt: str, path: Path, output_names: list[str], input_names: list
         import torch
         module = torch.jit.load(str(path), map_location="cpu").eval()
         return torch_runner(module, output_names, input_names)
+    if fmt == "plan":
+        return plan_runner(path, output_names)
     raise UserInputError(f"cannot run a '{fmt}' model in-process on this machine ({path.name})")
+
+
+def tensorrt_unavailable_reason() -> str:
+    """Why TensorRT plans cannot be built or run here ("" when they can): needs the ``tensorrt``
+    Python package (extra [gpu]) and a CUDA GPU that torch can see (its tensors are the buffers)."""
+    import importlib.util
+
+    missing = []
+    if importlib.util.find_spec("tensorrt") is None:
+        missing.append("the tensorrt Python package is not installed (pip install -e '.[gpu]' on a GPU host)")
+    try:
+        import torch
+        cuda = torch.cuda.is_available()
+    except ImportError:
+        cuda = False
+    if not cuda:
+        missing.append("no CUDA GPU here (torch.cuda.is_available() is False)")
+    return "; ".join(missing)
+
+
+def plan_runner(path: Path, output_names: list[str]) -> Runner:
+    """Run a TensorRT plan on the first CUDA GPU (TensorRT 10 tensor API; torch CUDA tensors as the
+    I/O buffers). Raises UserInputError when TensorRT or the GPU is missing, BuilderError when the
+    plan does not deserialize (typically: built for another GPU architecture or TensorRT version)."""
+    why = tensorrt_unavailable_reason()
+    if why:
+        raise UserInputError(f"cannot run the TensorRT plan {path.name} here: {why}")
+    import tensorrt as trt
+    import torch
+
+    from builder.errors import BuilderError
+
+    logger = trt.Logger(trt.Logger.WARNING)
+    engine = trt.Runtime(logger).deserialize_cuda_engine(Path(path).read_bytes())
+    if engine is None:
+        raise BuilderError(f"{path.name}: TensorRT {trt.__version__} could not deserialize the plan (built for another "
+                           "GPU architecture or TensorRT version?); rebuild it on this machine")
+    context = engine.create_execution_context()
+    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+    input_names = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+    torch_dtypes = {}
+    for name in names:
+        np_type = np.dtype(trt.nptype(engine.get_tensor_dtype(name)))
+        torch_dtypes[name] = (np_type, torch.from_numpy(np.zeros(1, dtype=np_type)).dtype)
+    stream = torch.cuda.Stream()
+
+    def run(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        held = []
+        for name in input_names:
+            array = np.ascontiguousarray(inputs[name], dtype=torch_dtypes[name][0])
+            tensor = torch.from_numpy(array).cuda()
+            held.append(tensor)
+            context.set_input_shape(name, tuple(array.shape))
+            context.set_tensor_address(name, tensor.data_ptr())
+        outputs = {}
+        for name in names:  # every output needs a buffer, also those not asked for
+            if name in input_names:
+                continue
+            shape = tuple(context.get_tensor_shape(name))
+            tensor = torch.empty(shape, dtype=torch_dtypes[name][1], device="cuda")
+            outputs[name] = tensor
+            context.set_tensor_address(name, tensor.data_ptr())
+        torch.cuda.current_stream().synchronize()  # the input copies are done before TensorRT reads them
+        if not context.execute_async_v3(stream.cuda_stream):
+            raise RuntimeError(f"TensorRT execution of {path.name} failed")
+        stream.synchronize()
+        return {name: outputs[name].cpu().numpy() for name in output_names}
+
+    run.engine = engine  # type: ignore[attr-defined]
+    return run
 
 
 def _onnx_runner(path: Path, output_names: list[str], threads: int | None) -> Runner:

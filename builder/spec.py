@@ -134,12 +134,22 @@ class DeploySpec:
     warmup: bool = True
     publish_variants: bool = False
     version_policy: str = "latest"  # latest | all
+    onnx_tensorrt: dict[str, Any] | None = None  # target gpu: onnxruntime's TensorRT accelerator (see below)
 
 
 @dataclass
 class OnnxSpec:
     exporter: str = "auto"  # auto (dynamo, legacy on failure) | dynamo | legacy
     opset: int | None = None
+
+
+CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
+
+
+@dataclass
+class QuantizationSpec:
+    calibration_method: str = "minmax"  # minmax | entropy | percentile (static INT8)
+    calibration_samples: int = 128  # samples fed to the calibrator (fewer if the data has fewer)
 
 
 @dataclass
@@ -156,6 +166,7 @@ class ModelSpec:
     verify: VerifySpec = field(default_factory=VerifySpec)
     deploy: DeploySpec = field(default_factory=DeploySpec)
     onnx: OnnxSpec = field(default_factory=OnnxSpec)
+    quantization: QuantizationSpec = field(default_factory=QuantizationSpec)
     spec_path: Path | None = None
 
     @property
@@ -254,7 +265,7 @@ class _Fields:
 
 _TOP_KEYS = (
     "name", "version", "source", "inputs", "outputs", "max_batch_size", "data", "variants",
-    "objective", "verify", "deploy", "onnx",
+    "objective", "verify", "deploy", "onnx", "quantization",
 )
 _SOURCE_KEYS = ("module", "torchscript", "onnx", "weights")
 _INPUT_KEYS = ("name", "dtype", "shape", "value_range", "min_shape", "opt_shape", "max_shape")
@@ -263,9 +274,10 @@ _DATA_KEYS = ("calibration", "validation")
 _VERIFY_KEYS = ("batch_sizes", "dynamic_sizes", "tolerances", "max_accuracy_drop", "seed")
 _DEPLOY_KEYS = (
     "target", "instances", "dynamic_batching", "max_queue_delay_microseconds",
-    "preferred_batch_sizes", "warmup", "publish_variants", "version_policy",
+    "preferred_batch_sizes", "warmup", "publish_variants", "version_policy", "onnx_tensorrt",
 )
 _ONNX_KEYS = ("exporter", "opset")
+_QUANTIZATION_KEYS = ("calibration_method", "calibration_samples")
 _TOLERANCE_KEYS = ("rel_l2", "max_abs", "min_cosine")
 
 
@@ -331,6 +343,7 @@ def parse_spec(data: Any, spec_path: Path | None = None) -> ModelSpec:
         verify=_parse_verify(top.get("verify"), origin, max_batch_size),
         deploy=_parse_deploy(top.get("deploy"), origin, max_batch_size),
         onnx=_parse_onnx(top.get("onnx"), origin),
+        quantization=_parse_quantization(top.get("quantization"), origin),
         spec_path=spec_path,
     )
 
@@ -454,7 +467,37 @@ def _parse_deploy(raw: Any, origin: str, max_batch_size: int) -> DeploySpec:
         warmup=f.boolean("warmup", True),
         publish_variants=f.boolean("publish_variants", False),
         version_policy=f.choice("version_policy", "latest", ("latest", "all")),
+        onnx_tensorrt=_parse_onnx_tensorrt(f.get("onnx_tensorrt"), origin),
     )
+
+
+# deploy.onnx_tensorrt: Triton's onnxruntime TensorRT accelerator parameters (their Triton names),
+# plus `profiles` (ours): render trt_profile_*_shapes from the same profiles as the TensorRT plans.
+_ONNX_TENSORRT_KEYS = ("precision_mode", "max_workspace_size_bytes", "trt_engine_cache_enable",
+                       "trt_engine_cache_path", "trt_timing_cache_enable", "trt_builder_optimization_level",
+                       "trt_cuda_graph_enable", "profiles")
+
+
+def _parse_onnx_tensorrt(raw: Any, origin: str) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    f = _Fields(raw, "deploy.onnx_tensorrt", _ONNX_TENSORRT_KEYS, origin)
+    settings: dict[str, Any] = {"precision_mode": f.choice("precision_mode", "FP16", ("FP32", "FP16", "INT8"))}
+    for key in ("max_workspace_size_bytes", "trt_builder_optimization_level"):
+        value = f.integer(key, None, minimum=1 if key == "max_workspace_size_bytes" else 0)
+        if value is not None:
+            settings[key] = value
+    if settings.get("trt_builder_optimization_level", 0) > 5:
+        raise f.error("must be 0..5", "trt_builder_optimization_level")
+    for key in ("trt_engine_cache_enable", "trt_timing_cache_enable", "trt_cuda_graph_enable", "profiles"):
+        if f.get(key) is not None:
+            settings[key] = f.boolean(key, False)
+    path = f.get("trt_engine_cache_path")
+    if path is not None:
+        if not isinstance(path, str) or not path.strip():
+            raise f.error(f"must be a folder path on the Triton host, got {path!r}", "trt_engine_cache_path")
+        settings["trt_engine_cache_path"] = path
+    return settings
 
 
 def _parse_onnx(raw: Any, origin: str) -> OnnxSpec:
@@ -463,3 +506,11 @@ def _parse_onnx(raw: Any, origin: str) -> OnnxSpec:
     f = _Fields(raw, "onnx", _ONNX_KEYS, origin)
     return OnnxSpec(exporter=f.choice("exporter", "auto", ("auto", "dynamo", "legacy")),
                     opset=f.integer("opset", None, minimum=7))
+
+
+def _parse_quantization(raw: Any, origin: str) -> QuantizationSpec:
+    if raw is None:
+        return QuantizationSpec()
+    f = _Fields(raw, "quantization", _QUANTIZATION_KEYS, origin)
+    return QuantizationSpec(calibration_method=f.choice("calibration_method", "minmax", CALIBRATION_METHODS),
+                            calibration_samples=f.integer("calibration_samples", 128, minimum=1))

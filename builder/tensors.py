@@ -54,9 +54,11 @@ def default_dynamic_sizes(spec: ModelSpec) -> list[int]:
         return [0]
     if spec.verify.dynamic_sizes:
         return list(spec.verify.dynamic_sizes)
-    profile = spec.inputs[[t.dynamic for t in spec.inputs].index(True)].profile_shapes()
-    dyn = [i for i, d in enumerate(next(t for t in spec.inputs if t.dynamic).shape) if d == -1][0]
-    low, opt, high = profile["min"][dyn], profile["opt"][dyn], profile["max"][dyn]
+    # every -1 dim takes the same size in a case (dims such as a sequence length are shared)
+    first = next(t for t in spec.inputs if t.dynamic)
+    axis = first.shape.index(-1)
+    profile = first.profile_shapes()
+    low, opt, high = profile["min"][axis], profile["opt"][axis], profile["max"][axis]
     # an odd size in between catches kernels that only work on round sizes
     return sorted({max(low, 1), opt, high, max(low, (opt + high) // 2 | 1)})
 
@@ -65,16 +67,9 @@ def trace_example(spec: ModelSpec, seed: int = 12345) -> dict[str, np.ndarray]:
     """The example used for tracing/export: batch 2 and the opt size, so neither specialises to 1."""
     rng = np.random.default_rng(seed)
     batch = min(2, spec.max_batch_size) if spec.batching else None
-    dyn = _opt_dynamic_size(spec)
+    first = next((t for t in spec.inputs if t.dynamic), None)
+    dyn = first.profile_shapes()["opt"][first.shape.index(-1)] if first else 0
     return {t.name: random_tensor(t, batch, dyn, rng) for t in spec.inputs}
-
-
-def _opt_dynamic_size(spec: ModelSpec) -> int:
-    for t in spec.inputs:
-        if t.dynamic:
-            idx = t.shape.index(-1)
-            return t.profile_shapes()["opt"][idx]
-    return 0
 
 
 def build_cases(spec: ModelSpec, validation: dict[str, np.ndarray] | None) -> list[dict[str, Any]]:

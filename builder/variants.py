@@ -31,15 +31,16 @@ class VariantInfo:
     targets: tuple[str, ...] = ALL_TARGETS  # where it is tried by default
     needs_gpu: bool = False
     maker: Callable[..., Any] | None = None
+    base: str | None = None  # the export it is derived from (built and verified whenever it is asked for)
 
 
 _REGISTRY: dict[str, VariantInfo] = {}
 
 
 def register_variant(name: str, *, format: str, precision: str, stage: str, description: str,
-                     targets: tuple[str, ...] = ALL_TARGETS, needs_gpu: bool = False):
+                     targets: tuple[str, ...] = ALL_TARGETS, needs_gpu: bool = False, base: str | None = None):
     def decorate(maker):
-        _REGISTRY[name] = VariantInfo(name, format, precision, stage, description, targets, needs_gpu, maker)
+        _REGISTRY[name] = VariantInfo(name, format, precision, stage, description, targets, needs_gpu, maker, base)
         return maker
     return decorate
 
@@ -74,3 +75,15 @@ def resolve_variants(requested: list[str] | None, target: str) -> list[str]:
                 "that produces it",
             )
     return list(dict.fromkeys(requested))
+
+
+def add_bases(names: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """The variants to build: ``names`` plus the base export of every derived one that was not asked
+    for, and {base: [derived, ...]} for those added bases (verified and measured, never published)."""
+    known = registered()
+    added: dict[str, list[str]] = {}
+    for name in names:
+        base = known[name].base
+        if base and base not in names:
+            added.setdefault(base, []).append(name)
+    return [*added, *names], added

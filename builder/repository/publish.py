@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from builder.repository.config import (DynamicBatching, InstanceGroup, ModelConfig, TensorConfig, Warmup,
                                        WarmupInput, backend_for, backend_info, render_config)
+from builder.repository.gpu_config import gpu_optimization
 from builder.repository.layout import publish_version
 from builder.files import sha256_file
 from builder.spec import TRITON_DTYPES, ModelSpec
@@ -48,7 +49,8 @@ def config_for(spec: ModelSpec, variant_format: str, target: str, name: str,
     return ModelConfig(name=name, backend=backend, max_batch_size=spec.max_batch_size, inputs=inputs,
                        outputs=outputs, dynamic_batching=batching,
                        instance_groups=[InstanceGroup(kind, spec.deploy.instances)],
-                       version_policy=spec.deploy.version_policy, warmups=warmups, parameters=parameters)
+                       version_policy=spec.deploy.version_policy, warmups=warmups, parameters=parameters,
+                       optimization=gpu_optimization(spec, backend, target))
 
 
 def _model_file_for(variant_format: str) -> str:

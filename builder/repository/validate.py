@@ -2,7 +2,9 @@
 
 Re-checks, for each version (or the one asked for): the config parses with Triton's schema and
 names the model folder; every file's sha256 matches metadata.yaml; the model file, run in-process,
-reproduces reference.npz within the tolerance recorded at build time.
+reproduces reference.npz within the tolerance recorded at build time. A TensorRT plan is first
+checked against the target GPU and TensorRT (``--gpu`` / ``--tensorrt-version``, else this machine;
+builder/repository/compatibility.py): an incompatible or uncheckable plan is a failure.
 
 Usage::
 
@@ -96,10 +98,19 @@ def _check_version(folder: Path, number: int, gpu: str | None, tensorrt_version:
             check.failures.append(f"{name}: sha256 differs from metadata.yaml (file changed after the build)")
     artifact = meta["artifact"]
     if artifact["format"] == "plan":
-        from builder.repository.compatibility import plan_compatibility_failures
-        check.failures.extend(plan_compatibility_failures(meta, gpu=gpu, tensorrt_version=tensorrt_version))
-        check.skipped = "" if check.failures else "TensorRT plans are re-run on the GPU host only"
-        return check
+        from builder.repository.compatibility import check_plan_compatibility
+        from builder.runtime import tensorrt_unavailable_reason
+        compatibility = check_plan_compatibility(meta, gpu=gpu, tensorrt_version=tensorrt_version)
+        check.failures.extend(compatibility.failures)
+        if check.failures:
+            return check
+        # re-run its outputs only where this machine is the target that was checked
+        why_not = tensorrt_unavailable_reason() or ("the target given is not necessarily this machine"
+                                                    if gpu or tensorrt_version else "")
+        if why_not:
+            check.skipped = ("compatible: " + "; ".join(compatibility.checked)
+                             + f". Outputs not re-run here ({why_not}): run `triton-builder check` on the served model")
+            return check
     if check.failures:
         return check
     cases, outputs = read_reference(folder / "reference.npz")

@@ -6,13 +6,18 @@ the build; an optional one is recorded and the build goes on.
 
 from __future__ import annotations
 
-from builder.stages import export_onnx, export_torchscript, load, publish, select, verify
+from builder.stages import (benchmark, export_onnx, export_torchscript, load, optimize, publish, quantize, select,
+                            tensorrt, verify)
 
 PIPELINE = [
     ("load", load, True),
     ("export_torchscript", export_torchscript, False),
     ("export_onnx", export_onnx, False),
+    ("optimize", optimize, False),
+    ("quantize", quantize, False),
+    ("tensorrt", tensorrt, False),
     ("verify", verify, True),
+    ("benchmark", benchmark, False),
     ("select", select, True),
     ("publish", publish, True),
 ]

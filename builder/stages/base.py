@@ -125,6 +125,7 @@ class BuildContext:
     reference: Reference | None = None
     variants: list[Variant] = field(default_factory=list)
     requested_variants: list[str] = field(default_factory=list)
+    base_only: dict[str, list[str]] = field(default_factory=dict)  # base export -> derived variants it serves
     selected: Variant | None = None
     notes: list[str] = field(default_factory=list)
     source_hashes: dict[str, str] = field(default_factory=dict)

@@ -10,6 +10,7 @@ from pathlib import Path
 from builder.drift import build_profile, save_profile
 from builder.repository.layout import check_version_free
 from builder.repository.metadata import library_versions, write_metadata, write_reference
+from builder.repository.plan_recipe import add_tensorrt_records
 from builder.repository.publish import config_for, publish_model
 from builder.report import write_reports
 from builder.stages.base import BuildContext, StageResult, Variant
@@ -67,6 +68,7 @@ def _publish_one(ctx: BuildContext, variant: Variant, name: str, version: int | 
         if config.backend == "python":
             save_profile(str(folder / "drift_profile.json"), build_profile(*_profile_data(ctx)))
         record = _metadata(ctx, variant, name, version, hashes, config.backend)
+        add_tensorrt_records(ctx, variant, name, folder, record)  # plan compatibility record / plan_recipe.json
         write_metadata(folder / "metadata.yaml", record)
         write_reports(folder, ctx)
 

@@ -1,15 +1,21 @@
 """Stage `select`: choose the variant to publish as `<name>`.
 
 With measurements (stage `benchmark`), the objective decides: highest throughput (default) or
-lowest p50 latency at batch 1, among variants that passed verification and the accuracy
-constraint. Without measurements, a fixed preference per target applies and says so.
+lowest p50 latency at batch 1, among variants that passed verification (per-precision tolerance)
+and the accuracy constraint (drop <= verify.max_accuracy_drop). Every variant gets the reason it won
+or lost, with the numbers. Without measurements, a fixed preference per target applies and says so.
+
+A base export that was built only because a derived variant needs it (e.g. ``onnx`` for
+``onnx_int8_static``) is verified and measured, but never published.
 """
 
 from __future__ import annotations
 
-from builder.stages.base import BuildContext, StageResult
+from builder.measure import human
+from builder.stages.base import BuildContext, StageResult, Variant
 
 STAGE = "select"
+NOISE = 0.05  # a winning margin below this is reported as within measurement noise
 
 # used only when nothing was measured
 PREFERENCE = {
@@ -27,23 +33,57 @@ def _score(variant, objective: str) -> float | None:
     return bench.get("best_throughput")
 
 
+def _mark_constraints(ctx: BuildContext) -> None:
+    """Base-only exports and variants over the accuracy-drop limit are not eligible."""
+    for base, derived in ctx.base_only.items():
+        variant = ctx.variant(base)
+        if variant is not None and not variant.rejected:
+            variant.rejected = f"not requested; base for {', '.join(derived)}"
+    limit = ctx.spec.verify.max_accuracy_drop
+    for v in ctx.variants:
+        drop = (v.accuracy or {}).get("drop")
+        if v.verified and not v.rejected and drop is not None and drop > limit:
+            v.rejected = f"accuracy drop {drop:.2f} points > {limit} allowed"
+
+
+def _measured_text(v: Variant, objective: str) -> str:
+    bench = v.benchmark or {}
+    if objective == "latency":
+        return f"p50 {bench['latency_ms_b1']['p50']:.3f} ms at batch 1"
+    return f"{human(bench['best_throughput'])} inf/s at batch {bench.get('best_batch')}"
+
+
+def _versus(v: Variant, other: Variant, objective: str) -> tuple[float, str]:
+    """(how many times slower v is than other, 'measured X vs Y unit')."""
+    a, b = v.benchmark or {}, other.benchmark or {}
+    if objective == "latency":
+        x, y = a["latency_ms_b1"]["p50"], b["latency_ms_b1"]["p50"]
+        return x / y, f"p50 {x:.3f} vs {y:.3f} ms at batch 1"
+    x, y = a["best_throughput"], b["best_throughput"]
+    return y / x, f"measured {human(x)} vs {human(y)} inf/s"
+
+
+def _times(ratio: float) -> str:
+    return f"{ratio:.2f}x" if ratio < 1.1 else f"{ratio:.1f}x"
+
+
 def run(ctx: BuildContext) -> StageResult:
+    _mark_constraints(ctx)
+    objective = ctx.spec.objective
     eligible = [v for v in ctx.variants if v.eligible]
     for v in ctx.variants:
         if not v.eligible:
-            v.selection_reason = v.rejected.splitlines()[0] if v.rejected else "not verified"
+            v.selection_reason = "rejected: " + (v.rejected.splitlines()[0].rstrip(":") if v.rejected
+                                                 else "not verified")
     if not eligible:
         return StageResult.fail(STAGE, "no variant is eligible: every one failed verification or a constraint")
-    objective = ctx.spec.objective
-    scored = [(v, _score(v, objective)) for v in eligible]
-    measured = [(v, s) for v, s in scored if s is not None]
+    measured = [v for v in eligible if _score(v, objective) is not None]
     if measured:
-        winner, best = max(measured, key=lambda item: item[1])
-        unit = "inferences/s" if objective == "throughput" else "ms p50 at batch 1"
-        for v, s in measured:
-            shown = s if objective == "throughput" else -s
-            v.selection_reason = (f"selected: best {objective} ({shown:.4g} {unit})" if v is winner else
-                                  f"lost on {objective}: {shown:.4g} vs {(best if objective == 'throughput' else -best):.4g} {unit}")
+        winner = max(measured, key=lambda v: _score(v, objective))
+        _explain_measured(ctx, winner, measured, objective)
+        for v in eligible:
+            if v not in measured:
+                v.selection_reason = "not measured (see stage benchmark): not comparable"
         how = f"objective {objective}, measured"
     else:
         order = PREFERENCE.get(ctx.target, PREFERENCE["cpu"])
@@ -56,4 +96,31 @@ def run(ctx: BuildContext) -> StageResult:
         how = f"preference order for target {ctx.target} (nothing measured)"
     winner.selected = True
     ctx.selected = winner
-    return StageResult.ok(STAGE, f"{winner.name} ({how})", selected=winner.name)
+    return StageResult.ok(STAGE, f"{winner.name} ({how}): {winner.selection_reason}", selected=winner.name,
+                          reasons={v.name: v.selection_reason for v in ctx.variants})
+
+
+def _explain_measured(ctx: BuildContext, winner: Variant, measured: list[Variant], objective: str) -> None:
+    best = "highest throughput" if objective == "throughput" else "lowest p50 latency"
+    reason = f"selected: {best} ({_measured_text(winner, objective)})"
+    plain = ctx.variant("onnx")
+    if plain is not None and plain is not winner and plain.benchmark and objective == "throughput":
+        ratio = winner.benchmark["best_throughput"] / plain.benchmark["best_throughput"]
+        reason += f"; {_times(ratio)} the throughput of onnx"
+    others = sorted((v for v in measured if v is not winner), key=lambda v: -_score(v, objective))
+    if others:
+        ratio, _ = _versus(others[0], winner, objective)
+        if ratio - 1 < NOISE:
+            reason += f"; runner-up {others[0].name} within {100 * (ratio - 1):.1f}% (inside measurement noise)"
+    drop = (winner.accuracy or {}).get("drop")
+    if drop is not None:
+        reason += f"; accuracy drop {drop:+.2f} points (limit {ctx.spec.verify.max_accuracy_drop})"
+    winner.selection_reason = reason
+    for v in others:
+        ratio, numbers = _versus(v, winner, objective)
+        v.selection_reason = f"rejected: {_times(ratio)} slower than {winner.name} ({numbers})"
+    # measured but not eligible (base-only exports): keep why, add the numbers for comparison
+    for v in ctx.variants:
+        if not v.eligible and v.verified and _score(v, objective) is not None:
+            ratio, numbers = _versus(v, winner, objective)
+            v.selection_reason += f" ({numbers} of {winner.name})"

@@ -1,10 +1,12 @@
 """Stage `verify`: every variant against the reference, on every case, with the per-precision
 tolerance; with labelled validation data also the top-1 accuracy and its drop. A variant that fails
-is never published; the reason lists every failing output with its numbers."""
+is never published; the reason lists every failing output with its numbers. TensorRT plans run on
+the GPU through builder.runtime's plan runner; where that cannot run, a plan is rejected, never
+passed unchecked."""
 
 from __future__ import annotations
 
-from builder.runtime import open_runner
+from builder.runtime import open_runner, tensorrt_unavailable_reason
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.tensors import (compare_outputs, merge_case_metrics, run_batched, tolerance_failures,
                              top1_accuracy)
@@ -54,9 +56,11 @@ def run(ctx: BuildContext) -> StageResult:
     for variant in ctx.variants:
         if variant.verified is not None:
             continue
-        if variant.format == "plan":
+        why_not = tensorrt_unavailable_reason() if variant.format == "plan" else ""
+        if why_not:
+            # the tensorrt stage only makes plans where they can run: this is a plan from elsewhere
             variant.verified = False
-            variant.rejected = "TensorRT plans are verified on the GPU host where they are built"
+            variant.rejected = f"cannot verify the TensorRT plan here: {why_not}"
             report[variant.name] = variant.rejected
             continue
         ctx.progress(f"  verifying {variant.name} ...")

@@ -1,0 +1,145 @@
+"""ONNX helpers the optimising stages share (optimize, quantize): load/save with external data,
+onnxruntime's offline graph optimisation, onnxoptimizer + onnxslim passes and FP16 conversion.
+
+Usage::
+
+    model = load(path)
+    model = clean_value_info(model)                      # drop value_info that shadows initializers
+    passes = standard_passes(model_in, model_out)        # onnxoptimizer + onnxslim, returns what ran
+    ort_optimize(src, dst, "extended")                   # onnxruntime offline optimisation
+    save(to_float16(load(src)), dst)                     # FP16 weights, FP32 inputs/outputs
+
+Everything heavy (onnx, onnxruntime, onnxoptimizer, onnxslim) is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+EXTERNAL_DATA_THRESHOLD = 1 << 30  # bytes of weights above which they go to <file>.data beside the model
+ORT_LEVELS = ("basic", "extended", "all")
+# onnxoptimizer passes that only fold or remove (never change numerics beyond float rounding)
+OPTIMIZER_PASSES = ("eliminate_identity", "eliminate_nop_dropout", "eliminate_nop_cast", "eliminate_nop_transpose",
+                    "eliminate_nop_pad", "fuse_bn_into_conv", "fuse_add_bias_into_conv",
+                    "fuse_matmul_add_bias_into_gemm", "fuse_consecutive_transposes", "eliminate_deadend",
+                    "eliminate_unused_initializer")
+
+
+def load(path: Path):
+    import onnx
+
+    return onnx.load(str(path))
+
+
+def weight_bytes(model) -> int:
+    return sum(len(t.raw_data) for t in model.graph.initializer)
+
+
+def save(model, path: Path) -> Path:
+    """Save beside any old copy; weights over 1 GiB go to ``<name>.data`` (protobuf's 2 GiB limit)."""
+    import onnx
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for old in (path, path.with_name(path.name + ".data")):
+        if old.exists():
+            old.unlink()
+    onnx.save_model(model, str(path), save_as_external_data=weight_bytes(model) > EXTERNAL_DATA_THRESHOLD,
+                    location=path.name + ".data", all_tensors_to_one_file=True)
+    return path
+
+
+def op_types(model) -> set[str]:
+    return {node.op_type for node in model.graph.node}
+
+
+def clean_value_info(model):
+    """Drop value_info entries that name initializers: exporters record weight shapes there, and
+    onnxruntime's quantizer, which rewrites (transposes) weights, then fails shape inference with
+    'Inferred shape and existing shape differ'."""
+    initializers = {t.name for t in model.graph.initializer}
+    keep = [v for v in model.graph.value_info if v.name not in initializers]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(keep)
+    return model
+
+
+def standard_passes(model) -> tuple[Any, list[str]]:
+    """onnxoptimizer's folding passes (BN into Conv, ...) then onnxslim (constant folding, dead code,
+    the Cast/Add/Sqrt/Div/Mul left behind by ``fuse_bn_into_conv``). Standard ONNX ops only.
+    Returns (model, names of the passes that ran; a failing tool is recorded and skipped)."""
+    import onnx
+
+    ran: list[str] = []
+    try:
+        import onnxoptimizer
+
+        available = set(onnxoptimizer.get_available_passes())
+        passes = [p for p in OPTIMIZER_PASSES if p in available]
+        candidate = onnxoptimizer.optimize(model, passes)
+        onnx.checker.check_model(candidate)
+        model = candidate
+        ran.append("onnxoptimizer:" + ",".join(passes))
+    except Exception as exc:  # noqa: BLE001 - an optimiser bug must not stop the build
+        ran.append(f"onnxoptimizer skipped ({short_error(exc)})")
+    try:
+        import onnxslim
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            candidate = onnxslim.slim(model)
+        if candidate is None:
+            raise RuntimeError("onnxslim returned nothing")
+        model = candidate
+        ran.append("onnxslim")
+    except Exception as exc:  # noqa: BLE001
+        ran.append(f"onnxslim skipped ({short_error(exc)})")
+    return model, ran
+
+
+def ort_optimize(src: Path, dst: Path, level: str, threads: int | None = None) -> None:
+    """onnxruntime's offline graph optimisation at ``level`` (basic | extended | all), saved to ``dst``.
+    Levels above basic may use onnxruntime-only ops (com.microsoft domain, e.g. FusedConv); "all" also
+    bakes in this CPU's data layout (NCHWc), so it should only be used on the machine that serves."""
+    import onnxruntime as ort
+
+    if level not in ORT_LEVELS:
+        raise ValueError(f"unknown onnxruntime optimisation level {level!r}; use one of {ORT_LEVELS}")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = {
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[level]
+    options.optimized_model_filepath = str(dst)
+    options.log_severity_level = 3  # errors only: the "hardware specific" warning is documented above
+    if threads:
+        options.intra_op_num_threads = threads
+    data = src.with_name(src.name + ".data")
+    if data.exists() and data.stat().st_size > EXTERNAL_DATA_THRESHOLD:
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                         dst.name + ".data")
+        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes",
+                                         "1024")
+    ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"])
+    if not dst.is_file():
+        raise RuntimeError(f"onnxruntime did not write the optimised model to {dst}")
+
+
+def to_float16(model, keep_io_types: bool = True):
+    """FP16 weights and compute; with ``keep_io_types`` the graph inputs/outputs stay FP32 (Casts at
+    the boundaries). Uses onnxruntime's converter (onnxruntime.transformers.float16), which keeps
+    ops without FP16 kernels (e.g. Resize, Range) in FP32."""
+    try:
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+    except ImportError as exc:  # pragma: no cover - part of the onnxruntime wheel
+        raise RuntimeError(f"onnxruntime.transformers.float16 is not importable ({exc})") from None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return convert_float_to_float16(model, keep_io_types=keep_io_types, disable_shape_infer=False)
+
+
+def short_error(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return (text or type(exc).__name__)[:200]

@@ -1,0 +1,117 @@
+"""The builder's half of the TensorRT plan path: what a published version carries for TensorRT.
+
+Stage publish calls ``add_tensorrt_records(ctx, variant, name, folder, record)`` for every version it
+publishes, after the metadata record is made and before it is written:
+
+- a plan built here by stage tensorrt (GPU + TensorRT present): its compatibility record (GPU name,
+  compute capability, TensorRT version, profiles, precision) becomes metadata key ``tensorrt``;
+- a build where stage tensorrt deferred ``tensorrt_fp16`` to the GPU host (no GPU or no TensorRT
+  here): the first published ONNX version that TensorRT can parse (precision fp32/fp16, standard
+  ONNX ops only) gets ``plan_recipe.json``. Everything the GPU host needs is in it, so the host needs
+  only python3 and trtexec: the ONNX file and its sha256, the precision, the profiles and trtexec's
+  --minShapes/--optShapes/--maxShapes strings, the plan model's config.pbtxt (rendered and checked
+  with Triton's schema here) and the base of its metadata. builder/repository/plan_build.py turns
+  it into the model ``<name>__tensorrt_fp16`` (README: TensorRT plans).
+
+Triton ignores the extra file in the ONNX version folder; the ONNX model serves unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from builder.repository.metadata import _plain
+from builder.repository.plan_build import BUILD_PLANS, RECIPE_FILE, RECIPE_SCHEMA
+from builder.tensorrt_profiles import LEVELS, derive_profiles, is_static, profiles_as_dict, shape_string, trtexec_shape_args
+
+TENSORRT_STAGE = "tensorrt"
+
+
+def add_tensorrt_records(ctx, variant, name: str, folder: Path, record: dict[str, Any]) -> None:
+    result = next((r for r in ctx.results if r.stage == TENSORRT_STAGE), None)
+    if result is None:
+        return
+    if variant.format == "plan":
+        plan_record = (result.outputs.get("plans") or {}).get(variant.name)
+        if plan_record:
+            record["tensorrt"] = plan_record
+        return
+    deferred = result.outputs.get("deferred")
+    if not deferred or deferred.get("recipe") or not recipe_source_ok(variant):
+        return
+    recipe = make_recipe(ctx, variant, name, record, deferred)
+    (folder / RECIPE_FILE).write_text(json.dumps(recipe, indent=2) + "\n")
+    deferred["recipe"] = f"{name}/{record['version']}/{RECIPE_FILE}"
+    record.setdefault("notes", []).append(
+        f"{RECIPE_FILE}: the recipe for TensorRT model {deferred['plan_model']} ({deferred['precision']}); build it on "
+        f"the GPU host that serves it: {BUILD_PLANS}")
+    ctx.progress(f"  {name} version {record['version']}: {RECIPE_FILE} written ({deferred['plan_model']} is built on "
+                 f"the GPU host: {BUILD_PLANS})")
+
+
+def recipe_source_ok(variant) -> bool:
+    """An ONNX variant trtexec can take: fp32/fp16, only standard ONNX ops (no onnxruntime-only fusions)."""
+    if variant.format != "onnx" or variant.precision not in ("fp32", "fp16"):
+        return False
+    import onnx
+
+    model = onnx.load(str(variant.path), load_external_data=False)
+    return all(node.domain in ("", "ai.onnx") for node in model.graph.node) and not model.functions
+
+
+def make_recipe(ctx, variant, name: str, record: dict[str, Any], deferred: dict[str, Any]) -> dict[str, Any]:
+    from builder.repository.config import render_config
+    from builder.repository.publish import config_for
+
+    spec = ctx.spec
+    plan_model = deferred["plan_model"]
+    version = record["version"]
+    profiles = derive_profiles(spec)
+    signature = {o.name: (ctx.reference.output_dtypes[o.name], ctx.reference.output_shapes[o.name])
+                 for o in spec.outputs}
+    config_text = render_config(config_for(spec, "plan", "gpu", plan_model, signature))
+    onnx_file = record["artifact"]["file"]
+    source = {"model": name, "version": version, "variant": variant.name, "file": onnx_file,
+              "sha256": record["files_sha256"][onnx_file], "opset": variant.opset}
+    precision = deferred["precision"]
+    metadata = {
+        "model_name": plan_model,
+        "version": None,  # the rest of the None values are filled on the GPU host
+        "build_date": None,
+        "source": record["source"],
+        "spec": record["spec"],
+        "artifact": {"variant": deferred["variant"], "format": "plan", "precision": precision, "file": "model.plan",
+                     "exporter": "trtexec (build-plans)", "opset": variant.opset,
+                     "passes": [f"TensorRT {precision.upper()} build with trtexec"], "backend": "tensorrt_plan",
+                     "target": "gpu"},
+        "tensorrt": None,
+        "derived_from": source,
+        "files_sha256": None,
+        "versions": record["versions"],
+        "verification": {"status": "pending: plans are not compared with the reference when they are built",
+                         "reference": f"reference.npz, copied from {name} version {version}",
+                         "tolerance": spec.verify.tolerance(precision),
+                         "how": f"serve it, then: triton-builder check {plan_model}"},
+        "accuracy": None,
+        "benchmark": None,
+        "selection": {"objective": spec.objective, "selected": False,
+                      "why": f"built on the GPU host by build-plans from {name} version {version}; clients choose "
+                             f"it by calling {plan_model}", "candidates": {}},
+        "notes": [n for n in record.get("notes", []) if not n.startswith("TensorRT: GPU-only step")],
+    }
+    return {
+        "schema": RECIPE_SCHEMA,
+        "kind": "triton-builder TensorRT plan recipe",
+        "build_with": BUILD_PLANS,
+        "source": source,
+        "plan_model": plan_model,
+        "variant": deferred["variant"],
+        "precision": precision,
+        "profiles": profiles_as_dict(profiles),
+        "shapes": {} if is_static(profiles) else {level: shape_string(profiles, level) for level in LEVELS},
+        "trtexec_shape_args": trtexec_shape_args(profiles),
+        "config_pbtxt": config_text,
+        "metadata": _plain(metadata),
+    }

@@ -1,0 +1,208 @@
+"""Stage `benchmark`: measure every variant that passed verification, so selection goes by numbers.
+
+In-process on this machine with intra-op threads = the cores this process may use (onnxruntime
+``intra_op_num_threads``, ``torch.set_num_threads``), per variant: file size; warm-up; latency
+p50/p95/p99 at batch 1; throughput (inferences/s) at batch 1, 2, 4, ... up to max_batch_size; the
+RSS growth from loading it and running its largest batch (peak memory, approximate: allocator caches
+included).
+
+Each batch size is measured in windows repeated until the last three agree within 10 %
+(perf_analyzer's stability rule, builder/measure.py) or the variant's share of its time cap is
+spent (``--benchmark-seconds``, default 2 s per variant; every batch size gets at least one
+window; 0 skips the stage). The variants take turns window by window (round robin), so a burst of
+load from other processes falls on all of them alike; models too big to hold together (over
+``INTERLEAVE_LIMIT_MB`` in all) are measured one after the other instead.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Callable
+
+import numpy as np
+
+from builder.measure import (STABLE_TOLERANCE, STABLE_WINDOWS, batch_sizes, cpu_cores, human, load_average,
+                             measure_round_robin, rss_mb)
+from builder.runtime import open_runner
+from builder.stages.base import BuildContext, StageResult, Variant
+from builder.tensors import random_tensor
+
+STAGE = "benchmark"
+DEFAULT_SECONDS = 2.0  # cap per variant: 6 digits variants measure in under ~15 s
+WARMUP_CALLS = 3
+MIN_WINDOW_SECONDS = 0.02
+MAX_WINDOW_SECONDS = 1.0
+INTERLEAVE_LIMIT_MB = 1000.0  # above this (all variants' files together) measure one variant at a time
+
+
+def _inputs(ctx: BuildContext, batch: int) -> tuple[dict[str, np.ndarray], str]:
+    spec, ref = ctx.spec, ctx.reference
+    if ref is not None and ref.validation_inputs is not None and not spec.has_dynamic_dims:
+        if not spec.batching:
+            return dict(ref.validation_inputs), "validation inputs"
+        count = len(next(iter(ref.validation_inputs.values())))
+        index = np.arange(batch) % count
+        return ({n: np.ascontiguousarray(v[index]) for n, v in ref.validation_inputs.items()},
+                "validation inputs")
+    rng = np.random.default_rng(spec.verify.seed + 11)
+    dyn = next((t.profile_shapes()["opt"][t.shape.index(-1)] for t in spec.inputs if t.dynamic), 0)
+    where = "generated inputs" + (f" (dynamic dims at the opt size {dyn})" if dyn else "")
+    return {t.name: random_tensor(t, batch if spec.batching else None, dyn, rng) for t in spec.inputs}, where
+
+
+def _order(sizes: list[int]) -> list[int]:
+    """Batch 1 first (latency), then the largest (usually the best throughput), then the rest."""
+    return list(dict.fromkeys([sizes[0], sizes[-1], *sizes[1:-1]]))
+
+
+def _runtime(variant: Variant, threads: int) -> str:
+    if variant.format == "onnx":
+        import onnxruntime as ort
+        return f"onnxruntime {ort.__version__} CPUExecutionProvider, intra_op_num_threads={threads} (all cores)"
+    if variant.format == "plan":
+        return "TensorRT on the first CUDA GPU (builder.runtime plan runner)"
+    import torch
+    return f"libtorch {torch.__version__} CPU, torch.set_num_threads({threads}) (all cores)"
+
+
+def _open(ctx: BuildContext, variant: Variant, feeds: dict, sizes: list[int], threads: int) -> tuple[Callable, dict]:
+    """Load the variant and warm it up (batch 1 and the largest); RSS growth and load time."""
+    gc.collect()
+    before = rss_mb()
+    start = time.perf_counter()
+    run = open_runner(variant.format, variant.path, [o.name for o in ctx.spec.outputs],
+                      [t.name for t in ctx.spec.inputs], threads=threads)
+    loaded = time.perf_counter() - start
+    for b in (sizes[0], sizes[-1]):
+        for _ in range(WARMUP_CALLS):
+            run(feeds[b][0])
+    return run, {"load_seconds": round(loaded, 3), "peak_memory_mb": round(max(rss_mb() - before, 0.0), 1)}
+
+
+def benchmark_group(ctx: BuildContext, group: list[Variant], cap: float, threads: int,
+                    failed: dict[str, str]) -> dict[str, dict]:
+    """Measure the variants of ``group`` together (round robin); returns {name: benchmark record}."""
+    spec = ctx.spec
+    sizes = batch_sizes(spec.max_batch_size) if spec.batching else [1]
+    feeds = {b: _inputs(ctx, b) for b in sizes}
+    runners, records = {}, {}
+    for variant in group:
+        try:
+            runners[variant.name], records[variant.name] = _open(ctx, variant, feeds, sizes, threads)
+        except Exception as exc:  # noqa: BLE001 - recorded per variant
+            failed[variant.name] = " ".join(str(exc).split())[:300] or type(exc).__name__
+    shares = {b: 2 if b == 1 else 1 for b in sizes}
+    window = min(MAX_WINDOW_SECONDS, max(MIN_WINDOW_SECONDS, cap / (sum(shares.values()) * 5)))
+    spent = {name: 0.0 for name in runners}
+    results: dict[str, dict] = {name: {} for name in runners}
+    order = _order(sizes)
+    for i, b in enumerate(order):
+        todo = sum(shares[x] for x in order[i:])
+        calls, caps = {}, {}
+        for name, run in list(runners.items()):
+            feed = feeds[b][0]
+            try:
+                for _ in range(WARMUP_CALLS):  # a JIT (TorchScript profiling executor) specialises per shape
+                    run(feed)
+            except Exception as exc:  # noqa: BLE001
+                failed[name] = " ".join(str(exc).split())[:300] or type(exc).__name__
+                del runners[name]
+                continue
+            calls[name] = (lambda run=run, feed=feed: run(feed))
+            # every batch size gets at least one window; the cap limits the repeats
+            caps[name] = max(cap - spent[name], 0.0) * shares[b] / todo
+        if not calls:
+            break
+        started = time.perf_counter()
+        measured = measure_round_robin(calls, b if spec.batching else 1, window_seconds=window, max_seconds=caps)
+        for name, m in measured.items():
+            results[name][b] = m
+            spent[name] += sum(w.seconds for w in m.windows)
+        ctx.progress(f"    batch {b}: " + ", ".join(f"{n} {human(m.throughput)}/s" for n, m in measured.items())
+                     + f" ({time.perf_counter() - started:.1f} s)")
+    runners.clear()
+    gc.collect()
+
+    out = {}
+    for variant in group:
+        if variant.name in failed or variant.name not in results:
+            continue
+        res = results[variant.name]
+        by_batch = {b: round(res[b].throughput, 1) for b in sizes if b in res}
+        best_batch = max(by_batch, key=by_batch.get)
+        out[variant.name] = {
+            "latency_ms_b1": {k: round(v, 4) for k, v in res[sizes[0]].percentiles_ms().items()},
+            "throughput_by_batch": by_batch,
+            "best_throughput": by_batch[best_batch],
+            "best_batch": best_batch,
+            "threads": threads,
+            **records[variant.name],
+            "windows": {b: len(m.windows) for b, m in res.items()},
+            "stable": {b: m.stable for b, m in res.items()},
+            "spread": {b: round(m.spread, 3) for b, m in res.items()},
+            "seconds": round(spent[variant.name], 2),
+            "size_mb": round(variant.size_mb, 3),
+            "window_seconds": round(window, 3),
+            "inputs": feeds[sizes[0]][1],
+            "measured_with": [v.name for v in group if v.name in results],
+            "load_average": load_average(),
+            "runtime": _runtime(variant, threads),
+            "rule": f"windows repeated until the last {STABLE_WINDOWS} agree within {STABLE_TOLERANCE:.0%} "
+                    f"(throughput and p50 latency) or {cap:g} s of windows per variant; if never stable, the "
+                    f"{STABLE_WINDOWS} fastest windows; variants measured in turns, window by window",
+        }
+    return out
+
+
+def run(ctx: BuildContext) -> StageResult:
+    cap = ctx.options.benchmark_seconds
+    cap = DEFAULT_SECONDS if cap is None else cap
+    if cap <= 0:
+        return StageResult.skipped(STAGE, "measuring disabled (--benchmark-seconds 0): selection falls back to "
+                                          "the target's preference order")
+    candidates = [v for v in ctx.variants if v.verified]
+    if not candidates:
+        return StageResult.skipped(STAGE, "no variant passed verification: nothing to measure")
+    threads = cpu_cores()
+    load = load_average()
+    if load is not None and load > 0.5 * threads:
+        ctx.notes.append(f"the machine was busy when measuring (load average {load} on {threads} cores): "
+                         "other processes disturb the numbers; measurements that never settled are marked")
+    if ctx.target == "gpu":
+        ctx.notes.append("measured on this machine's CPU (onnxruntime CPUExecutionProvider / LibTorch CPU): "
+                         "on the GPU serving host the ranking may differ")
+    together = sum(v.size_mb for v in candidates) <= INTERLEAVE_LIMIT_MB
+    groups = [candidates] if together else [[v] for v in candidates]
+    ctx.progress(f"  measuring {', '.join(v.name for v in candidates)} (up to {cap:g} s each, {threads} threads"
+                 f"{', in turns' if together and len(candidates) > 1 else ''}) ...")
+    failed: dict[str, str] = {}
+    torch, restore = None, None
+    if any(v.format == "torchscript" for v in candidates):
+        import torch  # the TorchScript variants run on torch's intra-op pool
+        restore = torch.get_num_threads()
+        torch.set_num_threads(threads)
+    try:
+        for group in groups:
+            for name, bench in benchmark_group(ctx, group, cap, threads, failed).items():
+                ctx.variant(name).benchmark = bench
+    finally:
+        if torch is not None:
+            torch.set_num_threads(restore)
+    summary = {}
+    for variant in candidates:
+        if variant.name in failed:
+            variant.notes.append(f"benchmark failed: {failed[variant.name]}")
+            continue
+        bench = variant.benchmark
+        unstable = [str(b) for b, ok in bench["stable"].items() if not ok]
+        summary[variant.name] = (f"p50 {bench['latency_ms_b1'].get('p50', 0):.3f} ms at b=1, "
+                                 f"{human(bench['best_throughput'])} inf/s at b={bench['best_batch']}")
+        ctx.progress(f"  {variant.name}: {summary[variant.name]}"
+                     + (f" (not stable within the cap at batch {', '.join(unstable)})" if unstable else ""))
+    text = "; ".join([f"{k}: {v}" for k, v in summary.items()] + [f"{k} FAILED: {v}" for k, v in failed.items()])
+    outputs = {"threads": threads, "cap_seconds": cap, "measured": summary, "failed": failed,
+               "interleaved": together}
+    if not summary:
+        return StageResult.fail(STAGE, text, **outputs)
+    return StageResult.ok(STAGE, f"{threads} threads; " + text, **outputs)

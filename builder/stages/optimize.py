@@ -1,0 +1,99 @@
+"""Stage `optimize`: graph-optimised variants of the plain ONNX export.
+
+- ``onnx_opt``: onnxoptimizer folding passes (BN into Conv, ...), onnxslim (folds what those leave
+  behind, removes dead code), then onnxruntime's offline graph optimisation saved to a file
+  (``SessionOptions.optimized_model_filepath``): level *extended* for CPU targets (its fusions, e.g.
+  FusedConv, are onnxruntime-only ops: fine for the onnxruntime and python backends), *basic* for
+  gpu (extended fusions are made for the provider that optimised them, here the CPU one).
+- ``onnx_fp16``: FP16 weights and compute, inputs/outputs kept in the spec's dtypes (Casts at the
+  boundaries). Tried by default on target gpu only; on CPU when asked for.
+
+Both are verified and measured like every other variant; nothing here is assumed to be faster.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+from builder import onnx_tools
+from builder.stages.base import BuildContext, StageResult, Variant
+from builder.variants import register_variant
+
+STAGE = "optimize"
+
+
+def _base(ctx: BuildContext) -> Variant:
+    base = ctx.variant("onnx")
+    if base is None or not base.path.exists():
+        raise RuntimeError("the base ONNX export is missing (see stage export_onnx)")
+    return base
+
+
+def _ms_ops(model) -> list[str]:
+    return sorted({n.op_type for n in model.graph.node if n.domain not in ("", "ai.onnx")})
+
+
+@register_variant("onnx_opt", format="onnx", precision="fp32", stage=STAGE, base="onnx",
+                  description="ONNX FP32, graph-optimised (onnxoptimizer + onnxslim + onnxruntime offline)")
+def make_onnx_opt(ctx: BuildContext) -> str:
+    base = _base(ctx)
+    out_dir = ctx.workdir / "onnx_opt"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    folded = out_dir / "folded.onnx"
+    model, passes = onnx_tools.standard_passes(onnx_tools.load(base.path))
+    onnx_tools.save(model, folded)
+    level = "basic" if ctx.target == "gpu" else "extended"
+    final = out_dir / "model.onnx"
+    onnx_tools.ort_optimize(folded, final, level)
+    for leftover in (folded, folded.with_name(folded.name + ".data")):
+        leftover.unlink(missing_ok=True)
+    passes.append(f"onnxruntime offline graph optimisation: {level} (ORT_ENABLE_{level.upper()})")
+    optimised = onnx_tools.load(final)
+    variant = Variant("onnx_opt", "onnx", "fp32", final, exporter=f"{base.exporter}+optimised",
+                      opset=base.opset, passes=passes)
+    ort_only = _ms_ops(optimised)
+    if ort_only:
+        variant.notes.append(f"contains onnxruntime-only ops ({', '.join(ort_only)}): serve it with onnxruntime "
+                             "(onnxruntime or python backend) of this version or newer")
+    before, after = len(onnx_tools.load(base.path).graph.node), len(optimised.graph.node)
+    variant.notes.append(f"nodes {before} -> {after}")
+    ctx.add_variant(variant)
+    return f"{before} -> {after} nodes ({level})"
+
+
+@register_variant("onnx_fp16", format="onnx", precision="fp16", stage=STAGE, base="onnx", targets=("gpu",),
+                  description="ONNX FP16 (weights and compute; inputs/outputs keep the spec's dtypes)")
+def make_onnx_fp16(ctx: BuildContext) -> str:
+    base = _base(ctx)
+    out_dir = ctx.workdir / "onnx_fp16"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model = onnx_tools.to_float16(onnx_tools.load(base.path), keep_io_types=True)
+    final = onnx_tools.save(model, out_dir / "model.onnx")
+    variant = Variant("onnx_fp16", "onnx", "fp16", final, exporter=f"{base.exporter}+fp16", opset=base.opset,
+                      passes=["onnxruntime.transformers.float16.convert_float_to_float16(keep_io_types=True)"])
+    if ctx.target != "gpu":
+        variant.notes.append("FP16 on CPU: most CPUs have no fast FP16 kernels; measured, not assumed")
+    ctx.add_variant(variant)
+    return f"{len(model.graph.node)} nodes"
+
+
+MAKERS = {"onnx_opt": make_onnx_opt, "onnx_fp16": make_onnx_fp16}
+
+
+def run(ctx: BuildContext) -> StageResult:
+    wanted = [name for name in MAKERS if ctx.wants(name)]
+    if not wanted:
+        return StageResult.skipped(STAGE, "no optimised variant requested (onnx_opt, onnx_fp16)")
+    made, failed = {}, {}
+    for name in wanted:
+        ctx.progress(f"  making {name} ...")
+        try:
+            made[name] = MAKERS[name](ctx)
+        except Exception as exc:  # noqa: BLE001 - one variant failing must not stop the others
+            failed[name] = onnx_tools.short_error(exc)
+            ctx.notes.append(f"{name}: not made: {failed[name]}")
+            shutil.rmtree(ctx.workdir / name, ignore_errors=True)
+    text = "; ".join([f"{k}: {v}" for k, v in made.items()] + [f"{k} FAILED: {v}" for k, v in failed.items()])
+    if made:
+        return StageResult.ok(STAGE, text, made=made, failed=failed)
+    return StageResult.fail(STAGE, text, made=made, failed=failed)

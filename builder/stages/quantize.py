@@ -1,0 +1,287 @@
+"""Stage `quantize`: INT8 variants. Each is verified afterwards (INT8 tolerance, accuracy drop) and
+measured; whether one is faster is decided by the measurement, never assumed here.
+
+- ``onnx_int8_static``: onnxruntime pre-processing (``quant_pre_process``: symbolic shape inference
+  + graph optimisation), then ``quantize_static`` in QDQ format, per-channel weights, calibrated on
+  the spec's data (data.calibration, else the validation inputs, else generated inputs) with the
+  method of ``quantization.calibration_method`` (minmax | entropy | percentile).
+- ``onnx_int8_dynamic``: ``quantize_dynamic`` of MatMul/Gemm weights (QInt8); activations are
+  quantized at run time. Conv stays FP32 (onnxruntime's ConvInteger is slow on CPU).
+- ``torchscript_int8_dynamic``: ``torch.ao.quantization.quantize_dynamic`` on nn.Linear, exported
+  the way the base TorchScript was (trace or script), for the LibTorch backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from builder import onnx_tools
+from builder.stages.base import BuildContext, StageResult, Variant
+from builder.tensors import random_tensor, trace_example
+from builder.variants import register_variant
+
+STAGE = "quantize"
+CALIBRATION_BATCH = 16
+DYNAMIC_OPS = ("MatMul", "Gemm")
+
+
+class NotApplicable(Exception):
+    """The variant makes no sense for this model (recorded as skipped, not as a failure)."""
+
+
+def _onnx_base(ctx: BuildContext) -> Variant:
+    base = ctx.variant("onnx")
+    if base is None or not base.path.exists():
+        raise RuntimeError("the base ONNX export is missing (see stage export_onnx)")
+    return base
+
+
+# ------------------------------------------------------------------------------------------------
+# calibration data
+
+
+def calibration_samples(ctx: BuildContext) -> tuple[dict[str, np.ndarray] | list[dict[str, np.ndarray]], str]:
+    """The calibration inputs and a sentence saying where they came from.
+
+    Batched specs: {input: array[N, ...]}. Unbatched specs: a list of per-sample feeds."""
+    spec = ctx.spec
+    wanted = spec.quantization.calibration_samples
+    names = [t.name for t in spec.inputs]
+    data, where = None, ""
+    if spec.data.calibration is not None:
+        with np.load(spec.data.calibration, allow_pickle=False) as archive:
+            data = {t.name: archive[t.name].astype(t.dtype) for t in spec.inputs}
+        where = f"data.calibration ({spec.data.calibration.name})"
+    elif ctx.reference is not None and ctx.reference.validation_inputs is not None:
+        data = {n: ctx.reference.validation_inputs[n] for n in names}
+        where = "the validation inputs (data.validation; no data.calibration given)"
+    if data is not None and not spec.batching:
+        return [data], where + ", 1 sample (the model has no batch dimension)"
+    if data is not None:
+        count = min(wanted, len(next(iter(data.values()))))
+        return {n: np.ascontiguousarray(v[:count]) for n, v in data.items()}, f"{where}, {count} samples"
+    rng = np.random.default_rng(spec.verify.seed + 7)
+    dyn = _opt_size(spec)
+    where = (f"{wanted} generated samples (no data.calibration or data.validation: random inputs within each "
+             "input's value_range; real data calibrates better)")
+    if spec.batching:
+        return {t.name: random_tensor(t, wanted, dyn, rng) for t in spec.inputs}, where
+    return [{t.name: random_tensor(t, None, dyn, rng) for t in spec.inputs} for _ in range(wanted)], where
+
+
+def _opt_size(spec) -> int:
+    for t in spec.inputs:
+        if t.dynamic:
+            return t.profile_shapes()["opt"][t.shape.index(-1)]
+    return 0
+
+
+def _feeds(samples, batch: int) -> list[dict[str, np.ndarray]]:
+    """Equal-sized batches (the entropy and percentile calibrators stack them): the largest batch
+    size up to ``batch`` that divides the sample count."""
+    if isinstance(samples, list):
+        return list(samples)
+    count = len(next(iter(samples.values())))
+    batch = next(b for b in range(min(batch, count), 0, -1) if count % b == 0)
+    return [{k: v[i:i + batch] for k, v in samples.items()} for i in range(0, count, batch)]
+
+
+def _reader(feeds: list[dict[str, np.ndarray]]):
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self._feeds = iter(feeds)
+
+        def get_next(self):
+            return next(self._feeds, None)
+
+        def rewind(self) -> None:
+            self._feeds = iter(feeds)
+
+    return Reader()
+
+
+# ------------------------------------------------------------------------------------------------
+# makers
+
+
+@register_variant("onnx_int8_static", format="onnx", precision="int8", stage=STAGE, base="onnx",
+                  description="ONNX static INT8 (QDQ, per-channel), calibrated on the spec's data")
+def make_int8_static(ctx: BuildContext) -> str:
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    base = _onnx_base(ctx)
+    out_dir = ctx.workdir / "onnx_int8_static"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model = onnx_tools.clean_value_info(onnx_tools.load(base.path))
+    large = onnx_tools.weight_bytes(model) > onnx_tools.EXTERNAL_DATA_THRESHOLD
+    source = onnx_tools.save(model, out_dir / "source.onnx")
+    del model
+    pre = out_dir / "preprocessed.onnx"
+    passes, notes = [], []
+    prepared = _preprocess(source, pre, passes, notes)
+
+    samples, where = calibration_samples(ctx)
+    batch = min(CALIBRATION_BATCH, ctx.spec.max_batch_size) if ctx.spec.batching else 1
+    method_name = ctx.spec.quantization.calibration_method
+    method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+              "percentile": CalibrationMethod.Percentile}[method_name]
+    final = out_dir / "model.onnx"
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # the calibrators print progress
+        warnings.simplefilter("ignore")
+        quantize_static(str(prepared), str(final), _reader(_feeds(samples, batch)), quant_format=QuantFormat.QDQ,
+                        per_channel=True, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                        calibrate_method=method, use_external_data_format=large)
+    _remove(source, pre)
+    passes.append(f"quantize_static(QDQ, per_channel=True, activations QInt8, weights QInt8, "
+                  f"calibration {method_name})")
+    quantized = onnx_tools.load(final)
+    count = sum(1 for n in quantized.graph.node if n.op_type == "QuantizeLinear")
+    variant = Variant("onnx_int8_static", "onnx", "int8", final, exporter=f"{base.exporter}+int8", opset=base.opset,
+                      passes=passes, notes=[f"calibrated on {where}; method {method_name}", *notes])
+    ctx.add_variant(variant)
+    return f"{count} QuantizeLinear nodes; calibration: {where}, {method_name}"
+
+
+def _remove(*paths: Path) -> None:
+    for path in paths:
+        for leftover in (path, path.with_name(path.name + ".data")):
+            leftover.unlink(missing_ok=True)
+
+
+def _preprocess(source: Path, target: Path, passes: list[str], notes: list[str]) -> Path:
+    """onnxruntime's recommended pre-processing; a model it cannot handle is quantized as it is."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    errors = []
+    for skip_symbolic in (False, True):
+        try:
+            # symbolic shape inference dumps sym_shape_infer_temp.onnx (+ data) into the working directory
+            # when it gives up: keep that inside the build's work folder
+            with warnings.catch_warnings(), contextlib.chdir(target.parent):
+                warnings.simplefilter("ignore")
+                quant_pre_process(str(source), str(target), skip_symbolic_shape=skip_symbolic)
+            passes.append("quant_pre_process" + (" (symbolic shape inference skipped)" if skip_symbolic else ""))
+            return target
+        except Exception as exc:  # noqa: BLE001 - recorded; the next attempt is simpler
+            errors.append(onnx_tools.short_error(exc))
+    notes.append(f"quant_pre_process failed, quantized without it: {errors[-1]}")
+    return source
+
+
+@register_variant("onnx_int8_dynamic", format="onnx", precision="int8", stage=STAGE, base="onnx",
+                  description="ONNX dynamic INT8 (MatMul/Gemm weights QInt8, activations quantized at run time)")
+def make_int8_dynamic(ctx: BuildContext) -> str:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    base = _onnx_base(ctx)
+    model = onnx_tools.clean_value_info(onnx_tools.load(base.path))
+    targets = sorted(onnx_tools.op_types(model) & set(DYNAMIC_OPS))
+    if not targets:
+        raise NotApplicable("the graph has no MatMul/Gemm for dynamic INT8 to quantize (it would equal onnx)")
+    out_dir = ctx.workdir / "onnx_int8_dynamic"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    large = onnx_tools.weight_bytes(model) > onnx_tools.EXTERNAL_DATA_THRESHOLD
+    source = onnx_tools.save(model, out_dir / "source.onnx")
+    del model
+    passes, notes = [], []
+    prepared = _preprocess(source, out_dir / "preprocessed.onnx", passes, notes)
+    final = out_dir / "model.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantize_dynamic(str(prepared), str(final), op_types_to_quantize=list(DYNAMIC_OPS),
+                         weight_type=QuantType.QInt8, use_external_data_format=large)
+    _remove(source, out_dir / "preprocessed.onnx")
+    passes.append(f"quantize_dynamic(op_types {', '.join(DYNAMIC_OPS)}, weights QInt8)")
+    variant = Variant("onnx_int8_dynamic", "onnx", "int8", final, exporter=f"{base.exporter}+int8", opset=base.opset,
+                      passes=passes,
+                      notes=[f"quantized ops: {', '.join(targets)}; everything else (Conv included) stays FP32",
+                             *notes])
+    ctx.add_variant(variant)
+    return f"quantized {', '.join(targets)}"
+
+
+@register_variant("torchscript_int8_dynamic", format="torchscript", precision="int8", stage=STAGE,
+                  base="torchscript",
+                  description="TorchScript dynamic INT8 (torch.ao quantize_dynamic on nn.Linear) for LibTorch")
+def make_torchscript_int8_dynamic(ctx: BuildContext) -> str:
+    import torch
+
+    if ctx.spec.source.kind != "module" or not isinstance(ctx.model, torch.nn.Module) or isinstance(
+            ctx.model, torch.jit.ScriptModule):
+        raise NotApplicable(f"the source is {ctx.spec.source.kind}, not a PyTorch module: torch dynamic "
+                            "quantization needs the eager nn.Module")
+    linears = sum(1 for m in ctx.model.modules() if isinstance(m, torch.nn.Linear))
+    if not linears:
+        raise NotApplicable("the model has no nn.Linear layers: nothing for dynamic INT8 to quantize")
+    base = ctx.variant("torchscript")
+    order = ["trace", "script"] if base is None or base.exporter != "torch.jit.script" else ["script"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization is deprecated in torch 2.x; it still works
+        quantized = torch.ao.quantization.quantize_dynamic(copy.deepcopy(ctx.model), {torch.nn.Linear},
+                                                           dtype=torch.qint8).eval()
+        example = trace_example(ctx.spec)
+        args = tuple(torch.from_numpy(example[t.name]) for t in ctx.spec.inputs)
+        errors, exported, how = {}, None, None
+        for how in order:
+            try:
+                exported = (torch.jit.trace(quantized, args, check_trace=False, strict=False) if how == "trace"
+                            else torch.jit.script(quantized))
+                break
+            except Exception as exc:  # noqa: BLE001
+                errors[how] = onnx_tools.short_error(exc)
+    if exported is None:
+        raise RuntimeError("could not export the quantized module: "
+                           + "; ".join(f"{k}: {v}" for k, v in errors.items()))
+    out_dir = ctx.workdir / "torchscript_int8_dynamic"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "model.pt"
+    torch.jit.save(exported, str(path))
+    notes = [f"{linears} nn.Linear layer(s) quantized (quantized engine {torch.backends.quantized.engine}); "
+             "torch.ao.quantization is deprecated upstream",
+             *(f"{k} failed: {v}" for k, v in errors.items())]
+    if base is None:
+        notes.append("exported by trace without the trace-safety check of export_torchscript (no base export)")
+    variant = Variant("torchscript_int8_dynamic", "torchscript", "int8", path, exporter=f"torch.jit.{how}",
+                      passes=["torch.ao.quantization.quantize_dynamic({nn.Linear}, qint8)"], notes=notes)
+    ctx.add_variant(variant)
+    return f"{linears} Linear layer(s), torch.jit.{how}"
+
+
+MAKERS = {"onnx_int8_static": make_int8_static, "onnx_int8_dynamic": make_int8_dynamic,
+          "torchscript_int8_dynamic": make_torchscript_int8_dynamic}
+
+
+def run(ctx: BuildContext) -> StageResult:
+    wanted = [name for name in MAKERS if ctx.wants(name)]
+    if not wanted:
+        return StageResult.skipped(STAGE, "no INT8 variant requested")
+    made, skipped, failed = {}, {}, {}
+    for name in wanted:
+        ctx.progress(f"  making {name} ...")
+        try:
+            made[name] = MAKERS[name](ctx)
+        except NotApplicable as exc:
+            skipped[name] = str(exc)
+            ctx.notes.append(f"{name}: skipped: {exc}")
+        except Exception as exc:  # noqa: BLE001 - one variant failing must not stop the others
+            failed[name] = onnx_tools.short_error(exc)
+            ctx.notes.append(f"{name}: not made: {failed[name]}")
+        if name not in made:
+            shutil.rmtree(ctx.workdir / name, ignore_errors=True)
+    text = "; ".join([f"{k}: {v}" for k, v in made.items()] + [f"{k} skipped: {v}" for k, v in skipped.items()]
+                     + [f"{k} FAILED: {v}" for k, v in failed.items()])
+    outputs = {"made": made, "skipped": skipped, "failed": failed}
+    if made:
+        return StageResult.ok(STAGE, text, **outputs)
+    if failed:
+        return StageResult.fail(STAGE, text, **outputs)
+    return StageResult.skipped(STAGE, text, **outputs)

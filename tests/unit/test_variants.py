@@ -1,0 +1,436 @@
+"""Optimised variants (onnx_opt, INT8), measured and selected by numbers.
+
+The digits CNN is built once per module with every default variant and a small measuring cap; the
+other tests edit a copy of the spec. Selection logic is also tested on hand-made measurements,
+which makes it deterministic on a busy machine.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from builder.errors import UserInputError, VerificationError
+from builder.measure import (Window, batch_sizes, cpu_cores, human, is_stable, least_disturbed, measure,
+                             measure_round_robin, within)
+from builder.pipeline import build
+from builder.spec import load_spec
+from builder.stages import select
+from builder.stages.base import BuildContext, BuildOptions, Status, Variant
+from tests.conftest import EXAMPLES
+
+CAP = 0.4  # seconds of measuring per variant: enough to rank, small enough to keep the tests fast
+DEFAULTS = ["onnx", "torchscript", "onnx_opt", "onnx_int8_static", "onnx_int8_dynamic", "torchscript_int8_dynamic"]
+
+
+def edit_spec(folder: Path, **changes) -> Path:
+    path = folder / "spec.yaml"
+    data = yaml.safe_load(path.read_text())
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def digits_build(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("variants") / "repo"
+    return build(EXAMPLES / "digits" / "spec.yaml", repo, benchmark_seconds=CAP, progress=lambda m: None)
+
+
+# ------------------------------------------------------------------------------------------------
+# the full default build
+
+
+@pytest.mark.slow
+def test_default_variants_on_cpu_targets(digits_build):
+    ctx = digits_build.context
+    assert ctx.requested_variants == DEFAULTS
+    assert [v.name for v in ctx.variants] == ["torchscript", "onnx", "onnx_opt", "onnx_int8_static",
+                                              "onnx_int8_dynamic", "torchscript_int8_dynamic"]
+    assert ctx.base_only == {}
+
+
+@pytest.mark.slow
+def test_static_int8_passes_verification_within_one_point(digits_build):
+    static = digits_build.context.variant("onnx_int8_static")
+    assert static.precision == "int8" and static.verified is True, static.rejected
+    assert static.verification["tolerance"] == {"rel_l2": 0.1}
+    assert static.accuracy["metric"] == "top1"
+    assert static.accuracy["drop"] <= 1.0
+    assert any("quant_pre_process" in p for p in static.passes)
+    assert any("QDQ" in p and "per_channel=True" in p for p in static.passes)
+    assert any("calibrated on data.calibration (calib.npz), 128 samples" in n for n in static.notes)
+
+
+@pytest.mark.slow
+def test_onnx_opt_records_its_passes(digits_build):
+    opt = digits_build.context.variant("onnx_opt")
+    assert opt.verified is True
+    assert opt.passes[0].startswith("onnxoptimizer:") and "fuse_bn_into_conv" in opt.passes[0]
+    assert opt.passes[1] == "onnxslim"
+    assert "ORT_ENABLE_EXTENDED" in opt.passes[-1]
+    assert any("onnxruntime-only ops (FusedConv" in n for n in opt.notes)
+
+
+@pytest.mark.slow
+def test_every_verified_variant_is_measured(digits_build):
+    for v in digits_build.context.variants:
+        assert v.verified, v.rejected
+        bench = v.benchmark
+        assert set(bench["latency_ms_b1"]) >= {"p50", "p95", "p99"}
+        assert bench["latency_ms_b1"]["p50"] <= bench["latency_ms_b1"]["p95"] <= bench["latency_ms_b1"]["p99"]
+        assert sorted(bench["throughput_by_batch"]) == [1, 2, 4, 8, 16, 32, 64]
+        assert bench["best_throughput"] == max(bench["throughput_by_batch"].values())
+        assert bench["throughput_by_batch"][bench["best_batch"]] == bench["best_throughput"]
+        assert bench["threads"] == cpu_cores()
+        assert bench["peak_memory_mb"] >= 0
+        assert all(n >= 1 for n in bench["windows"].values())
+        # the cap bounds the repeats; warm-up and the one window every batch size gets come on top
+        assert bench["seconds"] < CAP + 10, bench["seconds"]
+
+
+@pytest.mark.slow
+def test_selection_goes_by_measured_throughput_with_reasons(digits_build):
+    ctx = digits_build.context
+    winner = ctx.selected
+    assert winner.selected and winner.published_as == "digits_cnn"
+    best = max(v.benchmark["best_throughput"] for v in ctx.variants if v.eligible)
+    assert winner.benchmark["best_throughput"] == best
+    assert winner.selection_reason.startswith("selected: highest throughput")
+    for v in ctx.variants:
+        if v is winner:
+            continue
+        assert re.fullmatch(rf"rejected: [\d.]+x slower than {winner.name} \(measured [\d.]+[kM]? vs "
+                            rf"[\d.]+[kM]? inf/s\)", v.selection_reason), v.selection_reason
+        assert not v.published_as  # only the winner is published without --publish-variants
+
+
+@pytest.mark.slow
+def test_dynamic_int8_is_measured_and_rejected_when_slower(digits_build):
+    ctx = digits_build.context
+    dynamic = ctx.variant("onnx_int8_dynamic")
+    assert dynamic.benchmark["best_throughput"] > 0
+    if dynamic.selected:  # fastest this time: then it must say so with its number
+        assert dynamic.selection_reason.startswith("selected: highest throughput (")
+        return
+    ratio = ctx.selected.benchmark["best_throughput"] / dynamic.benchmark["best_throughput"]
+    assert f"slower than {ctx.selected.name}" in dynamic.selection_reason
+    assert f"measured {human(dynamic.benchmark['best_throughput'])} vs " \
+           f"{human(ctx.selected.benchmark['best_throughput'])} inf/s" in dynamic.selection_reason
+    shown = float(re.search(r"rejected: ([\d.]+)x", dynamic.selection_reason).group(1))
+    assert shown == pytest.approx(ratio, rel=0.06)
+
+
+@pytest.mark.slow
+def test_report_table_json_and_plot(digits_build):
+    rows = digits_build.rows
+    from builder.report import format_table
+    table = format_table(rows)
+    assert "x onnx" in table.splitlines()[0] and "acc drop" in table.splitlines()[0]
+    onnx_row = next(r for r in rows if r["variant"] == "onnx")
+    assert onnx_row["x onnx"] == pytest.approx(1.0)
+    assert all(r["p50 ms (b=1)"] is not None and r["throughput"] and r["acc drop"] is not None for r in rows)
+    folder = Path(digits_build.published[0]["path"])
+    png = folder / "build_report.png"
+    assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    markdown = (folder / "build_report.md").read_text()
+    assert "![build_report](build_report.png)" in markdown
+    assert "## Measurements" in markdown and "b=64 inf/s" in markdown
+    data = json.loads((folder / "build_report.json").read_text())
+    assert data["variants"][0]["throughput_by_batch"]
+
+
+# ------------------------------------------------------------------------------------------------
+# builds of edited specs
+
+
+def test_tolerance_failure_is_never_published_and_lists_numbers(digits_copy, tmp_path, quiet):
+    spec = edit_spec(digits_copy, verify={"tolerances": {"int8": {"rel_l2": 1e-6}}})
+    result = build(spec, tmp_path / "repo", variants=["onnx", "onnx_int8_static"], benchmark_seconds=CAP,
+                   publish_variants=True, progress=quiet)
+    static = result.context.variant("onnx_int8_static")
+    assert static.verified is False and not static.eligible
+    assert re.search(r"- logits: rel L2 [\d.e+-]+ > 1e-06 \(max abs [\d.e+-]+, max rel [\d.e+-]+, rel L2 [\d.e+-]+, "
+                     r"cosine [\d.]+\)", static.rejected), static.rejected
+    assert static.benchmark is None  # failed variants are not even measured
+    assert not static.published_as and not (tmp_path / "repo" / "digits_cnn__onnx_int8_static").exists()
+    assert result.context.selected.name == "onnx"
+    row = next(r for r in result.rows if r["variant"] == "onnx_int8_static")
+    assert row["status"] == "rejected: failed verification"
+
+
+def test_failed_derived_variant_never_falls_back_to_its_unrequested_base(digits_copy, tmp_path, quiet):
+    spec = edit_spec(digits_copy, variants=["onnx_int8_static"], verify={"tolerances": {"int8": {"rel_l2": 1e-6}}})
+    repo = tmp_path / "repo"
+    with pytest.raises(VerificationError) as info:
+        build(spec, repo, benchmark_seconds=CAP, progress=quiet)
+    text = str(info.value)
+    assert "no variant is eligible" in text and "nothing was published" in text
+    assert "- onnx_int8_static: failed verification:" in text and "- logits: rel L2" in text and "> 1e-06" in text
+    assert "- onnx: not requested; base for onnx_int8_static" in text
+    assert not (repo / "digits_cnn").exists()
+
+
+def test_derived_only_request_builds_base_but_never_publishes_it(digits_copy, tmp_path, quiet):
+    spec = edit_spec(digits_copy, variants=["onnx_int8_static"])
+    result = build(spec, tmp_path / "repo", benchmark_seconds=CAP, publish_variants=True, progress=quiet)
+    ctx = result.context
+    assert ctx.requested_variants == ["onnx", "onnx_int8_static"]
+    base = ctx.variant("onnx")
+    assert base.verified is True and base.benchmark is not None  # verified and measured for comparison
+    assert base.rejected == "not requested; base for onnx_int8_static"
+    assert base.selection_reason.startswith("rejected: not requested; base for onnx_int8_static (measured ")
+    assert ctx.selected.name == "onnx_int8_static"
+    assert [p["name"] for p in result.published] == ["digits_cnn"]
+
+
+def test_latency_objective_picks_lowest_p50_and_calibration_choices(digits_copy, tmp_path, quiet):
+    (digits_copy / "data" / "calib.npz").unlink()
+    data = yaml.safe_load((digits_copy / "spec.yaml").read_text())
+    data["data"].pop("calibration")
+    data.update(objective="latency", quantization={"calibration_method": "percentile", "calibration_samples": 64})
+    (digits_copy / "spec.yaml").write_text(yaml.safe_dump(data))
+    result = build(digits_copy / "spec.yaml", tmp_path / "repo", variants=["onnx", "onnx_opt", "onnx_int8_static"],
+                   benchmark_seconds=CAP, progress=quiet)
+    ctx = result.context
+    eligible = [v for v in ctx.variants if v.eligible]
+    fastest = min(v.benchmark["latency_ms_b1"]["p50"] for v in eligible)
+    assert ctx.selected.benchmark["latency_ms_b1"]["p50"] == fastest
+    assert ctx.selected.selection_reason.startswith("selected: lowest p50 latency (p50 ")
+    for v in eligible:
+        if not v.selected:
+            assert re.search(r"slower than \w+ \(p50 [\d.]+ vs [\d.]+ ms at batch 1\)", v.selection_reason)
+    static = ctx.variant("onnx_int8_static")
+    note = next(n for n in static.notes if n.startswith("calibrated on"))
+    assert "validation inputs" in note and "64 samples" in note and "method percentile" in note
+    assert "calibration percentile" in static.passes[-1]
+
+
+def test_benchmark_seconds_zero_skips_measuring(digits_copy, tmp_path, quiet):
+    result = build(digits_copy / "spec.yaml", tmp_path / "repo", variants=["onnx", "onnx_int8_dynamic"],
+                   benchmark_seconds=0, progress=quiet)
+    stage = next(r for r in result.results if r.stage == "benchmark")
+    assert stage.status is Status.SKIPPED and "--benchmark-seconds 0" in stage.reason
+    assert all(v.benchmark is None for v in result.context.variants)
+    assert "nothing was measured" in result.context.selected.selection_reason
+    assert not (Path(result.published[0]["path"]) / "build_report.png").exists()
+
+
+def test_negative_benchmark_seconds_is_a_user_error(digits_copy, tmp_path, quiet):
+    with pytest.raises(UserInputError, match="--benchmark-seconds: -1"):
+        build(digits_copy / "spec.yaml", tmp_path / "repo", benchmark_seconds=-1, progress=quiet)
+
+
+CONV_ONLY = '''
+import torch
+from torch import nn
+
+
+class ConvOnly(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 10, kernel_size=3, padding=1)
+
+    def forward(self, image):
+        return self.conv(image).mean(dim=(2, 3))
+
+
+def build():
+    torch.manual_seed(0)
+    return ConvOnly().eval()
+'''
+
+
+def test_int8_dynamic_variants_skip_models_without_linear_layers(tmp_path, quiet):
+    folder = tmp_path / "convonly"
+    folder.mkdir()
+    (folder / "model.py").write_text(CONV_ONLY)
+    (folder / "spec.yaml").write_text(yaml.safe_dump({
+        "name": "convonly", "source": {"module": "model:build"}, "max_batch_size": 4,
+        "inputs": [{"name": "image", "dtype": "float32", "shape": [1, 8, 8]}], "outputs": [{"name": "logits"}],
+        "variants": ["onnx", "torchscript", "onnx_int8_dynamic", "torchscript_int8_dynamic", "onnx_int8_static"]}))
+    result = build(folder / "spec.yaml", tmp_path / "repo", benchmark_seconds=0, progress=quiet)
+    ctx = result.context
+    stage = next(r for r in result.results if r.stage == "quantize")
+    assert stage.status is Status.OK
+    assert "no MatMul/Gemm" in stage.outputs["skipped"]["onnx_int8_dynamic"]
+    assert "no nn.Linear layers" in stage.outputs["skipped"]["torchscript_int8_dynamic"]
+    assert ctx.variant("onnx_int8_dynamic") is None and ctx.variant("torchscript_int8_dynamic") is None
+    static = ctx.variant("onnx_int8_static")
+    assert static is not None and any("generated samples" in n for n in static.notes)
+
+
+def test_calibration_batches_are_equal_sized():
+    from builder.stages.quantize import _feeds
+    samples = {"image": np.zeros((50, 1, 8, 8), np.float32)}
+    assert [len(f["image"]) for f in _feeds(samples, 16)] == [10] * 5  # entropy/percentile stack batches
+    assert [len(f["image"]) for f in _feeds({"image": np.zeros((64, 1))}, 16)] == [16] * 4
+    assert [len(f["image"]) for f in _feeds({"image": np.zeros((3, 1))}, 16)] == [3]
+
+
+def test_quantization_spec_keys_are_validated(digits_copy):
+    spec = edit_spec(digits_copy, quantization={"calibration_method": "kl"})
+    with pytest.raises(UserInputError, match=r"field 'quantization.calibration_method': 'kl' is not supported; "
+                                             r"use one of: minmax, entropy, percentile"):
+        load_spec(spec)
+    spec = edit_spec(digits_copy, quantization={"calibration_samples": 0})
+    with pytest.raises(UserInputError, match=r"'quantization.calibration_samples': must be >= 1"):
+        load_spec(spec)
+    spec = edit_spec(digits_copy, quantization={"method": "minmax"})
+    with pytest.raises(UserInputError, match=r"field 'quantization': unknown key\(s\) 'method'; known keys: "
+                                             r"calibration_method, calibration_samples"):
+        load_spec(spec)
+    spec = edit_spec(digits_copy, quantization={"calibration_method": "entropy", "calibration_samples": 8})
+    assert load_spec(spec).quantization.calibration_method == "entropy"
+
+
+# ------------------------------------------------------------------------------------------------
+# selection on hand-made measurements (deterministic)
+
+
+def _variant(name, p50, ips, drop=0.0, verified=True, precision="fp32"):
+    v = Variant(name, "onnx", precision, Path(f"/nonexistent/{name}.onnx"), verified=verified)
+    v.accuracy = {"metric": "top1", "drop": drop}
+    v.benchmark = {"latency_ms_b1": {"p50": p50, "p95": p50 * 1.2, "p99": p50 * 1.5}, "best_throughput": ips,
+                   "best_batch": 64, "throughput_by_batch": {1: 1000 / p50, 64: ips}}
+    return v
+
+
+def _context(objective="throughput", base_only=None) -> BuildContext:
+    spec = load_spec(EXAMPLES / "digits" / "spec.yaml")
+    spec.objective = objective
+    ctx = BuildContext(spec=spec, options=BuildOptions(repository=Path("/nonexistent")), workdir=Path("/nonexistent"))
+    ctx.base_only = base_only or {}
+    return ctx
+
+
+def test_select_latency_objective_lowest_p50_among_eligible():
+    ctx = _context("latency")
+    ctx.variants = [_variant("onnx", 0.30, 6000), _variant("onnx_opt", 0.25, 5000),
+                    _variant("onnx_int8_static", 0.10, 9000, drop=1.5, precision="int8"),  # over the drop limit
+                    _variant("torchscript", 0.05, 1000, verified=False)]  # failed verification
+    ctx.variants[3].rejected = "failed verification:\n- logits: rel L2 1e-01 > 1e-05"
+    assert select.run(ctx).status is Status.OK
+    assert ctx.selected.name == "onnx_opt"
+    assert ctx.selected.selection_reason.startswith("selected: lowest p50 latency (p50 0.250 ms at batch 1)")
+    static = ctx.variant("onnx_int8_static")
+    assert not static.selected and static.rejected == "accuracy drop 1.50 points > 1.0 allowed"
+    assert static.selection_reason.startswith("rejected: accuracy drop 1.50 points > 1.0 allowed (p50 0.100 vs")
+    assert ctx.variant("onnx").selection_reason == \
+        "rejected: 1.2x slower than onnx_opt (p50 0.300 vs 0.250 ms at batch 1)"
+    assert ctx.variant("torchscript").selection_reason == "rejected: failed verification"
+
+
+def test_select_throughput_names_the_measurement_and_ignores_base_only():
+    ctx = _context("throughput", base_only={"onnx": ["onnx_int8_dynamic", "onnx_int8_static"]})
+    ctx.variants = [_variant("onnx", 0.2, 63000), _variant("onnx_int8_dynamic", 0.9, 12000, precision="int8"),
+                    _variant("onnx_int8_static", 0.1, 61000, drop=0.3, precision="int8")]
+    select.run(ctx)
+    assert ctx.selected.name == "onnx_int8_static"  # onnx is faster but only a base: never selected
+    assert ctx.variant("onnx").rejected == "not requested; base for onnx_int8_dynamic, onnx_int8_static"
+    assert ctx.variant("onnx_int8_dynamic").selection_reason == \
+        "rejected: 5.1x slower than onnx_int8_static (measured 12k vs 61k inf/s)"
+    reason = ctx.selected.selection_reason
+    assert reason.startswith("selected: highest throughput (61k inf/s at batch 64); 0.97x the throughput of onnx")
+    assert reason.endswith("accuracy drop +0.30 points (limit 1.0)")
+
+
+def test_select_fails_when_nothing_is_eligible():
+    ctx = _context()
+    ctx.variants = [_variant("onnx_int8_static", 0.1, 9000, drop=3.0)]
+    result = select.run(ctx)
+    assert result.status is Status.FAIL and ctx.selected is None
+
+
+# ------------------------------------------------------------------------------------------------
+# the stability rule (builder/measure.py)
+
+
+def test_stability_rule_last_three_within_ten_percent():
+    assert is_stable([100, 104, 98])  # 104 / 98 = 1.061
+    assert is_stable([50, 300, 100, 105, 109])  # only the last three count
+    assert not is_stable([100, 111, 100])  # 1.11 > 1.10
+    assert not is_stable([100, 100])  # fewer than three windows
+    assert not is_stable([100, 100, 100], latencies=[1.0, 1.0, 1.2])  # latency must settle too
+    assert is_stable([100, 100, 100], latencies=[1.0, 1.05, 1.02])
+    assert is_stable([100, 114, 100], tolerance=0.15) and not is_stable([100, 109, 100], windows=4)
+    assert within([1.0, 1.1]) and not within([0.0, 1.0]) and not within([])
+
+
+class FakeModel:
+    """A scripted machine: call i takes ``per_call[i // 10]`` seconds on a fake clock. With
+    window_seconds=0 and min_calls=10 every measuring window is exactly 10 calls."""
+
+    def __init__(self, per_call_by_window):
+        self.now = 0.0
+        self.calls = 0
+        self.per_call = per_call_by_window
+
+    def clock(self):
+        return self.now
+
+    def __call__(self):
+        self.now += self.per_call[min(self.calls // 10, len(self.per_call) - 1)]
+        self.calls += 1
+
+
+def test_measure_stops_once_stable():
+    # two disturbed windows, then three that agree within 10 %; the 6th (slow) one is never run
+    model = FakeModel([0.03, 0.02, 0.010, 0.0102, 0.0099, 0.05])
+    m = measure(model, 4, window_seconds=0, max_seconds=100, min_calls=10, clock=model.clock)
+    assert m.stable and len(m.windows) == 5 and model.calls == 50
+    assert [round(w.throughput) for w in m.windows] == [133, 200, 400, 392, 404]
+    assert m.used == m.windows[-3:]
+    assert m.throughput == pytest.approx(120 / (0.1 + 0.102 + 0.099))
+    assert m.percentiles_ms()["p50"] == pytest.approx(10.0)
+
+
+def test_measure_caps_time_and_reports_the_fastest_windows():
+    # alternating 10 ms / 20 ms calls: window throughputs 100, 50, 100, 50, ... never settle
+    model = FakeModel([0.01, 0.02] * 50)
+    m = measure(model, 1, window_seconds=0, max_seconds=0.9, min_calls=10, clock=model.clock)
+    assert not m.stable
+    assert 0.9 - 1e-9 <= model.now <= 1.1 + 1e-9  # stops after the window under way
+    assert len(m.used) == 3 and all(w.throughput == pytest.approx(100) for w in m.used)
+    assert m.spread == pytest.approx(0.0, abs=1e-9)
+
+
+def test_round_robin_takes_turns_and_stops_each_on_its_own():
+    clock = [0.0]
+    order = []
+
+    def model(name, per_call):
+        def call():
+            clock[0] += per_call(len([o for o in order if o == name]))
+            order.append(name)
+        return call
+
+    steady = model("steady", lambda i: 0.01)
+    jumpy = model("jumpy", lambda i: 0.01 if (i // 10) % 2 == 0 else 0.03)  # windows of 10 calls alternate
+    result = measure_round_robin({"steady": steady, "jumpy": jumpy}, 2, window_seconds=0, min_calls=10,
+                                 max_seconds={"steady": 10.0, "jumpy": 1.0}, clock=lambda: clock[0])
+    assert result["steady"].stable and len(result["steady"].windows) == 3
+    assert order[:40] == ["steady"] * 10 + ["jumpy"] * 10 + ["steady"] * 10 + ["jumpy"] * 10  # in turns
+    jumpy_m = result["jumpy"]
+    assert not jumpy_m.stable and sum(w.seconds for w in jumpy_m.windows) >= 1.0
+    assert all(w.throughput == pytest.approx(200) for w in jumpy_m.used)  # the 3 fastest windows
+
+
+def test_least_disturbed_and_batch_sizes():
+    windows = [Window(1, 1, s) for s in (1.0, 0.5, 2.0, 0.4, 0.6)]
+    assert [w.seconds for w in least_disturbed(windows)] == [0.5, 0.4, 0.6]
+    assert batch_sizes(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert batch_sizes(24) == [1, 2, 4, 8, 16, 24]
+    assert batch_sizes(0) == [1] and batch_sizes(1) == [1]
+    assert human(6300) == "6.3k" and human(1.25e6) == "1.25M" and human(950) == "950"
+    assert human(999.7) == "1k" and human(999_700) == "1M" and human(123456) == "123k" and human(61000) == "61k"
+    assert np.isclose(Window(5, 20, 0.5).throughput, 40)
