@@ -1,0 +1,725 @@
+"""Run a real local Prometheus (and the batch-size exporter) against a Triton server, without docker.
+
+Prometheus comes from Debian's ``prometheus`` package (``scripts/install-system-deps.sh``, run by
+``make setup``); the scrape configuration is derived from ``monitoring/prometheus/prometheus.yml``
+and the rules from ``monitoring/prometheus/rules/*.yml``, so what runs here is what the docker
+compose deployment runs, with the targets rewritten.
+
+Usage::
+
+    from builder.serving.embedded import EmbeddedServer
+    from builder.serving.prometheus import LocalExporter, LocalPrometheus
+
+    with EmbeddedServer(repo, extra_args=["--metrics-config=summary_latencies=true"]) as triton, \\
+         LocalExporter(triton.http_url) as exporter, \\
+         LocalPrometheus(scrape_targets={"triton": triton.metrics_url,
+                                         "triton-builder-exporter": exporter.address}) as prom:
+        print(prom.url)                                  # http://127.0.0.1:<free port>
+        prom.query('triton:requests:rate1m')             # instant query -> list of {"metric", "value"}
+        prom.metric_names()                              # every metric name Prometheus has stored
+        prom.alerts()                                    # /api/v1/alerts: pending and firing alerts
+    # stopped here (also at interpreter exit): Prometheus' tsdb lived in a temp dir and is removed
+
+From a shell, against a running ``triton-builder serve`` (HTTP 8000, metrics 8002)::
+
+    python -m builder.serving.prometheus --triton-url 127.0.0.1:8000 --triton-metrics 127.0.0.1:8002
+    # Prometheus on http://127.0.0.1:9090, the exporter on 127.0.0.1:9102; Ctrl-C stops both
+
+Details:
+
+- ``LocalPrometheus`` binds 127.0.0.1 on a free port (or ``port``), keeps its tsdb in a temp dir,
+  waits for ``/-/ready`` and raises ``ServerError`` with Prometheus' own log lines if it exits or
+  does not become ready. A missing binary is a ``ServerError`` telling to run
+  ``scripts/install-system-deps.sh`` (or ``make setup``).
+- ``scrape_targets`` maps a job name to ``host:port`` or a URL (``http://host:port/path`` sets the
+  job's ``metrics_path`` too) or a list of those. Jobs of the template that are not named are
+  dropped (so nothing scrapes a default port another process may own); names the template does not
+  have become new jobs. ``scrape_targets=None`` keeps the template's jobs as they are.
+- ``rule_files=None`` loads the template's rule files (absolute paths); ``[]`` loads none.
+- ``scrape_interval`` / ``evaluation_interval`` override the template's (1 s by default: tests see
+  rates quickly); the scrape timeout is capped at the scrape interval.
+- Processes started here run in their own session, get SIGTERM if this process dies (Linux
+  ``PR_SET_PDEATHSIG``), and are stopped by ``stop()`` and at interpreter exit, so none is left
+  behind. Start them from a thread that lives as long as they should (the main thread normally):
+  the death signal follows the thread that started the process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import ctypes
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import yaml
+
+from builder.errors import ServerError, UserInputError
+
+__all__ = [
+    "PROJECT_ROOT",
+    "DEFAULT_CONFIG",
+    "INSTALL_HINT",
+    "find_prometheus",
+    "render_config",
+    "LocalPrometheus",
+    "LocalExporter",
+    "main",
+]
+
+#: The source tree (``monitoring/`` lives beside ``builder/``; the project is installed editable).
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+#: The scrape configuration ``LocalPrometheus`` derives its own from.
+DEFAULT_CONFIG = PROJECT_ROOT / "monitoring" / "prometheus" / "prometheus.yml"
+INSTALL_HINT = "run scripts/install-system-deps.sh (or `make setup`): it installs Debian's `prometheus` package"
+
+_STOP_TIMEOUT_S = 10.0
+_PORT_ATTEMPTS = 5
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+_DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
+_DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+
+
+def find_prometheus(binary: str | os.PathLike | None = None) -> str:
+    """Path of the ``prometheus`` binary (``binary``, else ``$PROMETHEUS_BINARY``, else PATH)."""
+    wanted = binary or os.environ.get("PROMETHEUS_BINARY")
+    if wanted:
+        path = shutil.which(str(wanted))
+        if path is None:
+            raise ServerError(f"prometheus binary {wanted} not found or not executable; {INSTALL_HINT}")
+        return path
+    path = shutil.which("prometheus")
+    if path is None:
+        raise ServerError(f"prometheus is not installed (no `prometheus` on PATH); {INSTALL_HINT}")
+    return path
+
+
+def _seconds(duration: str) -> float:
+    if not _DURATION.match(duration):
+        raise UserInputError(f"'{duration}' is not a Prometheus duration (e.g. 1s, 500ms, 15s, 1m)")
+    return sum(int(n) * _UNIT_S[unit] for n, unit in _DURATION_PART.findall(duration))
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _http(url: str, timeout: float = 5.0) -> tuple[int | None, bytes]:
+    """(status, body) of a GET, proxies ignored; (None, b"") if nothing answered."""
+    try:
+        with _NO_PROXY.open(url, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read() if err.fp is not None else b""
+    except (urllib.error.URLError, OSError):
+        return None, b""
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A preexec_fn asking Linux to SIGTERM the child when the starting thread dies (None elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+
+    return preexec
+
+
+def _split_target(target: str) -> tuple[str, str | None, str | None]:
+    """``host:port`` or ``http://host:port/path`` -> (host:port, scheme or None, path or None)."""
+    target = str(target).strip()
+    if "://" not in target:
+        return target.rstrip("/"), None, None
+    parsed = urllib.parse.urlsplit(target)
+    if not parsed.netloc:
+        raise UserInputError(f"scrape target '{target}' has no host:port")
+    return parsed.netloc, parsed.scheme, (parsed.path or None)
+
+
+def render_config(
+    template: Path | str = DEFAULT_CONFIG,
+    scrape_targets: Mapping[str, str | Sequence[str]] | None = None,
+    rule_files: Sequence[Path | str] | None = None,
+    scrape_interval: str | None = "1s",
+    evaluation_interval: str | None = "1s",
+) -> dict[str, Any]:
+    """The Prometheus configuration ``LocalPrometheus`` writes, as a dict (see the module doc)."""
+    template = Path(template)
+    try:
+        config = yaml.safe_load(template.read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise UserInputError(f"cannot read the Prometheus config template {template}: {err}") from None
+    glob = config.setdefault("global", {})
+    if scrape_interval is not None:
+        glob["scrape_interval"] = scrape_interval
+    if evaluation_interval is not None:
+        glob["evaluation_interval"] = evaluation_interval
+    interval = _seconds(str(glob.get("scrape_interval", "1m")))
+    if "scrape_timeout" in glob and _seconds(str(glob["scrape_timeout"])) > interval:
+        glob["scrape_timeout"] = glob["scrape_interval"]
+
+    if rule_files is None:
+        config["rule_files"] = [str((template.parent / f).resolve()) for f in config.get("rule_files") or []]
+    else:
+        config["rule_files"] = [str(Path(f).expanduser().resolve()) for f in rule_files]
+
+    if scrape_targets is not None:
+        jobs = {job["job_name"]: job for job in config.get("scrape_configs") or []}
+        out = []
+        for name, targets in scrape_targets.items():
+            job = dict(jobs.get(name) or {"job_name": name, "metrics_path": "/metrics"})
+            if isinstance(targets, str):
+                targets = [targets]
+            addresses = []
+            for target in targets:
+                address, scheme, path = _split_target(target)
+                addresses.append(address)
+                if scheme:
+                    job["scheme"] = scheme
+                if path:
+                    job["metrics_path"] = path
+            if not addresses:
+                raise UserInputError(f"scrape job '{name}' has no target")
+            job["static_configs"] = [{"targets": addresses}]
+            for key in ("scrape_interval", "scrape_timeout"):  # the global (fast) intervals apply
+                job.pop(key, None)
+            out.append(job)
+        config["scrape_configs"] = out
+    return config
+
+
+# --------------------------------------------------------------------------------------------
+# Prometheus
+
+
+class LocalPrometheus:
+    """A real ``prometheus`` process scraping ``scrape_targets``; a context manager, or start/stop.
+
+    Arguments:
+        scrape_targets: ``{job_name: "host:port" | URL | [targets]}``; None keeps the template's jobs.
+        rule_files: rule files to load; None = the template's (``monitoring/prometheus/rules/*.yml``).
+        scrape_interval, evaluation_interval: Prometheus durations ("1s", "15s", ...).
+        port: the port to listen on (127.0.0.1 by default); None picks a free one.
+        host: the listen address.
+        config_template: the configuration to derive from (default ``monitoring/prometheus/prometheus.yml``).
+        binary: the ``prometheus`` executable (default: ``$PROMETHEUS_BINARY`` or PATH).
+        ready_timeout: seconds to wait for ``/-/ready``.
+        extra_args: more ``prometheus`` flags, passed last.
+        keep_data: keep the temp dir (config, tsdb, log) after ``stop()``.
+    """
+
+    def __init__(
+        self,
+        scrape_targets: Mapping[str, str | Sequence[str]] | None = None,
+        rule_files: Sequence[Path | str] | None = None,
+        scrape_interval: str = "1s",
+        evaluation_interval: str = "1s",
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        config_template: Path | str = DEFAULT_CONFIG,
+        binary: str | os.PathLike | None = None,
+        ready_timeout: float = 30.0,
+        extra_args: Sequence[str] = (),
+        keep_data: bool = False,
+    ):
+        if ready_timeout <= 0:
+            raise UserInputError(f"ready_timeout must be positive, got {ready_timeout}")
+        self.scrape_targets = dict(scrape_targets) if scrape_targets is not None else None
+        self.rule_files = list(rule_files) if rule_files is not None else None
+        self.scrape_interval = scrape_interval
+        self.evaluation_interval = evaluation_interval
+        self.host = host
+        self.config_template = Path(config_template)
+        self.binary = binary
+        self.ready_timeout = float(ready_timeout)
+        self.extra_args = tuple(str(a) for a in extra_args)
+        self.keep_data = keep_data
+        self.config: dict[str, Any] | None = None
+        self.workdir: Path | None = None
+        self._requested_port = port
+        self._port: int | None = None
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.RLock()
+        self._atexit_registered = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> "LocalPrometheus":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> "LocalPrometheus":
+        """Write the config, start Prometheus and return once ``/-/ready`` answers 200.
+
+        ``ServerError`` if the binary is missing, the config is rejected, the port stays taken or
+        readiness times out (quoting Prometheus' log); nothing is left running on error.
+        """
+        with self._lock:
+            if self.is_running():
+                return self
+            binary = find_prometheus(self.binary)
+            self.config = render_config(self.config_template, self.scrape_targets, self.rule_files,
+                                        self.scrape_interval, self.evaluation_interval)
+            self.workdir = Path(tempfile.mkdtemp(prefix="triton-builder-prometheus-"))
+            self.config_path.write_text(
+                "# written by builder.serving.prometheus from " + str(self.config_template) + "\n"
+                + yaml.safe_dump(self.config, sort_keys=False))
+            attempts = _PORT_ATTEMPTS if self._requested_port is None else 1
+            try:
+                for attempt in range(1, attempts + 1):
+                    self._port = self._requested_port or _free_port(self.host)
+                    self._launch(binary)
+                    try:
+                        self._wait_ready()
+                        break
+                    except _AddressInUse as busy:
+                        self._terminate()
+                        if attempt == attempts:
+                            raise ServerError(f"prometheus could not bind {self.host}:{self._port}: {busy}") from None
+            except BaseException:
+                self.stop()
+                raise
+            if not self._atexit_registered:
+                atexit.register(self.stop)
+                self._atexit_registered = True
+            return self
+
+    def stop(self, timeout: float = _STOP_TIMEOUT_S) -> int | None:
+        """SIGTERM (SIGKILL after ``timeout`` s), then remove the temp dir unless ``keep_data``. Idempotent."""
+        with self._lock:
+            code = self._terminate(timeout)
+            if self._atexit_registered:
+                atexit.unregister(self.stop)
+                self._atexit_registered = False
+            if self.workdir is not None and not self.keep_data:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+            return code
+
+    def _launch(self, binary: str) -> None:
+        data = self.workdir / "data"
+        if data.exists():
+            shutil.rmtree(data, ignore_errors=True)
+        cmd = [
+            binary,
+            f"--config.file={self.config_path}",
+            f"--storage.tsdb.path={data}",
+            "--storage.tsdb.retention.time=1d",
+            f"--web.listen-address={self.host}:{self._port}",
+            *self.extra_args,
+        ]
+        with open(self.log_path, "ab") as log:
+            log.write(("# triton-builder: " + " ".join(cmd) + "\n").encode())
+            log.flush()
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                          cwd=str(self.workdir), start_new_session=True,
+                                          preexec_fn=_parent_death_signal())
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                log = self.read_log()
+                busy = [line for line in log.splitlines() if "address already in use" in line]
+                if busy and self._requested_port is None:
+                    raise _AddressInUse(busy[0])
+                raise ServerError(f"prometheus exited with code {code} while starting:\n{self.log_tail()}\n"
+                                  f"config: {self.config_path}")
+            status, _ = _http(self.url + "/-/ready", timeout=1.0)
+            if status == 200:
+                return
+            if time.monotonic() > deadline:
+                raise ServerError(f"prometheus was not ready on {self.url} within {self.ready_timeout:g} s; "
+                                  f"last log lines:\n{self.log_tail()}")
+            time.sleep(0.1)
+
+    def _terminate(self, timeout: float = _STOP_TIMEOUT_S) -> int | None:
+        proc = self._proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                proc.wait(5)
+        return proc.returncode
+
+    # -- state -------------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise ServerError("prometheus was not started; call start() first")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>``."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def config_path(self) -> Path:
+        if self.workdir is None:
+            raise ServerError("prometheus was not started; call start() first")
+        return self.workdir / "prometheus.yml"
+
+    @property
+    def log_path(self) -> Path:
+        if self.workdir is None:
+            raise ServerError("prometheus was not started; call start() first")
+        return self.workdir / "prometheus.log"
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def read_log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except (OSError, ServerError):
+            return ""
+
+    def log_tail(self, lines: int = 20) -> str:
+        return "\n".join(self.read_log().splitlines()[-lines:])
+
+    # -- HTTP API ----------------------------------------------------------------------------
+
+    def api(self, path: str, params: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
+            timeout: float = 10.0) -> Any:
+        """GET ``/api/v1/<path>`` and return its ``data``; ``ServerError`` with Prometheus' error otherwise."""
+        if self._proc is None:
+            raise ServerError("prometheus was not started; call start() first")
+        query = urllib.parse.urlencode(list(params.items()) if isinstance(params, Mapping) else list(params or []))
+        url = f"{self.url}/api/v1/{path.lstrip('/')}" + (f"?{query}" if query else "")
+        status, body = _http(url, timeout=timeout)
+        if status is None:
+            code = self._proc.poll()
+            raise ServerError(f"prometheus at {self.url} did not answer {path}"
+                              + (f" (it exited with code {code}; last log lines:\n{self.log_tail()})" if code is not None else ""))
+        try:
+            doc = json.loads(body.decode("utf-8"))
+        except ValueError:
+            raise ServerError(f"prometheus {path}: HTTP {status}, not JSON: {body[:200]!r}") from None
+        if doc.get("status") != "success":
+            raise ServerError(f"prometheus {path} {dict(params or {})!r}: {doc.get('errorType', status)}: "
+                              f"{doc.get('error', body[:200])}")
+        return doc.get("data")
+
+    def query(self, expr: str, at: float | None = None) -> list[dict]:
+        """Instant query: a list of ``{"metric": {...}, "value": [t, "v"]}`` (a scalar is one such item)."""
+        params = {"query": expr}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        data = self.api("query", params)
+        if data.get("resultType") in ("scalar", "string"):
+            return [{"metric": {}, "value": data["result"]}]
+        return list(data.get("result") or [])
+
+    def values(self, expr: str) -> dict[tuple[tuple[str, str], ...], float]:
+        """``query`` as ``{sorted label items: float value}``."""
+        return {tuple(sorted(r["metric"].items())): float(r["value"][1]) for r in self.query(expr)}
+
+    def metric_names(self) -> set[str]:
+        """Every metric name Prometheus has stored (``/api/v1/label/__name__/values``)."""
+        return set(self.api("label/__name__/values") or [])
+
+    def label_values(self, label: str, match: str | None = None) -> list[str]:
+        return list(self.api(f"label/{label}/values", [("match[]", match)] if match else None) or [])
+
+    def targets(self) -> list[dict]:
+        return list((self.api("targets") or {}).get("activeTargets") or [])
+
+    def rules(self) -> list[dict]:
+        """Every loaded rule (``/api/v1/rules``), each with ``health``, ``lastError`` and its ``group``."""
+        out = []
+        for group in (self.api("rules") or {}).get("groups") or []:
+            for rule in group.get("rules") or []:
+                out.append(dict(rule, group=group.get("name")))
+        return out
+
+    def alerts(self) -> list[dict]:
+        """Active (pending and firing) alerts, each with ``labels``, ``state`` and ``value``."""
+        return list((self.api("alerts") or {}).get("alerts") or [])
+
+    def wait_for(self, condition: Callable[[], Any], timeout: float = 30.0, interval: float = 0.5,
+                 what: str = "condition") -> Any:
+        """Poll ``condition()`` until it returns something truthy; ``TimeoutError`` after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = condition()
+            if result:
+                return result
+            if not self.is_running():
+                raise ServerError(f"prometheus exited; last log lines:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} not met within {timeout:g} s")
+            time.sleep(interval)
+
+    def wait_for_targets(self, timeout: float = 30.0) -> list[dict]:
+        """Wait until every active target has been scraped successfully; returns the targets."""
+        def all_up():
+            targets = self.targets()
+            return targets if targets and all(t.get("health") == "up" for t in targets) else None
+        try:
+            return self.wait_for(all_up, timeout, what="every scrape target up")
+        except TimeoutError:
+            bad = {t.get("scrapeUrl"): (t.get("health"), t.get("lastError")) for t in self.targets()}
+            raise ServerError(f"prometheus targets not all up within {timeout:g} s: {bad}") from None
+
+
+class _AddressInUse(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------------------------
+# the batch-size exporter (monitoring/exporter.py)
+
+
+class LocalExporter:
+    """``monitoring/exporter.py`` serving ``/metrics`` on 127.0.0.1, for one Triton HTTP endpoint.
+
+    ``in_process=False`` (default) runs ``python -m monitoring.exporter --triton-url ... --port ...``
+    as a subprocess (what a deployment runs); ``in_process=True`` serves from a daemon thread of
+    this process. ``port=None`` picks a free port. ``address`` is ``host:port`` for a scrape config.
+    """
+
+    def __init__(self, triton_url: str, port: int | None = None, host: str = "127.0.0.1",
+                 in_process: bool = False, timeout: float = 3.0, ready_timeout: float = 20.0):
+        self.triton_url = triton_url
+        self.host = host
+        self.in_process = in_process
+        self.timeout = float(timeout)
+        self.ready_timeout = float(ready_timeout)
+        self._requested_port = port
+        self._port: int | None = None
+        self._proc: subprocess.Popen | None = None
+        self._httpd = None
+        self._log = None
+        self._lock = threading.RLock()
+        self._atexit_registered = False
+
+    def __enter__(self) -> "LocalExporter":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise ServerError("the exporter was not started; call start() first")
+        return self._port
+
+    @property
+    def address(self) -> str:
+        return f"{'127.0.0.1' if self.host in ('0.0.0.0', '') else self.host}:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.address}/metrics"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def is_running(self) -> bool:
+        if self.in_process:
+            return self._httpd is not None
+        return self._proc is not None and self._proc.poll() is None
+
+    def _module(self):
+        if not (PROJECT_ROOT / "monitoring" / "exporter.py").is_file():
+            raise ServerError(f"monitoring/exporter.py not found under {PROJECT_ROOT}: run from a source checkout")
+        if str(PROJECT_ROOT) not in sys.path:
+            sys.path.insert(0, str(PROJECT_ROOT))
+        from monitoring import exporter
+
+        return exporter
+
+    def start(self) -> "LocalExporter":
+        with self._lock:
+            if self.is_running():
+                return self
+            if self.in_process:
+                exporter = self._module()
+                args = exporter.build_arg_parser().parse_args(
+                    ["--triton-url", self.triton_url, "--port", str(self._requested_port or 0),
+                     "--address", self.host, "--timeout", str(self.timeout)])
+                try:
+                    _, self._httpd, _ = exporter.serve(args)
+                except OSError as err:
+                    raise ServerError(f"the exporter could not bind {self.host}:{self._requested_port}: {err}") from None
+                self._port = self._httpd.server_address[1]
+            else:
+                self._start_process()
+            if not self._atexit_registered:
+                atexit.register(self.stop)
+                self._atexit_registered = True
+            return self
+
+    def _start_process(self) -> None:
+        if not (PROJECT_ROOT / "monitoring" / "exporter.py").is_file():
+            raise ServerError(f"monitoring/exporter.py not found under {PROJECT_ROOT}: run from a source checkout")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        env["PYTHONUNBUFFERED"] = "1"
+        attempts = _PORT_ATTEMPTS if self._requested_port is None else 1
+        for attempt in range(1, attempts + 1):
+            self._port = self._requested_port or _free_port(self.host)
+            self._log = tempfile.TemporaryFile()
+            cmd = [sys.executable, "-m", "monitoring.exporter", "--triton-url", self.triton_url,
+                   "--port", str(self._port), "--address", self.host, "--timeout", str(self.timeout)]
+            self._proc = subprocess.Popen(cmd, cwd=str(PROJECT_ROOT), env=env, stdin=subprocess.DEVNULL,
+                                          stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+                                          preexec_fn=_parent_death_signal())
+            deadline = time.monotonic() + self.ready_timeout
+            while self._proc.poll() is None and not _port_open(self.host if self.host not in ("0.0.0.0", "") else "127.0.0.1", self._port):
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise ServerError(f"the exporter did not listen on {self.address} within {self.ready_timeout:g} s")
+                time.sleep(0.05)
+            if self._proc.poll() is None:
+                return
+            output = self._output()
+            if "Address already in use" in output and attempt < attempts:
+                continue
+            raise ServerError(f"the exporter exited with code {self._proc.returncode} while starting:\n{output}")
+
+    def _output(self) -> str:
+        if self._log is None:
+            return ""
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM to the subprocess, SIGKILL after 10 s). Idempotent."""
+        with self._lock:
+            if self._httpd is not None:
+                self._httpd.shutdown()
+                self._httpd.server_close()
+                self._httpd = None
+            proc = self._proc
+            if proc is not None and proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                try:
+                    proc.wait(_STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(5)
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+            if self._atexit_registered:
+                atexit.unregister(self.stop)
+                self._atexit_registered = False
+
+
+# --------------------------------------------------------------------------------------------
+# python -m builder.serving.prometheus
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m builder.serving.prometheus",
+        description="Run Prometheus (monitoring/prometheus: scrape config + rules) and the batch-size exporter "
+                    "against a running Triton (e.g. `triton-builder serve`) until Ctrl-C. Data is kept in a "
+                    "temp dir and removed on exit.")
+    ap.add_argument("--triton-url", default="127.0.0.1:8000", help="Triton HTTP address (default: %(default)s)")
+    ap.add_argument("--triton-metrics", default="127.0.0.1:8002",
+                    help="Triton metrics address or URL (default: %(default)s)")
+    ap.add_argument("--port", type=int, default=9090, help="Prometheus port on 127.0.0.1 (default: %(default)s)")
+    ap.add_argument("--exporter-port", type=int, default=9102, help="exporter port (default: %(default)s)")
+    ap.add_argument("--no-exporter", action="store_true", help="scrape Triton only")
+    ap.add_argument("--interval", default="2s", help="scrape and rule evaluation interval (default: %(default)s)")
+    args = ap.parse_args(argv)
+
+    received: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: received.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    exporter = None if args.no_exporter else LocalExporter(args.triton_url, port=args.exporter_port)
+    prometheus = None
+    try:
+        targets = {"triton": args.triton_metrics}
+        if exporter is not None:
+            exporter.start()
+            targets["triton-builder-exporter"] = exporter.address
+        prometheus = LocalPrometheus(targets, port=args.port, scrape_interval=args.interval,
+                                     evaluation_interval=args.interval).start()
+        print(f"Prometheus  {prometheus.url}   (pid {prometheus.pid}; alerts: {prometheus.url}/alerts)", flush=True)
+        if exporter is not None:
+            print(f"exporter    {exporter.metrics_url}   (pid {exporter.pid})", flush=True)
+        print(f"scraping    triton {args.triton_metrics}; rules {', '.join(prometheus.config['rule_files'])}", flush=True)
+        print("Stop with Ctrl-C.", flush=True)
+        while not received:
+            if not prometheus.is_running():
+                print(f"prometheus exited on its own; last log lines:\n{prometheus.log_tail()}", file=sys.stderr)
+                return 2
+            time.sleep(0.2)
+        return 0
+    except (ServerError, UserInputError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        if exporter is not None:
+            exporter.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
