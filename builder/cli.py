@@ -46,15 +46,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from builder.serving.embedded import serve_forever
 
+    extra = ["--metrics-config=summary_latencies=true"] if args.latency_summaries else []
     return serve_forever(args.repository, http_port=args.http_port, grpc_port=args.grpc_port,
-                         metrics_port=args.metrics_port, host=args.host)
+                         metrics_port=args.metrics_port, host=args.host, extra_args=extra)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from builder.serving.check import check_served
+    from builder.serving.remote import check_served_at  # check_served, for a folder or an s3:// repository
 
-    report = check_served(args.name, repository=args.repository, url=args.url, grpc_url=args.grpc_url,
-                          protocol=args.protocol, version=args.version)
+    report = check_served_at(args.name, args.repository, url=args.url, grpc_url=args.grpc_url,
+                             protocol=args.protocol, version=args.version)
     for line in report.lines():
         print(line)
     return 0 if report.ok else 1
@@ -99,6 +100,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-port", type=int)
     p.add_argument("--metrics-port", type=int)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    p.add_argument("--latency-summaries", action="store_true",
+                   help="publish p50/p95/p99 latency summaries (the dashboards' percentile panels need them; "
+                        "they cost throughput)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("check", help="served accuracy gate: compare a running server's answers with reference.npz")
@@ -123,7 +127,10 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def _register_extra_verbs(sub) -> None:
-    """Verbs owned by other modules (load testing, tuning) add themselves here."""
+    """Verbs owned by other modules (load testing, tuning; publish, replicas, k8s) add themselves here."""
+    from builder.scaleout_cli import register as register_scaleout
+
+    register_scaleout(sub)
     try:
         from builder.tuning.cli import register as register_tuning
     except ImportError:

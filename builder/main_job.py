@@ -107,9 +107,12 @@ def _payload(repository: Path, name: str) -> Path | None:
 
 
 def _format_load(summary: dict) -> str:
-    parts = [f"{summary.get('rps', 0):.0f} req/s", f"p50 {summary.get('p50_ms', 0):.1f} ms",
-             f"p99 {summary.get('p99_ms', 0):.1f} ms", f"{summary.get('requests', 0)} requests",
-             f"{summary.get('failures', 0)} failures"]
+    def ms(key: str) -> str:  # percentiles are None when no request completed
+        value = summary.get(key)
+        return "-" if value is None else f"{value:.1f} ms"
+
+    parts = [f"{summary.get('rps') or 0:.0f} req/s", f"p50 {ms('p50_ms')}", f"p99 {ms('p99_ms')}",
+             f"{summary.get('requests', 0)} requests", f"{summary.get('failures', 0)} failures"]
     server_side = summary.get("server") or {}
     if server_side.get("average_batch_size"):
         parts.append(f"avg formed batch {server_side['average_batch_size']:.2f}")

@@ -2,6 +2,7 @@
 # Install the system packages triton-builder's monitoring tests need:
 #   - prometheus      (Debian package: provides /usr/bin/prometheus and /usr/bin/promtool)
 #   - docker-compose  (Debian package, v1: validates docker-compose.yml without an engine)
+#   - nginx           (Debian package: the local balancer in front of Triton replicas, HTTP + gRPC)
 #
 # Idempotent: packages whose command is already on PATH are left alone and the
 # script exits 0.  Installs with `apt-get install -y --no-install-recommends`;
@@ -15,14 +16,18 @@ set -euo pipefail
 log() { printf 'install-system-deps: %s\n' "$*"; }
 
 # command-on-PATH -> Debian package
-declare -a WANT_CMDS=(promtool prometheus docker-compose)
-declare -A PKG_OF=([promtool]=prometheus [prometheus]=prometheus [docker-compose]=docker-compose)
+declare -a WANT_CMDS=(promtool prometheus docker-compose nginx)
+declare -A PKG_OF=([promtool]=prometheus [prometheus]=prometheus [docker-compose]=docker-compose [nginx]=nginx)
+
+# on PATH, or in an sbin folder a non-root PATH may leave out (nginx lives in /usr/sbin)
+have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]; }
+where() { command -v "$1" 2>/dev/null || { [ -x "/usr/sbin/$1" ] && echo "/usr/sbin/$1"; } || echo "/sbin/$1"; }
 
 missing_pkgs=()
 for cmd in "${WANT_CMDS[@]}"; do
     pkg="${PKG_OF[$cmd]}"
-    if command -v "$cmd" >/dev/null 2>&1; then
-        log "$cmd already present at $(command -v "$cmd")"
+    if have "$cmd"; then
+        log "$cmd already present at $(where "$cmd")"
     else
         log "$cmd missing (package: $pkg)"
         case " ${missing_pkgs[*]-} " in
@@ -65,11 +70,22 @@ if ! "${install_cmd[@]}"; then
     "${install_cmd[@]}"
 fi
 
+# triton-builder starts nginx itself (127.0.0.1, temp config); the distribution's service, which a
+# fresh install may start on port 80 of every interface, is stopped and disabled.
+case " ${missing_pkgs[*]} " in
+    *" nginx "*)
+        if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet nginx 2>/dev/null; then
+            log "stopping and disabling the nginx system service (triton-builder runs its own instances)"
+            ${SUDO[@]+"${SUDO[@]}"} systemctl disable --now nginx || true
+        fi
+        ;;
+esac
+
 # Verify.
 rc=0
 for cmd in "${WANT_CMDS[@]}"; do
-    if command -v "$cmd" >/dev/null 2>&1; then
-        log "ok: $cmd -> $(command -v "$cmd")"
+    if have "$cmd"; then
+        log "ok: $cmd -> $(where "$cmd")"
     else
         log "still missing after install: $cmd" >&2
         rc=1

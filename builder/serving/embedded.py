@@ -335,7 +335,8 @@ class EmbeddedServer:
     """A real ``tritonserver`` process serving ``repository``; use as a context manager or start/stop.
 
     Arguments:
-        repository: the model repository (one folder per model with ``config.pbtxt``).
+        repository: the model repository (one folder per model with ``config.pbtxt``), or an
+            ``s3://`` URL (see builder/repository/remote.py; AWS credentials from the environment).
         http_port, grpc_port, metrics_port: fixed ports; ``None`` picks free ones (and retries on
             new ones if the server still finds one taken).
         host: the address every endpoint listens on. Clients connect to 127.0.0.1 if it is 0.0.0.0.
@@ -376,7 +377,10 @@ class EmbeddedServer:
             load_models = [load_models]
         if ready_timeout <= 0:
             raise UserInputError(f"ready_timeout must be positive, got {ready_timeout}")
-        self.repository = Path(repository).expanduser().resolve()
+        # an s3:// URL: Triton reads the bucket itself; builder.serving.remote judges its models
+        from builder.repository.remote import is_s3_url, parse_s3_url
+        self.remote = parse_s3_url(repository, "repository") if is_s3_url(repository) else None
+        self.repository = self.remote if self.remote is not None else Path(repository).expanduser().resolve()
         self.host = host
         self.model_control = model_control
         self.load_models = list(load_models) if load_models is not None else None
@@ -412,11 +416,16 @@ class EmbeddedServer:
         with self._lock:
             if self.is_running():
                 return self
-            if not self.repository.is_dir():
-                raise UserInputError(f"model repository {self.repository} is not a directory")
-            install = find_tritonserver()
-            self.left_out = unsupported_models(self.repository)
-            available = [p.name for p in _model_dirs(self.repository)]
+            if self.remote is not None:
+                from builder.serving.remote import inspect_repository
+                install = find_tritonserver()
+                available, self.left_out, _ = inspect_repository(self.remote)
+            else:
+                if not self.repository.is_dir():
+                    raise UserInputError(f"model repository {self.repository} is not a directory")
+                install = find_tritonserver()
+                self.left_out = unsupported_models(self.repository)
+                available = [p.name for p in _model_dirs(self.repository)]
             supported = [name for name in available if name not in self.left_out]
             if self.load_models is None:
                 self.models = supported
@@ -651,7 +660,7 @@ class EmbeddedServer:
         http, grpc, metrics = self._ports_or_raise()
         cmd = [
             str(install.binary),
-            f"--model-repository={self.repository}",
+            f"--model-repository={self.remote.triton_url() if self.remote is not None else self.repository}",
             f"--backend-directory={backend_dir}",
             f"--http-port={http}",
             f"--grpc-port={grpc}",

@@ -1,0 +1,103 @@
+"""CLI verbs ``publish``, ``replicas`` and ``k8s``; builder/cli.py adds them with ``register(subparsers)``.
+
+Each verb forwards to one library function:
+
+- ``publish``  -> ``builder.repository.remote.publish_repository``
+- ``replicas`` -> ``builder.serving.replicas.run_replicas``
+- ``k8s``      -> ``builder.k8s.render_manifests`` (then ``validate_manifests`` unless --no-validate)
+
+Exit codes: 0 ok; 1 invalid manifests; 2 bad arguments or an unreachable store/server.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from builder.repository.remote import publish_repository
+
+    results = publish_repository(args.repository, args.to, models=args.model or None, version=args.version,
+                                 progress=print)
+    for item in results:
+        print(item.line())
+    return 0
+
+
+def cmd_replicas(args: argparse.Namespace) -> int:
+    from builder.serving.replicas import run_replicas
+
+    return run_replicas(args.repository, args.replicas, http_port=args.http_port, grpc_port=args.grpc_port,
+                        prometheus=args.prometheus, watch_seconds=args.watch_seconds)
+
+
+def cmd_k8s(args: argparse.Namespace) -> int:
+    from builder.k8s import render_manifests, validate_manifests
+
+    result = render_manifests(args.repository_url, args.out, replicas=args.replicas, min_replicas=args.min_replicas,
+                              max_replicas=args.max_replicas, metric=args.metric, target=args.target,
+                              namespace=args.namespace, image=args.image, secret_name=args.secret, region=args.region,
+                              gpus=args.gpus, model=args.model, locust_workers=args.locust_workers,
+                              model_control=args.model_control, poll_seconds=args.poll_seconds)
+    for line in result.lines():
+        print(line)
+    if args.no_validate:
+        return 0
+    problems = validate_manifests(args.out)
+    if problems:
+        print("INVALID:")
+        for problem in problems:
+            print(f"- {problem}")
+        return 1
+    print("validated offline: core objects against the Kubernetes schemas (kubernetes-validate, strict), the "
+          "PodMonitor by structure, cross-references, and `kubectl kustomize` where kubectl is installed")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("publish", help="upload a local repository's versions to object storage (s3://), "
+                                       "each visible only once complete")
+    p.add_argument("--repository", default="model_repository", help="local model repository (default: %(default)s)")
+    p.add_argument("--to", required=True,
+                   help="s3://BUCKET/PREFIX (AWS) or s3://HOST:PORT/BUCKET/PREFIX (S3-compatible); credentials "
+                        "from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY")
+    p.add_argument("--model", action="append", help="only this model (repeatable; default: every model)")
+    p.add_argument("--version", type=int, help="only this version (default: every local version)")
+    p.set_defaults(func=cmd_publish)
+
+    p = sub.add_parser("replicas", help="N embedded Triton replicas on one repository behind nginx, with "
+                                        "Prometheus and gated rolling updates, until Ctrl-C")
+    p.add_argument("--repository", default="model_repository", help="folder or s3:// URL (default: %(default)s)")
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--http-port", type=int, help="the balancer's HTTP port (default: a free one)")
+    p.add_argument("--grpc-port", type=int, help="the balancer's gRPC port (default: a free one)")
+    p.add_argument("--watch-seconds", type=float, default=10.0,
+                   help="how often to look for newly published versions to roll out (default: %(default)s)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--prometheus", dest="prometheus", action="store_const", const=True, default=None,
+                       help="start Prometheus (error if not installed; default: when installed)")
+    group.add_argument("--no-prometheus", dest="prometheus", action="store_const", const=False)
+    p.set_defaults(func=cmd_replicas)
+
+    p = sub.add_parser("k8s", help="render (and validate offline) Kubernetes manifests: Triton on an s3:// "
+                                   "repository, HPA on Triton metrics, monitoring, Locust")
+    p.add_argument("--repository-url", required=True, help="the s3:// model repository the pods serve")
+    p.add_argument("--out", required=True, help="folder to write (a kustomize base lands in OUT/base)")
+    p.add_argument("--replicas", type=int, default=2, help="initial Triton replicas (default: %(default)s)")
+    p.add_argument("--min-replicas", "--min", type=int, default=1, help="HPA minimum (default: %(default)s)")
+    p.add_argument("--max-replicas", "--max", type=int, default=8, help="HPA maximum (default: %(default)s)")
+    p.add_argument("--metric", choices=("queue_compute_ratio", "pending_requests"), default="queue_compute_ratio",
+                   help="what the HPA scales on (default: %(default)s)")
+    p.add_argument("--target", type=float, help="per-pod target of --metric (default: 1 for the ratio, 8 pending)")
+    p.add_argument("--namespace", help="namespace set in kustomization.yaml (default: none)")
+    p.add_argument("--image", default="nvcr.io/nvidia/tritonserver:24.10-py3")
+    p.add_argument("--secret", default="triton-s3-credentials",
+                   help="name of the existing Secret holding AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY")
+    p.add_argument("--region", default="us-east-1", help="AWS_DEFAULT_REGION for the pods")
+    p.add_argument("--gpus", type=int, default=1, help="nvidia.com/gpu per pod (0: none)")
+    p.add_argument("--model", help="model the Locust deployments load-test (without it they get 0 replicas)")
+    p.add_argument("--locust-workers", type=int, default=2)
+    p.add_argument("--model-control", choices=("poll", "explicit"), default="poll")
+    p.add_argument("--poll-seconds", type=int, default=30, help="--repository-poll-secs in poll mode")
+    p.add_argument("--no-validate", action="store_true", help="skip the offline validation")
+    p.set_defaults(func=cmd_k8s)

@@ -1,0 +1,347 @@
+"""nginx in front of several Triton replicas: HTTP (``proxy_pass``) and gRPC (``grpc_pass``, HTTP/2).
+
+Usage::
+
+    with NginxBalancer(http_backends=["127.0.0.1:8000", "127.0.0.1:9000"],
+                       grpc_backends=["127.0.0.1:8001", "127.0.0.1:9001"]) as lb:
+        lb.http_url, lb.grpc_url          # "127.0.0.1:<port>" each: point tritonclient at these
+        lb.access_log                     # one line per request: upstream address, status, time
+    # stopped here (SIGTERM to nginx's process group; also at interpreter exit); its temp folder
+    # (config, logs) is removed unless keep_files=True
+
+nginx comes from Debian (``apt-get install nginx``; ``scripts/install-system-deps.sh`` does it).
+Both listeners bind 127.0.0.1 by default. The configuration (``render_config``):
+
+- round robin over the replicas; a replica that refuses or drops a connection is marked down for
+  ``fail_timeout`` seconds (passive health checks: nginx OSS has no active ones);
+- a request whose replica fails before answering is retried once on another one
+  (``proxy_next_upstream`` / ``grpc_next_upstream`` with ``non_idempotent``: inference requests have
+  no side effects, so retrying a POST is safe) - this is what keeps a replica's death invisible to
+  clients except for requests it had already started answering;
+- keep-alive connections to the replicas (HTTP/1.1 upstream, ``Connection ""``), 64 MB bodies.
+
+nginx gets SIGTERM if the thread that started it dies (``PR_SET_PDEATHSIG``): start it from a thread
+that lives as long as it should (the main thread normally).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+from builder.errors import ServerError, UserInputError
+
+__all__ = ["NginxBalancer", "find_nginx", "render_config"]
+
+INSTALL_HINT = "run scripts/install-system-deps.sh (apt-get install -y --no-install-recommends nginx)"
+_ADDRESS = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
+
+
+def find_nginx(binary: str | os.PathLike | None = None) -> str:
+    """The nginx executable: ``binary``, ``$NGINX_BINARY``, PATH, then /usr/sbin/nginx."""
+    for candidate in (binary, os.environ.get("NGINX_BINARY"), shutil.which("nginx"), "/usr/sbin/nginx"):
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    raise ServerError(f"nginx is not installed (the local balancer needs it): {INSTALL_HINT}")
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _check_backends(kind: str, backends: Sequence[str]) -> list[str]:
+    backends = [str(b).strip() for b in backends]
+    if not backends:
+        raise UserInputError(f"{kind}_backends: at least one replica address (HOST:PORT) is needed")
+    for address in backends:
+        if not _ADDRESS.match(address):
+            raise UserInputError(f"{kind}_backends: {address!r} is not HOST:PORT")
+    return backends
+
+
+def render_config(workdir: Path, http_backends: Sequence[str], grpc_backends: Sequence[str], host: str,
+                  http_port: int, grpc_port: int, fail_timeout_s: int = 5, worker_user: str | None = None) -> str:
+    """The nginx.conf text (everything under ``workdir``: pid, logs, temp files)."""
+    def servers(backends: Sequence[str]) -> str:
+        return "\n".join(f"        server {b} max_fails=1 fail_timeout={fail_timeout_s}s;" for b in backends)
+
+    temp = "\n".join(f"    {kind}_temp_path {workdir / 'temp' / kind};"
+                     for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    user = f"user {worker_user};\n" if worker_user else ""
+    tries = max(2, min(len(http_backends), len(grpc_backends)))
+    return f"""# written by builder.serving.balancer
+{user}daemon off;
+master_process on;
+worker_processes 1;
+pid {workdir / 'nginx.pid'};
+error_log {workdir / 'error.log'} warn;
+
+events {{
+    worker_connections 1024;
+}}
+
+http {{
+    log_format upstream '$remote_addr [$time_local] "$request" $status upstream=$upstream_addr '
+                        'upstream_status=$upstream_status request_time=$request_time';
+    access_log {workdir / 'access.log'} upstream;
+{temp}
+    client_max_body_size 64m;
+    sendfile on;
+    tcp_nodelay on;
+
+    upstream triton_http {{
+{servers(http_backends)}
+        keepalive 32;
+    }}
+
+    upstream triton_grpc {{
+{servers(grpc_backends)}
+        keepalive 32;
+    }}
+
+    server {{
+        listen {host}:{http_port};
+        location / {{
+            proxy_pass http://triton_http;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_connect_timeout 2s;
+            proxy_read_timeout 120s;
+            proxy_send_timeout 120s;
+            proxy_next_upstream error timeout http_502 http_503 non_idempotent;
+            proxy_next_upstream_tries {tries};
+        }}
+    }}
+
+    server {{
+        listen {host}:{grpc_port} http2;
+        location / {{
+            grpc_pass grpc://triton_grpc;
+            grpc_connect_timeout 2s;
+            grpc_read_timeout 120s;
+            grpc_send_timeout 120s;
+            grpc_next_upstream error timeout http_502 http_503 non_idempotent;
+            grpc_next_upstream_tries {tries};
+        }}
+    }}
+}}
+"""
+
+
+class NginxBalancer:
+    """An nginx process balancing HTTP and gRPC over ``*_backends``; a context manager, or start/stop."""
+
+    def __init__(self, http_backends: Sequence[str], grpc_backends: Sequence[str], host: str = "127.0.0.1",
+                 http_port: int | None = None, grpc_port: int | None = None, fail_timeout_s: int = 5,
+                 binary: str | None = None, ready_timeout: float = 15.0, keep_files: bool = False):
+        self.http_backends = _check_backends("http", http_backends)
+        self.grpc_backends = _check_backends("grpc", grpc_backends)
+        self.host = host
+        self.fail_timeout_s = int(fail_timeout_s)
+        self.binary = binary
+        self.ready_timeout = float(ready_timeout)
+        self.keep_files = keep_files  # keep the config and logs (workdir) after stop()
+        self._requested = (http_port, grpc_port)
+        self._ports: tuple[int, int] | None = None
+        self._proc: subprocess.Popen | None = None
+        self.workdir: Path | None = None
+        self._lock = threading.RLock()
+        self._atexit_registered = False
+
+    def __enter__(self) -> "NginxBalancer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- addresses ---------------------------------------------------------------------------
+
+    def _ports_or_raise(self) -> tuple[int, int]:
+        if self._ports is None:
+            raise ServerError("the balancer was not started; call start() first")
+        return self._ports
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self._ports_or_raise()[0]}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self._ports_or_raise()[1]}"
+
+    @property
+    def config_path(self) -> Path:
+        return self.workdir / "nginx.conf"
+
+    @property
+    def access_log(self) -> Path:
+        return self.workdir / "access.log"
+
+    @property
+    def error_log(self) -> Path:
+        return self.workdir / "error.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def upstream_counts(self) -> dict[str, int]:
+        """Requests per replica address so far, from the access log (retries count for each try)."""
+        counts: dict[str, int] = {}
+        try:
+            text = self.access_log.read_text(errors="replace")
+        except OSError:
+            return counts
+        for match in re.finditer(r"upstream=(\S+)", text):
+            for address in match.group(1).split(","):
+                address = address.strip(" :")
+                if address and address != "-":
+                    counts[address] = counts.get(address, 0) + 1
+        return counts
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> "NginxBalancer":
+        with self._lock:
+            if self.is_running():
+                return self
+            binary = find_nginx(self.binary)
+            self.workdir = Path(tempfile.mkdtemp(prefix="triton-builder-nginx-"))
+            # nginx started as root runs its workers as 'nobody': they must reach the temp folders
+            self.workdir.chmod(0o755)
+            (self.workdir / "temp").mkdir(mode=0o755)
+            worker_user = None
+            if os.geteuid() == 0:
+                worker_user = "nobody nogroup" if _group_exists("nogroup") else "nobody"
+            http_port, grpc_port = self._requested
+            self._ports = (http_port or _free_port(self.host), grpc_port or _free_port(self.host))
+            if self._ports[0] == self._ports[1]:
+                self._ports = (self._ports[0], _free_port(self.host))
+            self.config_path.write_text(render_config(self.workdir, self.http_backends, self.grpc_backends, self.host,
+                                                      *self._ports, fail_timeout_s=self.fail_timeout_s,
+                                                      worker_user=worker_user))
+            test = subprocess.run([binary, "-t", "-q", "-e", str(self.error_log), "-p", str(self.workdir),
+                                   "-c", str(self.config_path)],
+                                  capture_output=True, text=True, timeout=30)
+            if test.returncode != 0:
+                raise ServerError(f"nginx rejected its configuration {self.config_path}: "
+                                  f"{(test.stderr or test.stdout).strip()}")
+            log = open(self.workdir / "nginx.out", "ab")
+            try:
+                self._proc = subprocess.Popen([binary, "-e", str(self.error_log), "-p", str(self.workdir),
+                                               "-c", str(self.config_path)],
+                                              stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                              start_new_session=True, preexec_fn=die_with_parent())
+            finally:
+                log.close()
+            if not self._atexit_registered:
+                atexit.register(self.stop)
+                self._atexit_registered = True
+            try:
+                self._wait_ready()
+            except BaseException:
+                self.stop()
+                raise
+            return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        while True:
+            if self._proc.poll() is not None:
+                raise ServerError(f"nginx exited with code {self._proc.returncode} while starting: {self._errors()}")
+            if all(_port_open(self.host, port) for port in self._ports_or_raise()):
+                return
+            if time.monotonic() > deadline:
+                raise ServerError(f"nginx did not listen on {self.host}:{self._ports} within {self.ready_timeout:g} s: "
+                                  f"{self._errors()}")
+            time.sleep(0.05)
+
+    def _errors(self) -> str:
+        parts = []
+        for path in (self.error_log, self.workdir / "nginx.out"):
+            try:
+                parts += path.read_text(errors="replace").strip().splitlines()[-5:]
+            except OSError:
+                pass
+        return " | ".join(parts) or "(no output)"
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM to nginx's process group (master and workers), SIGKILL after ``timeout`` s. Idempotent."""
+        with self._lock:
+            proc = self._proc
+            code = None
+            if proc is not None:
+                if proc.poll() is None:
+                    _killpg(proc.pid, signal.SIGTERM)
+                    try:
+                        proc.wait(timeout)
+                    except subprocess.TimeoutExpired:
+                        _killpg(proc.pid, signal.SIGKILL)
+                        proc.wait(5)
+                _killpg(proc.pid, signal.SIGKILL)  # a worker left behind, if any
+                code = proc.returncode
+            if self.workdir is not None and not self.keep_files:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+            if self._atexit_registered:
+                atexit.unregister(self.stop)
+                self._atexit_registered = False
+            return code
+
+
+def die_with_parent():
+    """A ``preexec_fn`` giving the child SIGTERM when the thread that started it dies (Linux
+    ``PR_SET_PDEATHSIG``), so a parent killed without cleanup leaves nothing behind; None elsewhere."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return None
+
+    def preexec() -> None:
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+    return preexec
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_exists(name: str) -> bool:
+    try:
+        import grp
+
+        grp.getgrnam(name)
+        return True
+    except (ImportError, KeyError):
+        return False

@@ -1,0 +1,184 @@
+"""A local S3-compatible endpoint (moto's server) on 127.0.0.1: the stand-in for S3/MinIO in tests,
+benchmarks and local trials. No MinIO is installable on the build machines (registries only), and
+``moto[server]`` from PyPI speaks the same S3 API on loopback.
+
+Usage::
+
+    with MotoS3Server() as s3:                     # a free port on 127.0.0.1; returns once it answers
+        s3.create_bucket("models")                 # credentials: the AWS_* variables of the caller
+        url = s3.repository_url("models", "prod")  # "s3://127.0.0.1:<port>/models/prod"
+    # stopped here (SIGTERM to its process group, SIGKILL after 5 s; also at interpreter exit); its
+    # temp folder goes too (pass log_path= to keep the log)
+
+It holds objects in memory only, and gets SIGTERM if the thread that started it dies. It accepts any credentials, but boto3 and Triton still need some
+in their environment: the caller sets ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (this module
+never invents any).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from builder.errors import ServerError, UserInputError
+from builder.serving.balancer import die_with_parent
+
+__all__ = ["MotoS3Server"]
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+INSTALL_HINT = "pip install 'moto[server]' (in triton-builder's dev extra: pip install -e '.[dev]')"
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class MotoS3Server:
+    """moto's S3 server as a child process in its own session; a context manager, or start/stop."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int | None = None, log_path: Path | str | None = None,
+                 ready_timeout: float = 30.0):
+        if ready_timeout <= 0:
+            raise UserInputError(f"ready_timeout must be positive, got {ready_timeout}")
+        self.host = host
+        self.ready_timeout = float(ready_timeout)
+        self._requested_port = port
+        self._port: int | None = None
+        self._proc: subprocess.Popen | None = None
+        self._workdir: Path | None = None
+        self.log_path: Path | None = Path(log_path).resolve() if log_path else None
+        self._lock = threading.RLock()
+        self._atexit_registered = False
+
+    def __enter__(self) -> "MotoS3Server":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise ServerError("the moto S3 server was not started; call start() first")
+        return self._port
+
+    @property
+    def endpoint_url(self) -> str:
+        """``http://127.0.0.1:<port>`` (for boto3's ``endpoint_url``)."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def repository_url(self, bucket: str, prefix: str) -> str:
+        """The ``s3://HOST:PORT/BUCKET/PREFIX`` URL triton-builder and Triton take."""
+        return f"s3://{self.host}:{self.port}/{bucket}/{prefix.strip('/')}"
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> "MotoS3Server":
+        with self._lock:
+            if self.is_running():
+                return self
+            try:
+                import moto.server  # noqa: F401
+            except ImportError:
+                raise ServerError(f"the local S3 endpoint needs moto's server: {INSTALL_HINT}") from None
+            self._workdir = Path(tempfile.mkdtemp(prefix="triton-builder-moto-"))
+            if self.log_path is None:
+                self.log_path = self._workdir / "moto.log"
+            self._port = self._requested_port or _free_port(self.host)
+            cmd = [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self._port)]
+            with open(self.log_path, "ab") as log:
+                self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                              cwd=str(self._workdir), start_new_session=True,
+                                              env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                                              preexec_fn=die_with_parent())
+            if not self._atexit_registered:
+                atexit.register(self.stop)
+                self._atexit_registered = True
+            try:
+                self._wait_ready()
+            except BaseException:
+                self.stop()
+                raise
+            return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                raise ServerError(f"the moto S3 server exited with code {code} while starting: {self._log_tail()}")
+            try:
+                with _NO_PROXY.open(f"{self.endpoint_url}/moto-api/", timeout=1) as response:
+                    if response.status < 500:
+                        return
+            except urllib.error.HTTPError as err:
+                if err.code < 500:
+                    return
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise ServerError(f"the moto S3 server did not answer on {self.endpoint_url} within "
+                                  f"{self.ready_timeout:g} s: {self._log_tail()}")
+            time.sleep(0.1)
+
+    def _log_tail(self, lines: int = 10) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace") if self.log_path else ""
+        except OSError:
+            text = ""
+        return " | ".join(text.strip().splitlines()[-lines:]) or "(no output)"
+
+    def client(self):
+        """A boto3 S3 client for this endpoint (credentials from the caller's environment)."""
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint_url,
+                            region_name=os.environ.get("AWS_DEFAULT_REGION") or "us-east-1")
+
+    def create_bucket(self, name: str) -> None:
+        self.client().create_bucket(Bucket=name)
+
+    def stop(self, timeout: float = 5.0) -> int | None:
+        """SIGTERM to its process group, SIGKILL after ``timeout`` s. Idempotent."""
+        with self._lock:
+            proc = self._proc
+            code = None
+            if proc is not None:
+                if proc.poll() is None:
+                    try:
+                        os.killpg(proc.pid, signal.SIGTERM)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                    try:
+                        proc.wait(timeout)
+                    except subprocess.TimeoutExpired:
+                        try:
+                            os.killpg(proc.pid, signal.SIGKILL)
+                        except (ProcessLookupError, PermissionError):
+                            pass
+                        proc.wait(5)
+                code = proc.returncode
+            if self._workdir is not None:  # its temp folder (and the log, unless log_path put it elsewhere)
+                shutil.rmtree(self._workdir, ignore_errors=True)
+            if self._atexit_registered:
+                atexit.unregister(self.stop)
+                self._atexit_registered = False
+            return code

@@ -1,0 +1,406 @@
+"""Several embedded Triton replicas on one model repository (a folder or ``s3://``), behind nginx,
+scraped by Prometheus, with rolling updates gated by the served accuracy check.
+
+Usage::
+
+    from builder.serving.replicas import ReplicaSet
+
+    with ReplicaSet("s3://127.0.0.1:9000/models/prod", replicas=2) as group:
+        group.http_url, group.grpc_url        # the balancer (nginx): send traffic here
+        group.replicas[0].http_url            # one replica directly (an EmbeddedServer)
+        group.prometheus.url                  # Prometheus scraping every replica (None if not installed)
+        group.request_counts("digits_cnn")    # {replica index: requests it answered} (statistics API)
+        # after `triton-builder publish` of a new version:
+        for step in group.roll_out("digits_cnn"):   # one replica at a time; `check` gates each
+            print(step.line())
+    # everything stopped here, in reverse order
+
+What ``roll_out`` does, replica by replica: asks it to reload the model (explicit model control:
+Triton re-reads ``config.pbtxt``, whose version policy names only complete versions, loads the new
+version while the old one keeps answering, then unloads the old one once its requests are done),
+waits for the new version to be READY, runs ``check_served`` (HTTP and gRPC, every reference case)
+against that replica only, and moves to the next replica only if the check passed. If it fails,
+that replica is put back on the versions it served before (a reload with its previous config and
+``version_policy specific``), the remaining replicas are left alone, and ``RolloutError`` says why.
+The balancer keeps sending traffic to every live replica throughout: during a reload both versions
+are loaded, so no request has to fail because of the update.
+
+``run_replicas`` (``triton-builder replicas``) starts a group, prints its addresses, and every
+``watch_seconds`` rolls out any version published since (poll of the repository), until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from builder.errors import ServerError, UserInputError, VerificationError
+
+__all__ = ["ReplicaSet", "ReplicaUpdate", "RolloutError", "run_replicas", "target_versions"]
+
+_METRICS_ARGS = ("--metrics-config=summary_latencies=true",)
+
+
+class RolloutError(VerificationError):
+    """A replica failed its check after loading a new version; the rollout stopped there."""
+
+
+@dataclass
+class ReplicaUpdate:
+    replica: int
+    model: str
+    status: str  # "updated" | "already" | "down" | "failed"
+    versions_before: list[int] = field(default_factory=list)
+    versions_after: list[int] = field(default_factory=list)
+    check_lines: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        text = (f"replica {self.replica}: {self.model} {self.status} "
+                f"(versions {_fmt(self.versions_before)} -> {_fmt(self.versions_after)}")
+        if self.seconds:
+            text += f", {self.seconds:.1f} s"
+        text += ")"
+        if self.check_lines:
+            text += "; check: " + self.check_lines[0]
+        return text
+
+
+def _fmt(versions: Sequence[int]) -> str:
+    return ",".join(map(str, versions)) or "none"
+
+
+def target_versions(repository: Any, model: str) -> list[int]:
+    """The versions the repository's config makes Triton load now (complete ones only for ``s3://``)."""
+    from builder.repository.remote import S3Location, policy_versions
+
+    if isinstance(repository, S3Location):
+        from builder.repository.remote import S3Store
+        from builder.serving.remote import served_versions
+
+        wanted, incomplete = served_versions(S3Store(repository), model)
+        return [v for v in wanted if v not in incomplete]
+    from builder.repository.layout import existing_versions
+
+    folder = Path(repository) / model
+    config = folder / "config.pbtxt"
+    if not config.is_file():
+        return []
+    return policy_versions(config.read_text(encoding="utf-8"), existing_versions(folder), str(config))
+
+
+class ReplicaSet:
+    """``replicas`` EmbeddedServers on ``repository`` + an nginx balancer + Prometheus (when installed).
+
+    Arguments:
+        repository: a local model repository folder or an ``s3://`` URL (every replica reads the same).
+        replicas: how many Triton processes.
+        host: where everything listens (127.0.0.1).
+        http_port, grpc_port: the balancer's ports (None: free ones).
+        prometheus: True starts Prometheus (``ServerError`` if it is missing), False does not, None
+            starts it when the binary is installed and otherwise only writes its configuration
+            (``prometheus_config``) for a Prometheus elsewhere.
+        log_dir: where replica logs go (default: a temp folder, kept after stop).
+        extra_args: more tritonserver arguments for every replica.
+    """
+
+    def __init__(self, repository: str | Path, replicas: int = 2, host: str = "127.0.0.1",
+                 http_port: int | None = None, grpc_port: int | None = None, prometheus: bool | None = None,
+                 log_dir: str | Path | None = None, extra_args: Sequence[str] = (), ready_timeout: float = 120.0,
+                 load_models: Sequence[str] | None = None):
+        from builder.repository.remote import is_s3_url, parse_s3_url
+
+        if not isinstance(replicas, int) or replicas < 1:
+            raise UserInputError(f"--replicas {replicas!r}: must be a whole number >= 1")
+        if replicas > 16:
+            raise UserInputError(f"--replicas {replicas}: at most 16 local replicas (each is a tritonserver process)")
+        self.remote = parse_s3_url(repository, "--repository") if is_s3_url(repository) else None
+        if self.remote is None:
+            local = Path(repository).expanduser().resolve()
+            if not local.is_dir():
+                raise UserInputError(f"--repository {repository}: not a directory or an s3:// URL; pass the model "
+                                     "repository folder or s3://HOST:PORT/BUCKET/PREFIX")
+        self.repository = self.remote if self.remote is not None else Path(repository).expanduser().resolve()
+        self.count = replicas
+        self.host = host
+        self.ports = (http_port, grpc_port)
+        self.want_prometheus = prometheus
+        self.log_dir = Path(log_dir).resolve() if log_dir else Path(tempfile.mkdtemp(prefix="triton-builder-replicas-"))
+        self.extra_args = tuple(_METRICS_ARGS) + tuple(str(a) for a in extra_args)
+        self.ready_timeout = ready_timeout
+        self.load_models = list(load_models) if load_models else None
+        self.replicas: list = []
+        self.balancer = None
+        self.prometheus = None
+        self.prometheus_config: Path | None = None
+        self.failed_targets: dict[str, list[int]] = {}  # model -> versions whose rollout failed its check
+        self._lock = threading.RLock()
+
+    @property
+    def repository_arg(self) -> str:
+        """The repository as ``check``/``serve`` take it (a path or the s3:// URL)."""
+        return self.remote.url if self.remote is not None else str(self.repository)
+
+    def __enter__(self) -> "ReplicaSet":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def _new_replica(self, index: int):
+        from builder.serving.embedded import EmbeddedServer
+
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        return EmbeddedServer(self.repository_arg, host=self.host, log_path=self.log_dir / f"replica-{index}.log",
+                              extra_args=self.extra_args, ready_timeout=self.ready_timeout,
+                              load_models=self.load_models)
+
+    def start(self) -> "ReplicaSet":
+        """Start the replicas (in parallel), then the balancer, then Prometheus; nothing left running on error."""
+        from builder.serving.balancer import NginxBalancer, find_nginx
+
+        with self._lock:
+            find_nginx()  # fail before starting any replica
+            try:
+                self.replicas = [self._new_replica(i) for i in range(self.count)]
+                with ThreadPoolExecutor(self.count) as pool:
+                    for future in [pool.submit(r.start) for r in self.replicas]:
+                        future.result()
+                self.balancer = NginxBalancer([r.http_url for r in self.replicas], [r.grpc_url for r in self.replicas],
+                                              host=self.host, http_port=self.ports[0], grpc_port=self.ports[1])
+                self.balancer.start()
+                self._start_prometheus()
+            except BaseException:
+                self.stop()
+                raise
+            return self
+
+    def _start_prometheus(self) -> None:
+        from builder.serving.prometheus import LocalPrometheus, find_prometheus, render_config
+
+        targets = {"triton": [r.metrics_url for r in self.replicas]}
+        if self.want_prometheus is False:
+            return
+        if self.want_prometheus is None:
+            try:
+                find_prometheus()
+            except ServerError:
+                import yaml
+
+                self.prometheus_config = self.log_dir / "prometheus.yml"
+                self.prometheus_config.write_text(yaml.safe_dump(render_config(scrape_targets=targets),
+                                                                 sort_keys=False))
+                return
+        self.prometheus = LocalPrometheus(scrape_targets=targets)
+        self.prometheus.start()
+        self.prometheus_config = self.prometheus.config_path
+
+    def stop(self) -> None:
+        """Stop Prometheus, the balancer and every replica. Idempotent."""
+        with self._lock:
+            if self.prometheus is not None:
+                self.prometheus.stop()
+            if self.balancer is not None:
+                self.balancer.stop()
+            for replica in self.replicas:
+                replica.stop()
+
+    # -- addresses and state -----------------------------------------------------------------
+
+    @property
+    def http_url(self) -> str:
+        return self.balancer.http_url
+
+    @property
+    def grpc_url(self) -> str:
+        return self.balancer.grpc_url
+
+    @property
+    def models(self) -> list[str]:
+        return list(self.replicas[0].models) if self.replicas else []
+
+    def alive(self) -> list[int]:
+        return [i for i, r in enumerate(self.replicas) if r.is_running()]
+
+    def kill(self, index: int) -> None:
+        """SIGKILL replica ``index`` (its whole process group), as a crash would; the others keep serving."""
+        replica = self.replicas[index]
+        if replica.pid is not None and replica.is_running():
+            try:
+                os.killpg(replica.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        replica.stop()
+
+    def ready_versions(self, index: int, model: str) -> list[int]:
+        """Versions of ``model`` READY on replica ``index`` (repository index API)."""
+        return sorted(int(e["version"]) for e in self.replicas[index].repository_index()
+                      if e.get("name") == model and e.get("state") == "READY" and str(e.get("version", "")).isdigit())
+
+    def statistics(self, index: int, model: str) -> dict[int, int]:
+        """``{version: successful requests}`` of ``model`` on replica ``index`` (statistics API)."""
+        stats = self.replicas[index]._call(f"statistics of '{model}'", lambda c: c.get_inference_statistics(model))
+        out: dict[int, int] = {}
+        for entry in stats.get("model_stats", []):
+            if entry.get("version", "").isdigit():
+                out[int(entry["version"])] = int(entry.get("inference_stats", {}).get("success", {}).get("count", 0))
+        return out
+
+    def request_counts(self, model: str) -> dict[int, int]:
+        """``{replica index: successful requests}`` over every version, for each live replica."""
+        return {i: sum(self.statistics(i, model).values()) for i in self.alive()}
+
+    # -- rolling update ----------------------------------------------------------------------
+
+    def pending_updates(self) -> dict[str, list[int]]:
+        """``{model: target versions}`` for every served model some live replica does not serve as the repository says."""
+        pending = {}
+        for model in self.models:
+            target = target_versions(self.repository, model)
+            if target and any(self.ready_versions(i, model) != target for i in self.alive()):
+                pending[model] = target
+        return pending
+
+    def roll_out(self, model: str, check: bool = True, protocol: str = "both",
+                 progress: Callable[[str], object] | None = None, timeout: float = 180.0) -> list[ReplicaUpdate]:
+        """Move every live replica to the versions the repository now serves, one at a time; see the module doc.
+
+        Raises ``RolloutError`` (exit 1) when a replica fails its check (it is rolled back first),
+        ``ServerError`` if a replica cannot load the new version.
+        """
+        from builder.serving.remote import check_served_at
+
+        say = progress or (lambda message: None)
+        target = target_versions(self.repository, model)
+        if not target:
+            raise UserInputError(f"model '{model}' has no version to serve in {self.repository_arg}")
+        newest = target[-1]
+        steps: list[ReplicaUpdate] = []
+        for index, replica in enumerate(self.replicas):
+            if not replica.is_running():
+                steps.append(ReplicaUpdate(index, model, "down"))
+                continue
+            before = self.ready_versions(index, model)
+            if before == target:
+                steps.append(ReplicaUpdate(index, model, "already", before, before))
+                continue
+            started = time.monotonic()
+            previous = replica._call(f"config of '{model}'", lambda c: c.get_model_config(model))
+            say(f"replica {index}: loading {model} versions {_fmt(target)} (serving {_fmt(before)})")
+            replica.load_model(model, timeout=timeout)
+            deadline = time.monotonic() + timeout
+            while newest not in self.ready_versions(index, model):
+                if time.monotonic() > deadline:
+                    raise ServerError(f"replica {index}: {model} version {newest} not ready {timeout:g} s after the "
+                                      f"reload; log: {replica.log_path}")
+                time.sleep(0.1)
+            step = ReplicaUpdate(index, model, "updated", before, self.ready_versions(index, model))
+            if check:
+                report = check_served_at(model, self.repository_arg, url=replica.http_url, grpc_url=replica.grpc_url,
+                                         protocol=protocol, version=newest)
+                step.check_lines = report.lines()
+                if not report.ok:
+                    step.status = "failed"
+                    self.failed_targets[model] = target
+                    self._roll_back(index, model, previous, before, timeout)
+                    step.versions_after = self.ready_versions(index, model)
+                    step.seconds = time.monotonic() - started
+                    steps.append(step)
+                    say(step.line())
+                    raise RolloutError(
+                        f"rollout of {model} version {newest} stopped at replica {index}: the served check failed; "
+                        f"replica {index} is back on versions {_fmt(step.versions_after)}, replicas after it were "
+                        "not touched", failures=[line.strip().removeprefix("- ") for line in report.lines()])
+            step.seconds = time.monotonic() - started
+            steps.append(step)
+            say(step.line())
+        return steps
+
+    def _roll_back(self, index: int, model: str, previous_config: dict, before: list[int], timeout: float) -> None:
+        if not before:
+            self.replicas[index].unload_model(model)
+            return
+        config = dict(previous_config)
+        config["version_policy"] = {"specific": {"versions": [int(v) for v in before]}}
+        self.replicas[index].load_model(model, config_json=json.dumps(config), timeout=timeout)
+
+    def roll_out_pending(self, progress: Callable[[str], object] | None = None) -> list[ReplicaUpdate]:
+        """``roll_out`` every model with a pending update (what ``triton-builder replicas`` polls for).
+
+        A target whose rollout failed its check is not tried again until the repository serves
+        something else (publish a fixed version)."""
+        steps = []
+        for model, target in self.pending_updates().items():
+            if self.failed_targets.get(model) == target:
+                continue
+            steps += self.roll_out(model, progress=progress)
+        return steps
+
+
+# --------------------------------------------------------------------------------------------
+# `triton-builder replicas`
+
+
+def _print_flush(*args, **kwargs) -> None:
+    print(*args, **kwargs, flush=True)
+
+
+def run_replicas(repository: str | Path, replicas: int = 2, *, http_port: int | None = None,
+                 grpc_port: int | None = None, prometheus: bool | None = None, watch_seconds: float = 10.0,
+                 host: str = "127.0.0.1", announce: Callable[[str], object] = _print_flush) -> int:
+    """Start a ``ReplicaSet``, announce it, roll out new versions every ``watch_seconds`` until
+    SIGINT/SIGTERM; return 0 after a clean stop, 2 if every replica died."""
+    if watch_seconds <= 0:
+        raise UserInputError(f"--watch-seconds {watch_seconds}: must be > 0")
+    received: list[int] = []
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, lambda signum, _frame: received.append(signum))
+    group = ReplicaSet(repository, replicas, host=host, http_port=http_port, grpc_port=grpc_port,
+                       prometheus=prometheus)
+    try:
+        group.start()
+        announce(f"{replicas} Triton replicas on {group.repository_arg}, behind nginx:")
+        announce(f"  HTTP     {group.http_url}   (http://{group.http_url}/v2/health/ready)")
+        announce(f"  gRPC     {group.grpc_url}")
+        for i, replica in enumerate(group.replicas):
+            announce(f"  replica {i}: HTTP {replica.http_url}  gRPC {replica.grpc_url}  metrics {replica.metrics_url}"
+                     f"  log {replica.log_path}")
+        if group.prometheus is not None:
+            announce(f"  Prometheus {group.prometheus.url} (scraping every replica)")
+        elif group.prometheus_config is not None:
+            announce(f"  Prometheus not installed; its scrape config for these replicas: {group.prometheus_config}")
+        announce(f"  serving  {', '.join(group.models) or '(no models)'}")
+        for name, reason in group.replicas[0].left_out.items():
+            announce(f"  left out {name}: {reason}")
+        announce(f"New versions are rolled out every {watch_seconds:g} s, one replica at a time, each gated by "
+                 "the served check. Stop with Ctrl-C.")
+        next_poll = time.monotonic() + watch_seconds
+        while not received:
+            if not group.alive():
+                announce("every replica has exited; stopping")
+                return ServerError.exit_code
+            if time.monotonic() >= next_poll:
+                try:
+                    group.roll_out_pending(progress=announce)  # announces each replica's step
+                except (ServerError, VerificationError, UserInputError) as err:
+                    announce(f"rollout stopped: {err}")
+                next_poll = time.monotonic() + watch_seconds
+            time.sleep(0.2)
+        announce(f"received {signal.Signals(received[0]).name}; stopping")
+        return 0
+    finally:
+        group.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,143 @@
+"""CLI verbs ``loadtest``, ``sweep`` and ``tune``; builder/cli.py adds them with ``register(subparsers)``.
+
+Each verb forwards to one library function. Exit codes: 0 ok; 1 SLO broken (loadtest), failed
+requests (sweep), no candidate met the budget (tune); 2 bad arguments or server unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from builder.errors import UserInputError
+
+DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
+
+
+def _url(args: argparse.Namespace) -> str:
+    return args.url or f"127.0.0.1:{DEFAULT_PORTS[args.protocol]}"
+
+
+def _repository(args: argparse.Namespace) -> Path | None:
+    """--repository if given (it must exist), else ./model_repository when there is one."""
+    if args.repository is not None:
+        path = Path(args.repository)
+        if not path.is_dir():
+            raise UserInputError(f"--repository {path}: not a directory; pass the folder the server serves")
+        return path
+    default = Path("model_repository")
+    return default if default.is_dir() else None
+
+
+def seconds(text: str) -> float:
+    """``30``, ``30s``, ``2m``, ``1h`` -> seconds (argparse type)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", str(text))
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r}: use seconds, e.g. 30, 30s, 2m")
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+
+
+def int_list(text: str) -> list[int]:
+    """``1,4,16`` -> [1, 4, 16] (argparse type)."""
+    try:
+        return [int(part) for part in str(text).split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: use comma-separated whole numbers, e.g. 0,100,500") from None
+
+
+def cmd_loadtest(args: argparse.Namespace) -> int:
+    from builder.tuning.loadtest import run_loadtest
+
+    summary = run_loadtest(
+        args.name, _url(args), args.protocol, args.users, args.run_time,
+        args.out or Path("runs") / "loadtest" / args.name, payload=args.payload, timeout_s=args.timeout,
+        repository=_repository(args), spawn_rate=args.spawn_rate, shape=args.shape, slo_p99_ms=args.slo_p99_ms,
+        slo_max_failure_ratio=args.slo_max_failure_ratio, workers=args.workers, batch_size=args.batch_size,
+        progress=lambda line: print(line, flush=True))
+    print(f"reports: {Path(summary['files']['summary']).parent} (summary.json, report.html, locust_*.csv)")
+    return summary["exit_code"]
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from builder.tuning.sweep import run_sweep
+
+    result = run_sweep(args.name, _url(args), args.protocol, args.max_concurrency,
+                       args.out or Path("runs") / "sweep" / args.name, payload=args.payload,
+                       repository=_repository(args), levels=args.levels, window_s=args.window,
+                       max_seconds_per_level=args.seconds_per_level, batch_size=args.batch_size,
+                       progress=lambda line: print(line, flush=True))
+    print(f"client: {result['client']}")
+    print(f"wrote {result['files']['csv']} and {result['files']['png']}")
+    return 1 if any(row["failures"] for row in result["levels"]) else 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from builder.tuning.tune import run_tune
+
+    repository = _repository(args)
+    if repository is None:
+        raise UserInputError("tune needs the model repository the server serves: pass --repository DIR")
+    kwargs = {}
+    for name in ("delays", "instance_counts", "max_batch_sizes", "levels"):
+        if getattr(args, name) is not None:
+            kwargs[name] = getattr(args, name)
+    result = run_tune(args.name, repository, _url(args), protocol=args.protocol, p99_budget_ms=args.p99_budget_ms,
+                      seconds_per_candidate=args.seconds_per_candidate, write=args.write,
+                      out_dir=args.out or Path("runs") / "tune" / args.name, payload=args.payload,
+                      max_concurrency=args.max_concurrency, max_candidates=args.max_candidates,
+                      confirm=not args.no_confirm, batch_size=args.batch_size, tie_margin=args.tie_margin,
+                      progress=lambda line: print(line, flush=True), **kwargs)
+    if not args.write and result["winner"]:
+        print("(dry run: pass --write to write the winner into config.pbtxt and tuning.json)")
+    return result["exit_code"]
+
+
+def _common(p: argparse.ArgumentParser, default_protocol: str) -> None:
+    p.add_argument("name", help="model name")
+    p.add_argument("--repository", help="model repository (payload from the latest version's reference.npz; "
+                                        "default: ./model_repository if present)")
+    p.add_argument("--url", help="Triton address HOST:PORT for --protocol (default 127.0.0.1:8000 http / 8001 grpc)")
+    p.add_argument("--protocol", choices=("http", "grpc"), default=default_protocol,
+                   help="default: %(default)s")
+    p.add_argument("--payload", help="request data: a reference.npz or an .npz keyed by input name")
+    p.add_argument("--batch-size", type=int, default=1, help="rows per request (default 1)")
+    p.add_argument("--out", help="output folder (default runs/<verb>/<name>)")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("loadtest", help="Locust load test of a served model, with SLOs (exit 1 if broken)")
+    _common(p, "http")
+    p.add_argument("--users", type=int, default=8, help="concurrent users, one request in flight each (default 8)")
+    p.add_argument("--spawn-rate", type=float, help="users started per second (default: all at once)")
+    p.add_argument("--run-time", type=seconds, default=30.0, help="e.g. 30, 30s, 2m (default 30 s)")
+    p.add_argument("--shape", choices=("constant", "ramp", "steps"), default="constant")
+    p.add_argument("--slo-p99-ms", type=float, help="p99 latency SLO over the run (default: none)")
+    p.add_argument("--slo-max-failure-ratio", type=float, help="largest allowed failure ratio (default 0.01)")
+    p.add_argument("--workers", type=int, default=0, help="run 1 master + N worker processes (default 0: one process)")
+    p.add_argument("--timeout", type=seconds, help="hard limit on the whole run (default: run time + 65 s)")
+    p.set_defaults(func=cmd_loadtest)
+
+    p = sub.add_parser("sweep", help="closed-loop concurrency sweep: latency vs throughput (CSV + PNG)")
+    _common(p, "grpc")
+    p.add_argument("--max-concurrency", type=int, default=16, help="levels 1, 2, 4, ... up to this (default 16)")
+    p.add_argument("--levels", type=int_list, help="explicit levels instead, e.g. 1,4,16")
+    p.add_argument("--window", type=float, default=0.5, help="measurement window in s (default 0.5)")
+    p.add_argument("--seconds-per-level", type=float, default=8.0, help="time cap per level (default 8)")
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("tune", help="search batching/instances/max batch size under a p99 budget on the running server")
+    _common(p, "grpc")
+    p.add_argument("--p99-budget-ms", type=float, required=True, help="p99 latency budget (ms)")
+    p.add_argument("--seconds-per-candidate", type=float, default=10.0, help="time per candidate (default 10)")
+    p.add_argument("--write", action="store_true", help="write the winner into config.pbtxt (+ tuning.json)")
+    p.add_argument("--delays", type=int_list, help="max_queue_delay_microseconds to try (default 0,100,500,2000)")
+    p.add_argument("--instances", dest="instance_counts", type=int_list, help="instance counts (default 1,2)")
+    p.add_argument("--max-batch-sizes", type=int_list, help="smaller max_batch_size values to try (default none)")
+    p.add_argument("--levels", type=int_list, help="concurrency levels (default 1,2,4,...,64)")
+    p.add_argument("--max-concurrency", type=int, help="highest concurrency level")
+    p.add_argument("--max-candidates", type=int, default=12, help="bound on configs tried (default 12)")
+    p.add_argument("--no-confirm", action="store_true", help="skip re-measuring the winner and baselines")
+    p.add_argument("--tie-margin", type=float, default=0.10,
+                   help="prefer the config closest to the default within this fraction of the best (default 0.10)")
+    p.set_defaults(func=cmd_tune)

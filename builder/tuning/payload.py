@@ -1,0 +1,200 @@
+"""What to send: request inputs for any served model, without writing code.
+
+Sources, in order of preference:
+
+1. a payload ``.npz`` the user names: either a version's ``reference.npz`` (keys
+   ``input/<case>/<input name>``) or a plain file keyed by input name (validation data; other keys,
+   e.g. ``labels``, are ignored), rows along the first axis when the model batches;
+2. the latest version's ``reference.npz`` in the repository (real validation inputs where the
+   build had them, at every dynamic size the build checked);
+3. generated from the model's own metadata and config as Triton reports them
+   (``/v2/models/NAME``, ``/config``): floats uniform in [0, 1), integers zero, dynamic dims 16.
+
+loadtest/locustfile.py reads the same two ``.npz`` layouts by itself (it must run on worker
+machines that do not have this package).
+
+Usage::
+
+    model = fetch_model("127.0.0.1:8001", "grpc", "digits_cnn")   # ServerError if not ready
+    samples = load_samples(model, payload=None, repository="model_repository")
+    requests = make_requests(samples, batch_size=1)                 # list of {input: array}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from builder.errors import ServerError, UserInputError
+
+#: Triton datatype (metadata spelling) -> numpy dtype.
+DATATYPES = {"FP32": np.float32, "FP16": np.float16, "FP64": np.float64, "INT64": np.int64, "INT32": np.int32,
+             "INT16": np.int16, "INT8": np.int8, "UINT8": np.uint8, "BOOL": np.bool_}
+GENERATED_DYNAMIC_SIZE = 16
+MAX_SAMPLES = 256
+
+
+@dataclass
+class ModelInterface:
+    name: str
+    inputs: list[tuple[str, str, list[int]]]  #: (name, datatype, per-sample shape) - batch dim removed
+    outputs: list[str]
+    max_batch_size: int
+    config: dict[str, Any]  #: the config Triton loaded (JSON form)
+
+    @property
+    def batching(self) -> bool:
+        return self.max_batch_size > 0
+
+
+def fetch_model(url: str, protocol: str, model: str, timeout: float = 10.0) -> ModelInterface:
+    """The model's inputs/outputs and config as the running server reports them.
+
+    Raises ``ServerError`` (exit 2) if the server cannot be reached or the model is not ready.
+    """
+    if protocol not in ("http", "grpc"):
+        raise UserInputError(f"--protocol {protocol!r}: use http or grpc")
+    try:
+        if protocol == "http":
+            import tritonclient.http as module
+
+            client = module.InferenceServerClient(url, connection_timeout=timeout, network_timeout=timeout)
+            kwargs: dict[str, Any] = {}
+        else:
+            import tritonclient.grpc as module
+
+            client = module.InferenceServerClient(url)
+            kwargs = {"client_timeout": timeout}
+    except Exception as exc:  # noqa: BLE001 - a malformed address
+        raise UserInputError(f"--url {url!r}: {exc}; use HOST:PORT, e.g. 127.0.0.1:8001") from None
+    try:
+        try:
+            client.is_server_live(**kwargs)
+        except Exception as exc:  # noqa: BLE001
+            raise ServerError(f"cannot reach Triton at {url} over {protocol} ({' '.join(str(exc).split())[:200]}); "
+                              "is it running, and is that its " + protocol.upper() + " port?") from None
+        try:
+            ready = client.is_model_ready(model, **kwargs)
+        except Exception:  # noqa: BLE001
+            ready = False
+        if not ready:
+            raise ServerError(f"model '{model}' is not ready on Triton at {url}; load it first "
+                              "(triton-builder serve loads every model of the repository)")
+        if protocol == "http":
+            meta, config = client.get_model_metadata(model), client.get_model_config(model)
+        else:
+            meta = client.get_model_metadata(model, as_json=True, **kwargs)
+            config = client.get_model_config(model, as_json=True, **kwargs)["config"]
+    finally:
+        client.close()
+    max_batch = int(config.get("max_batch_size", 0))
+    inputs = []
+    for item in meta["inputs"]:
+        shape = [int(d) for d in item["shape"]]
+        inputs.append((item["name"], item["datatype"], shape[1:] if max_batch > 0 else shape))
+    return ModelInterface(model, inputs, [o["name"] for o in meta["outputs"]], max_batch, config)
+
+
+def default_payload(repository: str | Path | None, model: str) -> Path | None:
+    """The latest version's reference.npz in ``repository``, if there is one."""
+    if repository is None:
+        return None
+    from builder.repository.layout import latest_version, model_dir
+
+    folder = model_dir(Path(repository), model)
+    version = latest_version(folder)
+    if version is None:
+        return None
+    path = folder / str(version) / "reference.npz"
+    return path if path.is_file() else None
+
+
+def read_npz_samples(path: str | Path, input_names: list[str], batching: bool) -> list[dict[str, np.ndarray]]:
+    """Samples (one request's worth each, batch 1 when the model batches) from a payload .npz."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserInputError(f"--payload {path}: no such file; pass a reference.npz or an .npz keyed by input name")
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except Exception as exc:  # noqa: BLE001
+        raise UserInputError(f"--payload {path}: not a readable .npz ({exc})") from None
+    with archive:
+        keys = list(archive.files)
+        groups: dict[str, dict[str, np.ndarray]] = {}
+        if any(k.startswith("input/") for k in keys):  # reference.npz: input/<case>/<name>
+            for key in keys:
+                kind, case, name = (key.split("/", 2) + ["", ""])[:3]
+                if kind == "input":
+                    groups.setdefault(case, {})[name] = archive[key]
+        else:
+            groups["all"] = {key: archive[key] for key in keys}
+    samples: list[dict[str, np.ndarray]] = []
+    for case in sorted(groups):
+        arrays = groups[case]
+        missing = [n for n in input_names if n not in arrays]
+        if missing:
+            raise UserInputError(f"--payload {path}: no array for input(s) {', '.join(missing)} "
+                                 f"(it has: {', '.join(sorted(arrays)) or 'nothing'}); key the arrays by input name")
+        if not batching:
+            samples.append({n: arrays[n] for n in input_names})
+            continue
+        rows = min(len(arrays[n]) for n in input_names)
+        samples += [{n: arrays[n][i:i + 1] for n in input_names} for i in range(rows)]
+    if not samples:
+        raise UserInputError(f"--payload {path}: holds no rows")
+    if len(samples) > MAX_SAMPLES:  # spread over the file rather than only its start
+        picks = np.linspace(0, len(samples) - 1, MAX_SAMPLES).astype(int)
+        samples = [samples[i] for i in picks]
+    return samples
+
+
+def generated_samples(model: ModelInterface, count: int = 16, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """Inputs made from the model's metadata: right names, dtypes and shapes, never all zeros for floats."""
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(count):
+        sample = {}
+        for name, datatype, shape in model.inputs:
+            if datatype not in DATATYPES:
+                raise UserInputError(f"model '{model.name}' input '{name}' has datatype {datatype}, which "
+                                     "cannot be generated; pass --payload with an .npz holding it")
+            dims = [GENERATED_DYNAMIC_SIZE if d < 0 else d for d in shape]
+            full = ([1] if model.batching else []) + dims
+            dtype = DATATYPES[datatype]
+            if np.issubdtype(dtype, np.floating):
+                sample[name] = rng.random(full).astype(dtype)
+            else:
+                sample[name] = np.zeros(full, dtype)
+        samples.append(sample)
+    return samples
+
+
+def load_samples(model: ModelInterface, payload: str | Path | None = None,
+                 repository: str | Path | None = None) -> tuple[list[dict[str, np.ndarray]], str]:
+    """Samples and where they came from: the payload, else reference.npz, else generated."""
+    names = [name for name, _, _ in model.inputs]
+    path = Path(payload) if payload is not None else default_payload(repository, model.name)
+    if path is not None:
+        return read_npz_samples(path, names, model.batching), str(path)
+    return generated_samples(model), "generated from the model's metadata"
+
+
+def make_requests(samples: list[dict[str, np.ndarray]], batch_size: int = 1,
+                  batching: bool = True) -> list[dict[str, np.ndarray]]:
+    """Request inputs of ``batch_size`` rows each, from samples of one row (consecutive, same shape)."""
+    if batch_size < 1:
+        raise UserInputError(f"--batch-size {batch_size}: must be >= 1")
+    if batch_size == 1 or not batching:
+        return samples
+    requests = []
+    for start in range(len(samples)):
+        rows = [samples[(start + k) % len(samples)] for k in range(batch_size)]
+        first = rows[0]
+        rows = [r for r in rows if all(r[n].shape == first[n].shape for n in first)]
+        while len(rows) < batch_size:
+            rows.append(first)
+        requests.append({n: np.concatenate([r[n] for r in rows]) for n in first})
+    return requests

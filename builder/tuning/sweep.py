@@ -1,0 +1,147 @@
+"""`triton-builder sweep`: a closed-loop concurrency sweep (1, 2, 4, ... N requests in flight) of a
+model on a running Triton, each level measured until stable, with the server's view of each level.
+
+Usage::
+
+    result = run_sweep("digits_cnn", "127.0.0.1:8001", "grpc", max_concurrency=16, out_dir="runs/sweep",
+                       repository="model_repository")
+    result["levels"][0]["throughput_rps"], result["files"]["png"]
+
+Writes ``sweep.csv`` (one row per level: client throughput and p50/p95/p99/mean, failures, whether
+the level settled, server queue and compute time per request, average formed batch and the batch
+size histogram), ``sweep.json`` (the same plus the client type and settings) and ``sweep.png``
+(latency against throughput, one point per concurrency; and the server's queue/compute split).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from builder.errors import UserInputError
+
+
+def concurrency_levels(max_concurrency: int) -> list[int]:
+    """1, 2, 4, ... up to ``max_concurrency`` (itself included)."""
+    if max_concurrency < 1:
+        raise UserInputError(f"--max-concurrency {max_concurrency}: must be >= 1")
+    levels, c = [], 1
+    while c < max_concurrency:
+        levels.append(c)
+        c *= 2
+    return levels + [max_concurrency]
+
+
+def run_sweep(model: str, url: str, protocol: str = "grpc", max_concurrency: int = 16,
+              out_dir: str | Path = "runs/sweep", *, payload: str | Path | None = None,
+              repository: str | Path | None = None, levels: list[int] | None = None, window_s: float = 0.5,
+              max_seconds_per_level: float = 8.0, batch_size: int = 1,
+              progress: Callable[[str], object] | None = None) -> dict[str, Any]:
+    """Measure every concurrency level in ``levels`` (default 1, 2, 4, ... ``max_concurrency``).
+
+    Raises ``UserInputError`` for bad arguments, ``ServerError`` if the model cannot be reached.
+    """
+    from builder.tuning.client import measure_level
+    from builder.tuning.payload import fetch_model, load_samples, make_requests
+    from builder.tuning.stats import StatsReader, format_batch_sizes
+
+    levels = sorted(set(levels)) if levels else concurrency_levels(max_concurrency)
+    if any(c < 1 for c in levels):
+        raise UserInputError(f"--levels {levels}: every concurrency must be >= 1")
+    if window_s <= 0 or max_seconds_per_level < 3 * window_s:
+        raise UserInputError(f"--max-seconds-per-level {max_seconds_per_level}: must allow three windows of "
+                             f"{window_s} s (stability needs 3)")
+    say = progress or (lambda message: None)
+    interface = fetch_model(url, protocol, model)
+    samples, source = load_samples(interface, payload, repository)
+    requests = make_requests(samples, batch_size, interface.batching)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stats = StatsReader(url, protocol)
+    rows, client = [], ""
+    try:
+        for concurrency in levels:
+            level = measure_level(url, protocol, model, requests, interface.outputs, concurrency, window_s=window_s,
+                                  max_s=max_seconds_per_level, stats=stats)
+            client = level.client
+            row = level.as_row()
+            row["errors"] = level.errors
+            rows.append(row)
+            say(f"  concurrency {concurrency:4d}: {row['throughput_rps']:8.1f} req/s  p50 {_ms(row['p50_ms'])}  "
+                f"p99 {_ms(row['p99_ms'])} ms  {'stable' if level.stable else 'NOT stable'}  "
+                f"server queue {_us(row['server_queue_us'])} / compute {_us(row['server_compute_us'])} us, "
+                f"batches {format_batch_sizes(row['server_batch_sizes'], 4)}"
+                + (f"  FAILURES {level.failures}" if level.failures else ""))
+    finally:
+        stats.close()
+    result = {"model": model, "url": url, "protocol": protocol, "batch_size": batch_size,
+              "client": client, "payload": source,
+              "window_s": window_s, "max_seconds_per_level": max_seconds_per_level, "levels": rows,
+              "files": {"csv": str(out / "sweep.csv"), "png": str(out / "sweep.png"), "json": str(out / "sweep.json")}}
+    write_csv(out / "sweep.csv", rows)
+    plot_sweep(out / "sweep.png", rows, title=f"{model} over {protocol} (closed loop, batch {batch_size})")
+    tmp = out / "sweep.json.tmp"
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(tmp, out / "sweep.json")
+    return result
+
+
+def _ms(value: float | None) -> str:
+    return "    -" if value is None else f"{value:5.2f}"
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    columns = ["concurrency", "throughput_rps", "p50_ms", "p95_ms", "p99_ms", "mean_ms", "requests", "failures",
+               "stable", "windows", "server_queue_us", "server_compute_us", "server_avg_batch", "server_batch_sizes"]
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, columns, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**row, "server_batch_sizes": " ".join(f"{k}:{v}" for k, v in
+                                                                  (row.get("server_batch_sizes") or {}).items())})
+
+
+def plot_sweep(path: Path, rows: list[dict[str, Any]], title: str) -> None:
+    """Latency (p50/p95/p99) against throughput, each point labelled with its concurrency; and the
+    server's queue vs compute time per request at each concurrency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    x = [r["throughput_rps"] for r in rows]
+    for key, style in (("p50_ms", "o-"), ("p95_ms", "s--"), ("p99_ms", "^:")):
+        left.plot(x, [r[key] if r[key] is not None else float("nan") for r in rows], style, label=key[:3])
+    for r in rows:
+        if r["p99_ms"] is not None:
+            left.annotate(f"c={r['concurrency']}", (r["throughput_rps"], r["p99_ms"]), textcoords="offset points",
+                          xytext=(4, 4), fontsize=8)
+    left.set_xlabel("throughput (requests/s)")
+    left.set_ylabel("client latency (ms)")
+    left.set_title(title)
+    left.grid(True, alpha=0.3)
+    left.legend()
+    labels = [str(r["concurrency"]) for r in rows]
+    queue = [r.get("server_queue_us") or 0 for r in rows]
+    compute = [r.get("server_compute_us") or 0 for r in rows]
+    right.bar(labels, queue, label="queue")
+    right.bar(labels, compute, bottom=queue, label="compute (input+infer+output)")
+    for i, r in enumerate(rows):
+        if r.get("server_avg_batch"):
+            right.annotate(f"b={r['server_avg_batch']:.1f}", (i, queue[i] + compute[i]), ha="center",
+                           textcoords="offset points", xytext=(0, 3), fontsize=8)
+    right.set_xlabel("concurrency (requests in flight)")
+    right.set_ylabel("server time per request (us)")
+    right.set_title("Triton statistics: queue vs compute, b = average formed batch")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

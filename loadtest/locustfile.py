@@ -1,0 +1,350 @@
+"""Locust users for any model on a Triton server, over HTTP or gRPC (tritonclient).
+
+    locust --config loadtest/locust.conf -f loadtest/locustfile.py,loadtest/shapes.py \
+           --host 127.0.0.1:8000 --triton-model digits_cnn [--triton-protocol grpc --host 127.0.0.1:8001]
+
+Nothing here is model specific: the inputs' names, datatypes and shapes come from the server
+(``/v2/models/NAME`` and ``/config``), and the values from ``--payload`` (a version's reference.npz,
+or an .npz keyed by input name with rows along the first axis), else are generated (floats uniform
+in [0, 1), integers zero, dynamic dims 16). Each user sends one request at a time, with no pause
+(a closed loop): ``--users`` is the number of requests in flight.
+
+SLOs: when the test ends, p99 and the failure ratio over the whole run are checked against
+``--slo-p99-ms`` and ``--slo-max-failure-ratio``; the exit code is 1 and the reason printed if
+either is broken, 0 otherwise. Bad settings or an unreachable model exit with 2 before any load.
+
+Distributed: workers get these settings from the master, and read ``--payload`` from their own disk;
+a worker that has no file at that path asks the master for its bytes. See loadtest/README.md.
+"""
+
+# gRPC must cooperate with gevent (which Locust runs on) before any channel exists; without this,
+# gRPC calls block the whole process and users take turns instead of running concurrently.
+import grpc.experimental.gevent as _grpc_gevent
+
+_grpc_gevent.init_gevent()
+
+import logging  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import gevent  # noqa: E402
+import gevent.event  # noqa: E402
+import gevent.lock  # noqa: E402
+import numpy as np  # noqa: E402
+from locust import User, constant, events, task  # noqa: E402
+from locust.runners import MasterRunner, WorkerRunner  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from shapes import SHAPES, TritonLoadShape  # noqa: E402,F401  (Locust picks the shape class up from here)
+
+log = logging.getLogger("triton-locust")
+DATATYPES = {"FP32": np.float32, "FP16": np.float16, "FP64": np.float64, "INT64": np.int64, "INT32": np.int32,
+             "INT16": np.int16, "INT8": np.int8, "UINT8": np.uint8, "BOOL": np.bool_}
+MAX_SAMPLES = 256
+
+
+@events.init_command_line_parser.add_listener
+def _arguments(parser):
+    group = parser.add_argument_group("Triton")
+    group.add_argument("--triton-model", default="", env_var="TRITON_MODEL", help="model name (required)")
+    group.add_argument("--triton-model-version", default="", help="model version (default: the server's choice)")
+    group.add_argument("--triton-protocol", choices=("http", "grpc"), default="http",
+                       help="tritonclient protocol; --host must be the server's port for it")
+    group.add_argument("--triton-batch-size", type=int, default=1, help="rows per request (default 1)")
+    group.add_argument("--triton-timeout-s", type=float, default=10.0, help="per-request timeout (s)")
+    group.add_argument("--payload", default="", help="request data: reference.npz or .npz keyed by input name")
+    group.add_argument("--slo-p99-ms", type=float, default=0.0, help="p99 SLO in ms over the run (0: none)")
+    group.add_argument("--slo-max-failure-ratio", type=float, default=0.01, help="largest allowed failure ratio")
+    group.add_argument("--load-shape", choices=SHAPES, default="constant", help="constant | ramp | steps")
+    group.add_argument("--load-steps", type=int, default=4, help="number of steps of --load-shape steps")
+    group.add_argument("--result-json", default="", help="write the run's final numbers and SLO verdict here")
+
+
+# ---------------------------------------------------------------------------------------------
+# What to send (once per process)
+
+
+def _address(host):
+    host = (host or "").strip().rstrip("/")
+    for scheme in ("http://", "https://", "grpc://"):
+        if host.startswith(scheme):
+            host = host[len(scheme):]
+    return host
+
+
+def _client(protocol, host, timeout):
+    if protocol == "grpc":
+        import tritonclient.grpc as module
+
+        return module, module.InferenceServerClient(host)
+    import tritonclient.http as module
+
+    return module, module.InferenceServerClient(host, connection_timeout=timeout, network_timeout=timeout)
+
+
+def _read_npz(path, names, batching):
+    with np.load(path, allow_pickle=False) as archive:
+        groups = {}
+        for key in archive.files:
+            if key.startswith("input/"):  # reference.npz: input/<case>/<name>
+                _, case, name = key.split("/", 2)
+                groups.setdefault(case, {})[name] = archive[key]
+            elif not key.startswith("output/"):
+                groups.setdefault("", {})[key] = archive[key]
+    samples = []
+    for case in sorted(groups):
+        arrays = groups[case]
+        missing = [n for n in names if n not in arrays]
+        if missing:
+            raise ValueError(f"--payload {path}: no array for input(s) {', '.join(missing)} "
+                             f"(it has: {', '.join(sorted(arrays))}); key the arrays by input name")
+        if batching:
+            samples += [{n: arrays[n][i:i + 1] for n in names} for i in range(min(len(arrays[n]) for n in names))]
+        else:
+            samples.append({n: arrays[n] for n in names})
+    if not samples:
+        raise ValueError(f"--payload {path}: holds no rows")
+    picks = np.linspace(0, len(samples) - 1, min(len(samples), MAX_SAMPLES)).astype(int)
+    return [samples[i] for i in picks]
+
+
+def _generate(inputs, batching, count=16):
+    rng = np.random.default_rng(0)
+    samples = []
+    for _ in range(count):
+        sample = {}
+        for name, datatype, shape in inputs:
+            if datatype not in DATATYPES:
+                raise ValueError(f"input '{name}' has datatype {datatype}; pass --payload with an .npz holding it")
+            full = ([1] if batching else []) + [16 if d < 0 else d for d in shape]
+            dtype = DATATYPES[datatype]
+            floating = np.issubdtype(dtype, np.floating)
+            sample[name] = rng.random(full).astype(dtype) if floating else np.zeros(full, dtype)
+        samples.append(sample)
+    return samples
+
+
+class Target:
+    """The model, its request inputs and the payload's origin; built once per Locust process."""
+
+    def __init__(self, options, host, payload_bytes=None):
+        self.model = options.triton_model
+        if not self.model:
+            raise ValueError("--triton-model is not set: name the model to load-test (or set TRITON_MODEL)")
+        if not host:
+            raise ValueError("--host is not set: give the Triton address HOST:PORT for --triton-protocol")
+        self.protocol, self.host = options.triton_protocol, _address(host)
+        self.version = options.triton_model_version or ""
+        self.timeout = float(options.triton_timeout_s)
+        module, client = _client(self.protocol, self.host, self.timeout)
+        try:
+            kwargs = {"client_timeout": self.timeout} if self.protocol == "grpc" else {}
+            if not client.is_model_ready(self.model, self.version, **kwargs):
+                raise ValueError(f"model '{self.model}' is not ready on Triton at {self.host}")
+            if self.protocol == "grpc":
+                meta = client.get_model_metadata(self.model, self.version, as_json=True, **kwargs)
+                config = client.get_model_config(self.model, self.version, as_json=True, **kwargs)["config"]
+            else:
+                meta = client.get_model_metadata(self.model, self.version)
+                config = client.get_model_config(self.model, self.version)
+        except ValueError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - connection refused, timeouts, ...
+            raise ValueError(f"cannot reach Triton at {self.host} over {self.protocol}: {exc}") from None
+        finally:
+            client.close()
+        self.batching = int(config.get("max_batch_size", 0)) > 0
+        skip = 1 if self.batching else 0  # metadata shapes include the batch dimension
+        inputs = [(i["name"], i["datatype"], [int(d) for d in i["shape"]][skip:]) for i in meta["inputs"]]
+        self.outputs = [o["name"] for o in meta["outputs"]]
+        names = [name for name, _, _ in inputs]
+        if payload_bytes is not None:  # sent by the master
+            import io
+
+            samples = _read_npz(io.BytesIO(payload_bytes), names, self.batching)
+            self.source = f"{options.payload} (sent by the master)"
+        elif options.payload:
+            samples, self.source = _read_npz(options.payload, names, self.batching), options.payload
+        else:
+            samples, self.source = _generate(inputs, self.batching), "generated from the model metadata"
+        batch = max(1, int(options.triton_batch_size))
+        if batch > max(1, int(config.get("max_batch_size", 0))):
+            raise ValueError(f"--triton-batch-size {batch} > the model's max_batch_size "
+                             f"{config.get('max_batch_size', 0)}")
+        if batch > 1 and self.batching:  # requests of `batch` consecutive rows of equal shapes
+            grouped = []
+            for i in range(len(samples)):
+                rows = [samples[(i + k) % len(samples)] for k in range(batch)]
+                if all(r[n].shape == rows[0][n].shape for r in rows for n in names):
+                    grouped.append({n: np.concatenate([r[n] for r in rows]) for n in names})
+            if not grouped:
+                raise ValueError(f"--triton-batch-size {batch}: no {batch} consecutive payload rows have equal shapes")
+            samples = grouped
+        self.samples = samples
+        self.module = module
+
+    def requests(self):
+        """(inputs, outputs) tritonclient objects per sample, for this process's protocol."""
+        from tritonclient.utils import np_to_triton_dtype
+
+        prepared = []
+        for sample in self.samples:
+            inputs = []
+            for name, value in sample.items():
+                item = self.module.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+                item.set_data_from_numpy(np.ascontiguousarray(value))
+                inputs.append(item)
+            prepared.append((inputs, [self.module.InferRequestedOutput(o) for o in self.outputs]))
+        return prepared
+
+
+_target = None
+_target_lock = gevent.lock.Semaphore()
+_payload_reply = gevent.event.AsyncResult()
+
+
+def _get_target(environment):
+    """The process's Target; a worker without the payload file asks the master for it."""
+    global _target
+    with _target_lock:
+        if _target is None:
+            options = environment.parsed_options
+            payload_bytes = None
+            if isinstance(environment.runner, WorkerRunner) and options.payload and not os.path.isfile(options.payload):
+                environment.runner.send_message("triton_payload_request", options.payload)
+                answer = _payload_reply.get(timeout=60)
+                if "error" in answer:
+                    raise ValueError(answer["error"])
+                payload_bytes = answer["data"]
+            _target = Target(options, environment.host, payload_bytes)
+        return _target
+
+
+@events.init.add_listener
+def _on_init(environment, runner, **_kwargs):
+    if isinstance(runner, WorkerRunner):
+        runner.register_message("triton_payload", lambda environment, msg, **kw: _payload_reply.set(msg.data))
+        return
+    if isinstance(runner, MasterRunner):
+        def send_payload(environment, msg, **kw):
+            path = environment.parsed_options.payload
+            try:
+                with open(path, "rb") as handle:
+                    data = {"data": handle.read()}
+            except OSError as exc:
+                data = {"error": f"the master cannot read --payload {path}: {exc}"}
+            environment.runner.send_message("triton_payload", data, client_id=msg.node_id)
+
+        runner.register_message("triton_payload_request", send_payload)
+    # local or master: check the settings and the server now, before any load (exit 2 on error)
+    options = environment.parsed_options
+    if options.load_shape != "constant" and not options.run_time:
+        _fail(f"--load-shape {options.load_shape} needs --run-time")
+    if options.slo_max_failure_ratio < 0 or options.slo_p99_ms < 0:
+        _fail("--slo-p99-ms and --slo-max-failure-ratio must be >= 0")
+    try:
+        target = _get_target(environment)
+    except Exception as exc:  # noqa: BLE001 - every failure here is a settings or server problem
+        _fail(" ".join(str(exc).split()))
+    print(f"triton-locust: {target.model} over {target.protocol} at {target.host}, "
+          f"{len(target.samples)} request payload(s) from {target.source}", file=sys.stderr, flush=True)
+
+
+def _fail(message):
+    print(f"triton-locust: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+# ---------------------------------------------------------------------------------------------
+# The user
+
+
+class TritonUser(User):
+    """One request in flight at a time, no pause between them (closed loop)."""
+
+    wait_time = constant(0)
+
+    def on_start(self):
+        target = _get_target(self.environment)
+        self.target = target
+        self.requests = target.requests()
+        self.index = int(np.random.default_rng().integers(len(self.requests)))
+        _, self.client = _client(target.protocol, target.host, target.timeout)
+        self.kind = "gRPC" if target.protocol == "grpc" else "HTTP"
+        self.name = f"{target.model} infer"
+
+    @task
+    def infer(self):
+        inputs, outputs = self.requests[self.index % len(self.requests)]
+        self.index += 1
+        extra = {"client_timeout": self.target.timeout} if self.target.protocol == "grpc" else {}
+        start = time.perf_counter()
+        exception, size = None, 0
+        try:
+            result = self.client.infer(self.target.model, inputs, model_version=self.target.version,
+                                       outputs=outputs, **extra)
+            size = sum(result.as_numpy(o).nbytes for o in self.target.outputs)
+        except Exception as exc:  # noqa: BLE001 - every error is a failed request in the report
+            exception = exc
+        self.environment.events.request.fire(
+            request_type=self.kind, name=self.name, response_time=(time.perf_counter() - start) * 1000.0,
+            response_length=size, exception=exception, context={})
+
+    def on_stop(self):
+        # a gRPC channel left open keeps the process alive after "Shutting down", deaf to SIGTERM
+        client = getattr(self, "client", None)
+        if client is not None:
+            client.close()
+            self.client = None
+
+
+# ---------------------------------------------------------------------------------------------
+# End of the run: the whole run's numbers, the SLO verdict, the exit code
+
+
+def run_result(environment):
+    """The run's client-side numbers (final: Locust's CSV is only rewritten every second)."""
+    total = environment.stats.total
+    result = {"requests": total.num_requests, "failures": total.num_failures,
+              "failure_ratio": round(total.fail_ratio, 6), "rps": round(total.total_rps, 2),
+              "avg_ms": round(total.avg_response_time, 3), "min_ms": total.min_response_time,
+              "max_ms": total.max_response_time, "errors": {}}
+    for q in (50, 90, 95, 99):
+        result[f"p{q}_ms"] = total.get_response_time_percentile(q / 100) if total.num_requests else None
+    for error in sorted(environment.stats.errors.values(), key=lambda e: -e.occurrences)[:10]:
+        result["errors"][" ".join(str(error.error).split())[:300]] = error.occurrences
+    return result
+
+
+@events.quitting.add_listener
+def _finish(environment, **_kwargs):
+    if isinstance(environment.runner, WorkerRunner):
+        return  # the master judges the whole run
+    options = environment.parsed_options
+    result = run_result(environment)
+    broken = []
+    if result["requests"] == 0:
+        broken.append("no request completed")
+    else:
+        if options.slo_p99_ms and result["p99_ms"] > options.slo_p99_ms:
+            broken.append(f"p99 {result['p99_ms']:g} ms > --slo-p99-ms {options.slo_p99_ms:g}")
+        if result["failure_ratio"] > options.slo_max_failure_ratio:
+            broken.append(f"failure ratio {result['failure_ratio']:.4f} ({result['failures']} of {result['requests']}) "
+                          f"> --slo-max-failure-ratio {options.slo_max_failure_ratio:g}")
+    if environment.runner is not None and environment.runner.exceptions:
+        broken.append(f"{len(environment.runner.exceptions)} error(s) in the locustfile (see the exceptions report)")
+    print(f"triton-locust: {result['requests']} requests, {result['failures']} failures, {result['rps']:.1f} req/s, "
+          f"p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms", file=sys.stderr, flush=True)
+    for reason in broken:
+        print(f"triton-locust: SLO broken: {reason}", file=sys.stderr, flush=True)
+    if not broken:
+        print("triton-locust: SLO met", file=sys.stderr, flush=True)
+    result["slo"] = {"p99_ms": options.slo_p99_ms or None, "max_failure_ratio": options.slo_max_failure_ratio,
+                     "met": not broken, "broken": broken}
+    if options.result_json:
+        import json
+
+        with open(options.result_json, "w", encoding="utf-8") as handle:
+            json.dump(result, handle, indent=2)
+    environment.process_exit_code = 1 if broken else 0

@@ -1,0 +1,294 @@
+"""Load testing, sweeps and tuning against the real embedded tritonserver, with real Locust
+subprocesses: counts checked against Triton's own statistics, SLO exit codes, a server killed
+mid-run, a Locust that hangs, distributed mode, and `tune --write` end to end."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from builder.errors import ServerError
+from builder.serving.embedded import EmbeddedServer
+from builder.tuning.loadtest import LOADTEST_DIR, format_summary, run_loadtest
+from tests.conftest import run_cli
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+MODEL = "digits_cnn"
+
+
+def _copy_repository(built_repository: Path, target: Path) -> Path:
+    shutil.copytree(built_repository / MODEL, target / MODEL)
+    return target
+
+
+@pytest.fixture(scope="module")
+def own_server(built_repository, tmp_path_factory):
+    """A server of our own on a copy of the repository: nothing else sends requests to it, and tune
+    may rewrite its config."""
+    repo = _copy_repository(built_repository, tmp_path_factory.mktemp("loadtest_repo") / "repo")
+    server = EmbeddedServer(repo, ready_timeout=90)
+    server.start()
+    yield server
+    server.stop()
+    assert not server.is_running()
+
+
+def _success_count(server: EmbeddedServer) -> int:
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{MODEL}/stats", timeout=10) as response:
+        stats = json.load(response)["model_stats"]
+    return sum(int(s["inference_stats"]["success"]["count"]) for s in stats)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_headless_load_matches_the_servers_own_count(own_server, tmp_path, protocol):
+    url = own_server.http_url if protocol == "http" else own_server.grpc_url
+    before = _success_count(own_server)
+    summary = run_loadtest(MODEL, url, protocol, users=4, run_time_s=3, out_dir=tmp_path,
+                           repository=own_server.repository, timeout_s=60)
+    served = _success_count(own_server) - before
+    client = summary["client"]
+    assert summary["exit_code"] == 0, format_summary(summary)
+    assert client["failures"] == 0 and client["requests"] > 100
+    assert served == client["requests"], f"server answered {served}, Locust counted {client['requests']}"
+    assert summary["server"]["requests"] == served and summary["counts_match"]
+    assert summary["payload"].endswith("reference.npz")
+    assert summary["server"]["executions"] > 0 and summary["server"]["batch_sizes"]
+    assert sum(int(size) * n for size, n in summary["server"]["batch_sizes"].items()) == served
+    assert summary["server"]["queue_us_per_request"] >= 0 and summary["server"]["compute_us_per_request"] > 0
+    for q in ("p50_ms", "p90_ms", "p95_ms", "p99_ms"):
+        assert client[q] is not None
+    assert summary["slo"]["met"]
+    files = {p.name for p in tmp_path.iterdir()}
+    assert {"summary.json", "report.html", "locust_stats.csv", "locust_failures.csv",
+            "locust_stats_history.csv"} <= files
+    assert json.loads((tmp_path / "summary.json").read_text())["client"]["requests"] == client["requests"]
+    assert f"{protocol}, 4 users: {client['requests']} requests, 0 failures" in format_summary(summary)
+
+
+def test_broken_slo_exits_nonzero_and_says_why(own_server, tmp_path):
+    proc = run_cli("loadtest", MODEL, "--url", own_server.http_url, "--users", "2", "--run-time", "2",
+                   "--slo-p99-ms", "0.001", "--out", str(tmp_path), "--timeout", "60", timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "SLO BROKEN: p99" in proc.stdout and "> --slo-p99-ms 0.001" in proc.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert not summary["slo"]["met"] and summary["client"]["failures"] == 0
+
+
+def test_bad_arguments_and_unreachable_server_exit_2(tmp_path):
+    unreachable = run_cli("loadtest", MODEL, "--url", "127.0.0.1:9", "--run-time", "2", "--out", str(tmp_path))
+    assert unreachable.returncode == 2 and "cannot reach Triton at 127.0.0.1:9" in unreachable.stderr
+    bad = run_cli("loadtest", MODEL, "--users", "0", "--out", str(tmp_path))
+    assert bad.returncode == 2 and "--users 0" in bad.stderr
+    no_budget = run_cli("tune", MODEL, "--repository", str(tmp_path), "--p99-budget-ms", "-1")
+    assert no_budget.returncode == 2 and "--p99-budget-ms" in no_budget.stderr
+
+
+def test_run_ends_with_errors_reported_when_the_server_is_killed(built_repository, tmp_path):
+    repo = _copy_repository(built_repository, tmp_path / "repo")
+    with EmbeddedServer(repo) as server:
+        killer = threading.Timer(2.5, lambda: os.killpg(server.pid, signal.SIGKILL))
+        killer.start()
+        started = time.monotonic()
+        summary = run_loadtest(MODEL, server.grpc_url, "grpc", users=4, run_time_s=6, out_dir=tmp_path / "out",
+                               timeout_s=40)
+        elapsed = time.monotonic() - started
+        killer.join()
+    assert elapsed < 40
+    assert summary["exit_code"] == 1 and not summary["timed_out"]
+    assert summary["client"]["failures"] > 0 and summary["client"]["errors"]
+    assert any("failure ratio" in reason for reason in summary["slo"]["broken"])
+    assert summary["server"]["error"], "statistics of a dead server cannot be read"
+
+
+def test_hard_timeout_kills_a_locust_that_hangs(own_server, tmp_path):
+    # a copy of loadtest/ whose locustfile never finishes shutting down and ignores SIGTERM
+    hanging = tmp_path / "loadtest"
+    shutil.copytree(LOADTEST_DIR, hanging, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(hanging / "locustfile.py", "a") as handle:
+        handle.write("\n\n@events.quitting.add_listener\ndef _hang(environment, **kwargs):\n"
+                     "    import signal as _signal\n    _signal.signal(_signal.SIGTERM, _signal.SIG_IGN)\n"
+                     "    while True:\n        gevent.sleep(1)\n")
+    started = time.monotonic()
+    summary = run_loadtest(MODEL, own_server.http_url, "http", users=2, run_time_s=2, out_dir=tmp_path / "out",
+                           timeout_s=8, locustfile=hanging / "locustfile.py")
+    elapsed = time.monotonic() - started
+    assert summary["timed_out"] and summary["exit_code"] == 1
+    assert elapsed < 8 + 12, f"took {elapsed:.1f} s"
+    assert any("killed" in reason for reason in summary["slo"]["broken"])
+    assert summary["client"]["requests"] > 0  # Locust's last CSV rows
+    assert own_server.is_ready()
+
+
+def test_distributed_master_and_two_workers(own_server, tmp_path):
+    before = _success_count(own_server)
+    summary = run_loadtest(MODEL, own_server.http_url, "http", users=4, run_time_s=4, out_dir=tmp_path,
+                           workers=2, repository=own_server.repository, timeout_s=90)
+    assert summary["exit_code"] == 0, format_summary(summary)
+    assert summary["client"]["failures"] == 0 and summary["client"]["requests"] > 100
+    assert _success_count(own_server) - before == summary["client"]["requests"]
+    for index in (1, 2):  # each worker ran users and reported to the master
+        log = (tmp_path / f"locust-worker-{index}.log").read_text()
+        assert "Shutting down" in log, log[-2000:]
+
+
+def test_sweep_writes_csv_and_png(own_server, tmp_path):
+    proc = run_cli("sweep", MODEL, "--url", own_server.grpc_url, "--levels", "1,4", "--window", "0.25",
+                   "--seconds-per-level", "2", "--out", str(tmp_path), "--repository", str(own_server.repository),
+                   timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = (tmp_path / "sweep.csv").read_text().splitlines()
+    assert rows[0].startswith("concurrency,throughput_rps,p50_ms,p95_ms,p99_ms") and len(rows) == 3
+    assert (tmp_path / "sweep.png").stat().st_size > 10_000
+    result = json.loads((tmp_path / "sweep.json").read_text())
+    assert "tritonclient.grpc" in result["client"]
+    for level in result["levels"]:
+        assert level["throughput_rps"] > 0 and level["p99_ms"] > 0 and level["failures"] == 0
+        assert level["server_compute_us"] > 0 and level["server_batch_sizes"]
+    assert set(result["levels"][0]["server_batch_sizes"]) == {"1"}  # one request in flight: no batching
+
+
+def _tree_hashes(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_tune_writes_the_winner_and_the_server_serves_it(own_server, tmp_path):
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    repo = own_server.repository
+    version_before = _tree_hashes(repo / MODEL / "1")
+    budget = 50.0
+    proc = run_cli("tune", MODEL, "--repository", str(repo), "--url", own_server.grpc_url, "--p99-budget-ms",
+                   str(budget), "--seconds-per-candidate", "3", "--delays", "0", "--instances", "1,2",
+                   "--levels", "1,4", "--out", str(tmp_path), "--write", timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    for label in ("no batching", "default", "2 instances"):  # the table lists every candidate
+        assert f"\n{label} " in out, out
+    assert "WINNER" in out and "x no batching" in out and "x default" in out
+
+    record = json.loads((repo / MODEL / "tuning.json").read_text())
+    assert record == json.loads((tmp_path / "tuning.json").read_text())
+    winner = record["winner"]
+    assert winner["best_level"]["p99_ms"] <= budget and winner["throughput_within_budget_rps"] > 0
+    assert len(record["candidates"]) == 3 and record["written"]
+    assert set(record["ratios"]) == {"vs_no_batching", "vs_default"}
+
+    text = (repo / MODEL / "config.pbtxt").read_text()
+    assert text.startswith("# Rendered by triton-builder") and "# Tuned by triton-builder tune" in text
+    assert "tuning.json" in text
+    config = model_config_pb2.ModelConfig()
+    text_format.Parse(text, config)  # Triton's own schema
+    assert config.name == MODEL and config.backend == "python"
+    assert config.instance_group[0].count == winner["instances"]
+    assert config.HasField("dynamic_batching") == winner["dynamic_batching"]
+    assert _tree_hashes(repo / MODEL / "1") == version_before, "the version folder must not change"
+    assert not [p.name for p in repo.iterdir() if p.name.endswith(".tmp")]
+
+    with urllib.request.urlopen(f"http://{own_server.http_url}/v2/models/{MODEL}/config", timeout=10) as response:
+        served = json.load(response)
+    assert served["instance_group"][0]["count"] == winner["instances"]
+    assert ("dynamic_batching" in served) == winner["dynamic_batching"]
+    assert served["max_batch_size"] == winner["max_batch_size"]
+    assert own_server.model_ready(MODEL)
+
+
+def test_tune_refuses_a_budget_nothing_meets(own_server, tmp_path):
+    proc = run_cli("tune", MODEL, "--repository", str(own_server.repository), "--url", own_server.grpc_url,
+                   "--p99-budget-ms", "0.001", "--seconds-per-candidate", "2", "--delays", "0", "--instances", "1",
+                   "--levels", "1", "--no-confirm", "--out", str(tmp_path), timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "no candidate met p99 <= 0.001 ms" in proc.stdout
+    assert own_server.model_ready(MODEL)  # the model was reloaded from its (unchanged) file
+
+
+def test_unreachable_model_is_a_server_error(own_server, tmp_path):
+    with pytest.raises(ServerError, match="model 'nope' is not ready"):
+        run_loadtest("nope", own_server.http_url, "http", users=1, run_time_s=1, out_dir=tmp_path)
+
+
+@pytest.mark.parametrize("shape, counts", [("ramp", [1, 2, 3, 4]), ("steps", [1, 2, 3, 4])])
+def test_load_shapes_raise_users_over_the_run(own_server, tmp_path, shape, counts):
+    summary = run_loadtest(MODEL, own_server.http_url, "http", users=4, run_time_s=4, out_dir=tmp_path,
+                           shape=shape, timeout_s=60)
+    assert summary["exit_code"] == 0, format_summary(summary)
+    log = (tmp_path / "locust.log").read_text()
+    seen = [int(n) for n in re.findall(r"Shape test updating to (\d+) users", log)]
+    assert seen == counts, log[-3000:]
+
+
+# ------------------------------------------------------------------------------------------------
+# the pieces without a server (fast)
+
+
+def test_statistics_deltas_from_either_client():
+    from builder.tuning.stats import parse_stats, server_view
+
+    def answer(success, executions, sizes, as_strings):
+        cast = str if as_strings else int
+        return {"model_stats": [{"name": MODEL, "version": "1", "inference_count": cast(success),
+                                 "execution_count": cast(executions),
+                                 "inference_stats": {"success": {"count": cast(success), "ns": cast(success * 3000)},
+                                                     "fail": {}, "queue": {"count": cast(success), "ns": cast(success * 1000)},
+                                                     "compute_infer": {"count": cast(success), "ns": cast(success * 2000)}},
+                                 "batch_stats": [{"batch_size": cast(b), "compute_infer": {"count": cast(n), "ns": "0"}}
+                                                 for b, n in sizes.items()]}]}
+
+    before = parse_stats(answer(10, 10, {1: 10}, as_strings=True), MODEL)  # gRPC JSON: int64 as strings
+    after = parse_stats(answer(40, 15, {1: 10, 4: 5}, as_strings=False), MODEL)
+    view = server_view(before, after)
+    assert view["requests"] == 30 and view["executions"] == 5 and view["batch_sizes"] == {"4": 5}
+    assert view["average_batch_size"] == 6.0 and view["queue_us_per_request"] == 1.0
+    assert view["compute_us_per_request"] == 2.0 and view["queue_share"] == round(1 / 3, 3)
+    assert server_view(after, before)["error"]  # a reload in between restarts the counters
+
+
+def test_tuned_config_is_validated_before_anything_is_written(built_repository, tmp_path):
+    from builder.errors import BuilderError
+    from builder.repository.config import config_as_dict
+    from builder.repository.tuned import config_text_from_dict, write_tuned_config
+
+    repo = _copy_repository(built_repository, tmp_path / "repo")
+    config_file = repo / MODEL / "config.pbtxt"
+    original = config_file.read_text()
+    config = config_as_dict(original)
+    config["input"][0]["dims"] = ["1", "9", "9"]
+    with pytest.raises(BuilderError, match="changes 'input'"):
+        write_tuned_config(repo, MODEL, config_text_from_dict(config), {"x": 1})
+    assert config_file.read_text() == original and not (repo / MODEL / "tuning.json").exists()
+    config = config_as_dict(original)
+    config["instance_group"][0]["count"] = 2
+    text = config_text_from_dict(config, ["# tuned"])
+    assert text.startswith('# tuned\nname: "digits_cnn"\nbackend: "python"\nmax_batch_size: 64\n')
+    write_tuned_config(repo, MODEL, text, {"winner": "2 instances"})
+    assert config_as_dict(config_file.read_text())["instance_group"][0]["count"] == 2
+    assert json.loads((repo / MODEL / "tuning.json").read_text()) == {"winner": "2 instances"}
+    assert sorted(p.name for p in (repo / MODEL).iterdir()) == ["1", "config.pbtxt", "tuning.json"]
+
+
+def test_payload_layouts(built_repository, tmp_path):
+    import numpy as np
+
+    from builder.errors import UserInputError
+    from builder.tuning.payload import make_requests, read_npz_samples
+
+    reference = read_npz_samples(built_repository / MODEL / "1" / "reference.npz", ["image"], batching=True)
+    assert reference and all(s["image"].shape == (1, 1, 8, 8) for s in reference)
+    plain = tmp_path / "val.npz"
+    np.savez(plain, image=np.zeros((5, 1, 8, 8), np.float32), labels=np.arange(5))
+    assert len(read_npz_samples(plain, ["image"], batching=True)) == 5
+    assert make_requests(read_npz_samples(plain, ["image"], True), 4)[0]["image"].shape == (4, 1, 8, 8)
+    with pytest.raises(UserInputError, match=r"no array for input\(s\) tokens .*has: image, labels"):
+        read_npz_samples(plain, ["tokens"], batching=True)
