@@ -41,7 +41,6 @@ import logging
 import math
 import signal
 import threading
-import time
 import urllib.error
 import urllib.parse
 import urllib.request

@@ -31,7 +31,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Sequence
 
 from builder.errors import ServerError, UserInputError
+from builder.serving.processes import die_with_parent, free_port, killpg, port_open
 
 __all__ = ["NginxBalancer", "find_nginx", "render_config"]
 
@@ -53,20 +53,6 @@ def find_nginx(binary: str | os.PathLike | None = None) -> str:
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return str(candidate)
     raise ServerError(f"nginx is not installed (the local balancer needs it): {INSTALL_HINT}")
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _port_open(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def _check_backends(kind: str, backends: Sequence[str]) -> list[str]:
@@ -237,9 +223,9 @@ class NginxBalancer:
             if os.geteuid() == 0:
                 worker_user = "nobody nogroup" if _group_exists("nogroup") else "nobody"
             http_port, grpc_port = self._requested
-            self._ports = (http_port or _free_port(self.host), grpc_port or _free_port(self.host))
+            self._ports = (http_port or free_port(self.host), grpc_port or free_port(self.host))
             if self._ports[0] == self._ports[1]:
-                self._ports = (self._ports[0], _free_port(self.host))
+                self._ports = (self._ports[0], free_port(self.host))
             self.config_path.write_text(render_config(self.workdir, self.http_backends, self.grpc_backends, self.host,
                                                       *self._ports, fail_timeout_s=self.fail_timeout_s,
                                                       worker_user=worker_user))
@@ -272,7 +258,7 @@ class NginxBalancer:
         while True:
             if self._proc.poll() is not None:
                 raise ServerError(f"nginx exited with code {self._proc.returncode} while starting: {self._errors()}")
-            if all(_port_open(self.host, port) for port in self._ports_or_raise()):
+            if all(port_open(self.host, port) for port in self._ports_or_raise()):
                 return
             if time.monotonic() > deadline:
                 raise ServerError(f"nginx did not listen on {self.host}:{self._ports} within {self.ready_timeout:g} s: "
@@ -295,13 +281,13 @@ class NginxBalancer:
             code = None
             if proc is not None:
                 if proc.poll() is None:
-                    _killpg(proc.pid, signal.SIGTERM)
+                    killpg(proc.pid, signal.SIGTERM)
                     try:
                         proc.wait(timeout)
                     except subprocess.TimeoutExpired:
-                        _killpg(proc.pid, signal.SIGKILL)
+                        killpg(proc.pid, signal.SIGKILL)
                         proc.wait(5)
-                _killpg(proc.pid, signal.SIGKILL)  # a worker left behind, if any
+                killpg(proc.pid, signal.SIGKILL)  # a worker left behind, if any
                 code = proc.returncode
             if self.workdir is not None and not self.keep_files:
                 shutil.rmtree(self.workdir, ignore_errors=True)
@@ -309,32 +295,6 @@ class NginxBalancer:
                 atexit.unregister(self.stop)
                 self._atexit_registered = False
             return code
-
-
-def die_with_parent():
-    """A ``preexec_fn`` giving the child SIGTERM when the thread that started it dies (Linux
-    ``PR_SET_PDEATHSIG``), so a parent killed without cleanup leaves nothing behind; None elsewhere."""
-    import ctypes
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    except OSError:
-        return None
-
-    def preexec() -> None:
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-    return preexec
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _group_exists(name: str) -> bool:

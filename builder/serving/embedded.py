@@ -55,7 +55,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -69,6 +68,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from builder.errors import ServerDiedError, ServerError, UserInputError
+from builder.serving.processes import free_ports, group_alive, killpg
 
 __all__ = [
     "EMBEDDED_BACKENDS",
@@ -254,20 +254,6 @@ def unsupported_models(repository: Path) -> dict[str, str]:
 # Helpers
 
 
-def _free_ports(host: str, count: int) -> list[int]:
-    """``count`` distinct ports the OS says are free on ``host`` right now."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 def _is_noise(line: str) -> bool:
     stripped = line.strip()
     if not stripped or stripped[0] in "+|" or any(word in line for word in _NOISE):
@@ -290,23 +276,6 @@ def _describe_exit(code: int | None) -> str:
         except ValueError:
             return f"exited with code {code}"
     return f"exited with code {code}"
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -489,18 +458,18 @@ class EmbeddedServer:
             return None
         pgid = proc.pid  # start_new_session=True: the server leads its own process group
         if proc.poll() is None:
-            _killpg(pgid, signal.SIGTERM)
+            killpg(pgid, signal.SIGTERM)
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                _killpg(pgid, signal.SIGKILL)
+                killpg(pgid, signal.SIGKILL)
                 proc.wait(5)
         # python-backend stubs left behind (e.g. the server was SIGKILLed): give them a moment, then kill
         deadline = time.monotonic() + 3.0
-        while _group_alive(pgid) and time.monotonic() < deadline:
+        while group_alive(pgid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if _group_alive(pgid):
-            _killpg(pgid, signal.SIGKILL)
+        if group_alive(pgid):
+            killpg(pgid, signal.SIGKILL)
         return proc.returncode
 
     # -- process state -----------------------------------------------------------------------
@@ -645,7 +614,7 @@ class EmbeddedServer:
 
     def _choose_ports(self) -> tuple[int, int, int]:
         wanted = list(self._requested_ports)
-        free = iter(_free_ports(self.host, sum(p is None for p in wanted)))
+        free = iter(free_ports(self.host, sum(p is None for p in wanted)))
         return tuple(p if p is not None else next(free) for p in wanted)  # type: ignore[return-value]
 
     def _port_was_chosen(self, message: str) -> bool:

@@ -21,7 +21,6 @@ import atexit
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,18 +31,12 @@ import urllib.request
 from pathlib import Path
 
 from builder.errors import ServerError, UserInputError
-from builder.serving.balancer import die_with_parent
+from builder.serving.processes import die_with_parent, free_port
 
 __all__ = ["MotoS3Server"]
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 INSTALL_HINT = "pip install 'moto[server]' (in triton-builder's dev extra: pip install -e '.[dev]')"
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class MotoS3Server:
@@ -102,7 +95,7 @@ class MotoS3Server:
             self._workdir = Path(tempfile.mkdtemp(prefix="triton-builder-moto-"))
             if self.log_path is None:
                 self.log_path = self._workdir / "moto.log"
-            self._port = self._requested_port or _free_port(self.host)
+            self._port = self._requested_port or free_port(self.host)
             cmd = [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self._port)]
             with open(self.log_path, "ab") as log:
                 self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

@@ -48,13 +48,11 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import ctypes
 import json
 import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -69,6 +67,7 @@ from typing import Any, Callable, Mapping, Sequence
 import yaml
 
 from builder.errors import ServerError, UserInputError
+from builder.serving.processes import die_with_parent, free_port, port_open
 
 __all__ = [
     "PROJECT_ROOT",
@@ -119,20 +118,6 @@ def _seconds(duration: str) -> float:
     return sum(int(n) * _UNIT_S[unit] for n, unit in _DURATION_PART.findall(duration))
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _port_open(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
 def _http(url: str, timeout: float = 5.0) -> tuple[int | None, bytes]:
     """(status, body) of a GET, proxies ignored; (None, b"") if nothing answered."""
     try:
@@ -142,23 +127,6 @@ def _http(url: str, timeout: float = 5.0) -> tuple[int | None, bytes]:
         return err.code, err.read() if err.fp is not None else b""
     except (urllib.error.URLError, OSError):
         return None, b""
-
-
-def _parent_death_signal() -> Callable[[], None] | None:
-    """A preexec_fn asking Linux to SIGTERM the child when the starting thread dies (None elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig = 1
-
-    def preexec() -> None:
-        prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
-
-    return preexec
 
 
 def _split_target(target: str) -> tuple[str, str | None, str | None]:
@@ -305,7 +273,7 @@ class LocalPrometheus:
             attempts = _PORT_ATTEMPTS if self._requested_port is None else 1
             try:
                 for attempt in range(1, attempts + 1):
-                    self._port = self._requested_port or _free_port(self.host)
+                    self._port = self._requested_port or free_port(self.host)
                     self._launch(binary)
                     try:
                         self._wait_ready()
@@ -350,7 +318,7 @@ class LocalPrometheus:
             log.flush()
             self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                           cwd=str(self.workdir), start_new_session=True,
-                                          preexec_fn=_parent_death_signal())
+                                          preexec_fn=die_with_parent())
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.ready_timeout
@@ -615,15 +583,15 @@ class LocalExporter:
         env["PYTHONUNBUFFERED"] = "1"
         attempts = _PORT_ATTEMPTS if self._requested_port is None else 1
         for attempt in range(1, attempts + 1):
-            self._port = self._requested_port or _free_port(self.host)
+            self._port = self._requested_port or free_port(self.host)
             self._log = tempfile.TemporaryFile()
             cmd = [sys.executable, "-m", "monitoring.exporter", "--triton-url", self.triton_url,
                    "--port", str(self._port), "--address", self.host, "--timeout", str(self.timeout)]
             self._proc = subprocess.Popen(cmd, cwd=str(PROJECT_ROOT), env=env, stdin=subprocess.DEVNULL,
                                           stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-                                          preexec_fn=_parent_death_signal())
+                                          preexec_fn=die_with_parent())
             deadline = time.monotonic() + self.ready_timeout
-            while self._proc.poll() is None and not _port_open(self.host if self.host not in ("0.0.0.0", "") else "127.0.0.1", self._port):
+            while self._proc.poll() is None and not port_open(self.host if self.host not in ("0.0.0.0", "") else "127.0.0.1", self._port):
                 if time.monotonic() > deadline:
                     self.stop()
                     raise ServerError(f"the exporter did not listen on {self.address} within {self.ready_timeout:g} s")

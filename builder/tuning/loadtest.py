@@ -37,7 +37,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +45,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from builder.errors import ServerError, UserInputError
+from builder.serving.processes import free_port, killpg
 
 LOADTEST_DIR = Path(__file__).resolve().parents[2] / "loadtest"
 SHAPES = ("constant", "ramp", "steps")
@@ -65,29 +65,16 @@ def _locust_files(locustfile: str | Path | None) -> tuple[Path, Path, Path]:
     return main, shapes, conf
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _killpg(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def _stop_all(procs: list[subprocess.Popen]) -> None:
     """SIGTERM the process group of every Locust process still running, SIGKILL them after a grace period."""
     alive = [p for p in procs if p.poll() is None]
     for proc in alive:
-        _killpg(proc, signal.SIGTERM)
+        killpg(proc.pid, signal.SIGTERM)
     deadline = time.monotonic() + _KILL_GRACE_S
     while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
         time.sleep(0.1)
     for proc in alive:  # also whatever the process left in its group
-        _killpg(proc, signal.SIGKILL)
+        killpg(proc.pid, signal.SIGKILL)
         if proc.poll() is None:
             proc.wait(5)
 
@@ -171,7 +158,7 @@ def run_loadtest(model: str, url: str, protocol: str = "http", users: int = 8, r
     worker_tmp = None
     worker_commands = []
     if workers:
-        port = _free_port()
+        port = free_port()
         command += ["--master", "--expect-workers", str(workers), "--expect-workers-max-wait", "60",
                     "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port)]
         # "-f -": each worker gets the locustfiles and settings from the master, as on another machine
