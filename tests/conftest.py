@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -19,6 +20,19 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subpro
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.run([sys.executable, "-m", "builder", *args], cwd=cwd or ROOT, capture_output=True,
                           text=True, timeout=timeout, env=env)
+
+
+def edit_spec(folder: Path, **changes) -> Path:
+    """Rewrite folder/spec.yaml with top-level keys changed (None removes a key); returns its path."""
+    path = folder / "spec.yaml"
+    data = yaml.safe_load(path.read_text())
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    path.write_text(yaml.safe_dump(data))
+    return path
 
 
 @pytest.fixture

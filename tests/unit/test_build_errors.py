@@ -7,23 +7,10 @@ import pickle
 
 import pytest
 import torch
-import yaml
 
 from builder.errors import UserInputError, VerificationError
 from builder.pipeline import build
-from tests.conftest import run_cli
-
-
-def edit_spec(folder, **changes):
-    path = folder / "spec.yaml"
-    data = yaml.safe_load(path.read_text())
-    for key, value in changes.items():
-        if value is None:
-            data.pop(key, None)
-        else:
-            data[key] = value
-    path.write_text(yaml.safe_dump(data))
-    return path
+from tests.conftest import edit_spec, run_cli
 
 
 def assert_nothing_written(tmp_path, repo):

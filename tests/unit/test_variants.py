@@ -22,22 +22,10 @@ from builder.pipeline import build
 from builder.spec import load_spec
 from builder.stages import select
 from builder.stages.base import BuildContext, BuildOptions, Status, Variant
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, edit_spec
 
 CAP = 0.4  # seconds of measuring per variant: enough to rank, small enough to keep the tests fast
 DEFAULTS = ["onnx", "torchscript", "onnx_opt", "onnx_int8_static", "onnx_int8_dynamic", "torchscript_int8_dynamic"]
-
-
-def edit_spec(folder: Path, **changes) -> Path:
-    path = folder / "spec.yaml"
-    data = yaml.safe_load(path.read_text())
-    for key, value in changes.items():
-        if value is None:
-            data.pop(key, None)
-        else:
-            data[key] = value
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 @pytest.fixture(scope="module")
