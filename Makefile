@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps test test-unit demo bench clean
+.PHONY: setup system-deps test test-unit demo bench bench-tuning bench-drift bench-replicas clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +30,19 @@ test-unit: $(STAMP)
 demo: setup
 	$(BIN)/triton-builder run examples/digits/spec.yaml
 
+# benchmarks print figures; they are not tests (numbers depend on the machine and its load)
 bench: setup
 	$(BIN)/python benchmarks/quantization_speedup.py
+
+bench-tuning: setup
+	$(BIN)/python benchmarks/tuning_gain.py
+
+bench-drift: setup
+	$(BIN)/python benchmarks/drift_overhead.py
+	$(BIN)/python benchmarks/drift_served_overhead.py
+
+bench-replicas: setup
+	$(BIN)/python benchmarks/replicas_throughput.py
 
 clean:
 	rm -rf runs .pytest_cache
