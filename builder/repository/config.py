@@ -187,8 +187,11 @@ def render_config(config: ModelConfig) -> str:
     return text
 
 
-def parse_config(text: str):
-    """Parse config text with Triton's own schema (tritonclient's model_config_pb2)."""
+def parse_config(text: str, where: str | None = None):
+    """Parse config text with Triton's own schema (tritonclient's model_config_pb2).
+
+    ``where`` names a file the user supplied: its failure is then a UserInputError naming it; without
+    it the text is ours (just rendered) and a failure is a BuilderError."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
@@ -196,6 +199,8 @@ def parse_config(text: str):
     try:
         text_format.Parse(text, message)
     except text_format.ParseError as exc:
+        if where is not None:
+            raise UserInputError(f"{where} does not parse with Triton's schema: {exc}") from None
         raise BuilderError(f"config does not parse with Triton's schema: {exc}") from None
     return message
 

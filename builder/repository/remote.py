@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from builder.errors import ServerError, UserInputError
+from builder.repository.config import parse_config
 
 __all__ = [
     "MARKER",
@@ -408,21 +409,9 @@ class S3Store:
 # Version policy: the config is the switch
 
 
-def _parse(text: str, where: str):
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
-
-    config = model_config_pb2.ModelConfig()
-    try:
-        text_format.Parse(text, config)
-    except text_format.ParseError as err:
-        raise UserInputError(f"{where} does not parse with Triton's schema: {err}") from None
-    return config
-
-
 def policy_versions(config_text: str, available: Iterable[int], where: str = "config.pbtxt") -> list[int]:
     """The versions Triton would load from ``available`` under the config's ``version_policy``."""
-    config = _parse(config_text, where)
+    config = parse_config(config_text, where)
     available = sorted(set(available))
     policy = config.version_policy
     which = policy.WhichOneof("policy_choice")
@@ -441,7 +430,7 @@ def pin_versions(config_text: str, versions: Sequence[int], where: str = "config
 
     if not versions:
         raise UserInputError(f"{where}: no complete version to serve")
-    config = _parse(config_text, where)
+    config = parse_config(config_text, where)
     config.version_policy.Clear()
     config.version_policy.specific.versions.extend(sorted(int(v) for v in versions))
     header = ("# Written by `triton-builder publish`: version_policy names only versions whose upload is complete\n"
@@ -573,7 +562,7 @@ def publish_repository(repository: str | Path, to: str, *, models: Sequence[str]
     for model, versions in plan:
         folder = repository / model
         local_config = (folder / "config.pbtxt").read_text(encoding="utf-8")
-        _parse(local_config, str(folder / "config.pbtxt"))
+        parse_config(local_config, str(folder / "config.pbtxt"))
         changed = False
         for number in versions:
             files = local_version_files(folder / str(number))

@@ -68,6 +68,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from builder.errors import ServerDiedError, ServerError, UserInputError
+from builder.repository.config import parse_config
 from builder.serving.processes import free_ports, group_alive, killpg
 
 __all__ = [
@@ -190,9 +191,6 @@ def unsupported_models(repository: Path) -> dict[str, str]:
     parse, when its ``name:`` differs from its folder, or when it is an ensemble with a step that
     is left out or not in the repository.
     """
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
-
     repository = Path(repository)
     if not repository.is_dir():
         raise UserInputError(f"model repository {repository} is not a directory; pass the folder holding one sub-folder per model")
@@ -206,11 +204,10 @@ def unsupported_models(repository: Path) -> dict[str, str]:
         if not cfg_path.is_file():
             reasons[name] = f"no config.pbtxt in {folder}; the embedded server needs one that says backend: \"python\""
             continue
-        config = model_config_pb2.ModelConfig()
         try:
-            text_format.Parse(cfg_path.read_text(encoding="utf-8"), config)
-        except (text_format.ParseError, UnicodeDecodeError, OSError) as err:
-            reasons[name] = f"{cfg_path} does not parse: {err}"
+            config = parse_config(cfg_path.read_text(encoding="utf-8"), str(cfg_path))
+        except (UserInputError, UnicodeDecodeError, OSError) as err:
+            reasons[name] = str(err)
             continue
         if config.name and config.name != name:
             reasons[name] = f"{cfg_path} says name: \"{config.name}\" but the folder is '{name}'; Triton needs them equal"
