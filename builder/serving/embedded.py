@@ -69,7 +69,7 @@ from typing import Callable, Sequence
 
 from builder.errors import ServerDiedError, ServerError, UserInputError
 from builder.repository.config import parse_config
-from builder.serving.processes import free_ports, group_alive, killpg
+from builder.serving.processes import free_ports, group_alive, killpg, stop_signals
 
 __all__ = [
     "EMBEDDED_BACKENDS",
@@ -867,38 +867,24 @@ def serve_forever(
         extra_args=extra_args,
         ready_timeout=ready_timeout,
     )
-    received: list[int] = []
-
-    def on_signal(signum, _frame):
-        received.append(signum)
-
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, on_signal)
-    try:
-        server.start()
-        _announce_started(server, announce)
-        died = False
-        while not received:
-            if not server.is_running():
-                died = True
-                break
-            time.sleep(poll_interval)
-        if died:
-            announce(
-                f"tritonserver {_describe_exit(server.returncode)} on its own; last log lines:\n"
-                f"{server.log_tail()}\nfull log: {server.log_path}"
-            )
-            return ServerDiedError.exit_code
-        announce(f"received {signal.Signals(received[0]).name}; stopping tritonserver (pid {server.pid}) ...")
-        code = server.stop()
-        announce(f"tritonserver stopped (exit code {code})")
-        return 0
-    finally:
-        server.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with stop_signals() as received:
+        try:
+            server.start()
+            _announce_started(server, announce)
+            while not received:
+                if not server.is_running():
+                    announce(
+                        f"tritonserver {_describe_exit(server.returncode)} on its own; last log lines:\n"
+                        f"{server.log_tail()}\nfull log: {server.log_path}"
+                    )
+                    return ServerDiedError.exit_code
+                time.sleep(poll_interval)
+            announce(f"received {signal.Signals(received[0]).name}; stopping tritonserver (pid {server.pid}) ...")
+            code = server.stop()
+            announce(f"tritonserver stopped (exit code {code})")
+            return 0
+        finally:
+            server.stop()
 
 
 def _announce_started(server: EmbeddedServer, announce: Callable[[str], object]) -> None:

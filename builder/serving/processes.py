@@ -10,9 +10,12 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
+import threading
+from typing import Iterator
 
 
 def free_ports(host: str, count: int) -> list[int]:
@@ -76,3 +79,27 @@ def die_with_parent():
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
     return preexec
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[list[int]]:
+    """Record SIGINT/SIGTERM instead of dying, for foreground loops that must stop their services
+    cleanly; yields the list of signals received and restores the previous handlers on exit.
+    Outside the main thread (where handlers cannot be installed) it records nothing.
+
+    Usage::
+
+        with stop_signals() as received:
+            while not received:
+                time.sleep(0.2)
+    """
+    received: list[int] = []
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, lambda signum, _frame: received.append(signum))
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

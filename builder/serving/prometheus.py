@@ -67,7 +67,7 @@ from typing import Any, Callable, Mapping, Sequence
 import yaml
 
 from builder.errors import ServerError, UserInputError
-from builder.serving.processes import die_with_parent, free_port, port_open
+from builder.serving.processes import die_with_parent, free_port, port_open, stop_signals
 
 __all__ = [
     "PROJECT_ROOT",
@@ -654,9 +654,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--interval", default="2s", help="scrape and rule evaluation interval (default: %(default)s)")
     args = ap.parse_args(argv)
 
-    received: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, _frame: received.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
+    with stop_signals() as received:
+        return _run_until_stopped(args, received)
+
+
+def _run_until_stopped(args, received: list[int]) -> int:
     exporter = None if args.no_exporter else LocalExporter(args.triton_url, port=args.exporter_port)
     prometheus = None
     try:
@@ -685,8 +687,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             prometheus.stop()
         if exporter is not None:
             exporter.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from builder.errors import ServerError, UserInputError, VerificationError
+from builder.serving.processes import stop_signals
 
 __all__ = ["ReplicaSet", "ReplicaUpdate", "RolloutError", "run_replicas", "target_versions"]
 
@@ -362,45 +363,40 @@ def run_replicas(repository: str | Path, replicas: int = 2, *, http_port: int | 
     SIGINT/SIGTERM; return 0 after a clean stop, 2 if every replica died."""
     if watch_seconds <= 0:
         raise UserInputError(f"--watch-seconds {watch_seconds}: must be > 0")
-    received: list[int] = []
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, lambda signum, _frame: received.append(signum))
     group = ReplicaSet(repository, replicas, host=host, http_port=http_port, grpc_port=grpc_port,
                        prometheus=prometheus)
-    try:
-        group.start()
-        announce(f"{replicas} Triton replicas on {group.repository_arg}, behind nginx:")
-        announce(f"  HTTP     {group.http_url}   (http://{group.http_url}/v2/health/ready)")
-        announce(f"  gRPC     {group.grpc_url}")
-        for i, replica in enumerate(group.replicas):
-            announce(f"  replica {i}: HTTP {replica.http_url}  gRPC {replica.grpc_url}  metrics {replica.metrics_url}"
-                     f"  log {replica.log_path}")
-        if group.prometheus is not None:
-            announce(f"  Prometheus {group.prometheus.url} (scraping every replica)")
-        elif group.prometheus_config is not None:
-            announce(f"  Prometheus not installed; its scrape config for these replicas: {group.prometheus_config}")
-        announce(f"  serving  {', '.join(group.models) or '(no models)'}")
-        for name, reason in group.replicas[0].left_out.items():
-            announce(f"  left out {name}: {reason}")
-        announce(f"New versions are rolled out every {watch_seconds:g} s, one replica at a time, each gated by "
-                 "the served check. Stop with Ctrl-C.")
-        next_poll = time.monotonic() + watch_seconds
-        while not received:
-            if not group.alive():
-                announce("every replica has exited; stopping")
-                return ServerError.exit_code
-            if time.monotonic() >= next_poll:
-                try:
-                    group.roll_out_pending(progress=announce)  # announces each replica's step
-                except (ServerError, VerificationError, UserInputError) as err:
-                    announce(f"rollout stopped: {err}")
-                next_poll = time.monotonic() + watch_seconds
-            time.sleep(0.2)
-        announce(f"received {signal.Signals(received[0]).name}; stopping")
-        return 0
-    finally:
-        group.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with stop_signals() as received:
+        try:
+            group.start()
+            announce(f"{replicas} Triton replicas on {group.repository_arg}, behind nginx:")
+            announce(f"  HTTP     {group.http_url}   (http://{group.http_url}/v2/health/ready)")
+            announce(f"  gRPC     {group.grpc_url}")
+            for i, replica in enumerate(group.replicas):
+                announce(f"  replica {i}: HTTP {replica.http_url}  gRPC {replica.grpc_url}  metrics {replica.metrics_url}"
+                         f"  log {replica.log_path}")
+            if group.prometheus is not None:
+                announce(f"  Prometheus {group.prometheus.url} (scraping every replica)")
+            elif group.prometheus_config is not None:
+                announce(f"  Prometheus not installed; its scrape config for these replicas: {group.prometheus_config}")
+            announce(f"  serving  {', '.join(group.models) or '(no models)'}")
+            for name, reason in group.replicas[0].left_out.items():
+                announce(f"  left out {name}: {reason}")
+            announce(f"New versions are rolled out every {watch_seconds:g} s, one replica at a time, each gated by "
+                     "the served check. Stop with Ctrl-C.")
+            next_poll = time.monotonic() + watch_seconds
+            while not received:
+                if not group.alive():
+                    announce("every replica has exited; stopping")
+                    return ServerError.exit_code
+                if time.monotonic() >= next_poll:
+                    try:
+                        group.roll_out_pending(progress=announce)  # announces each replica's step
+                    except (ServerError, VerificationError, UserInputError) as err:
+                        announce(f"rollout stopped: {err}")
+                    next_poll = time.monotonic() + watch_seconds
+                time.sleep(0.2)
+            announce(f"received {signal.Signals(received[0]).name}; stopping")
+            return 0
+        finally:
+            group.stop()
+
