@@ -253,7 +253,11 @@ def stack(built_repository, tmp_path_factory):
     shutil.copytree(built_repository, repo, ignore=shutil.ignore_patterns(".triton-builder.lock", "__pycache__"))
     config = repo / "digits_cnn" / "config.pbtxt"
     text = _set_parameter(config.read_text(), "drift_window", str(DRIFT_WINDOW))
-    config.write_text(_set_parameter(text, "drift_publish_every", "1"))
+    text = _set_parameter(text, "drift_publish_every", "1")
+    # concurrent requests meet in the queue on any host, however fast it executes: batches > 1 form
+    text, delays = re.subn(r"max_queue_delay_microseconds: \d+", "max_queue_delay_microseconds: 20000", text)
+    assert delays == 1, "digits_cnn's config has no dynamic_batching queue delay to set"
+    config.write_text(text)
     _write_failing_model(repo / FAILING_MODEL)
 
     started = time.monotonic()
