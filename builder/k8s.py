@@ -42,15 +42,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from builder import assets
 from builder.errors import UserInputError
 
 __all__ = ["METRICS", "render_manifests", "validate_manifests", "RenderResult", "DEFAULT_IMAGE"]
 
-ROOT = Path(__file__).resolve().parents[1]
-TEMPLATES = ROOT / "templates" / "k8s" / "base"
-RULES_DIR = ROOT / "monitoring" / "prometheus" / "rules"
-DASHBOARDS_DIR = ROOT / "monitoring" / "grafana" / "dashboards"
-LOADTEST_DIR = ROOT / "loadtest"
 DEFAULT_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"  # the tag docker-compose.yml pins
 DEFAULT_LOCUST_IMAGE = "locustio/locust:2.47.0"
 KUBERNETES_VERSION = "1.32.0"
@@ -196,13 +192,13 @@ def render_manifests(repository_url: str, out: str | Path, *, replicas: int = 2,
         control_note = ("Explicit mode: pods load what config.pbtxt names at start; roll a new version out with "
                         "`kubectl rollout restart deployment/triton` (maxUnavailable 0, readiness-gated).")
 
-    rules = {p.name: p.read_text(encoding="utf-8") for p in sorted(RULES_DIR.glob("*.yml"))}
-    dashboards = {p.name: p.read_text(encoding="utf-8") for p in sorted(DASHBOARDS_DIR.glob("*.json"))}
-    locust_files = {name: (LOADTEST_DIR / name).read_text(encoding="utf-8")
-                    for name in ("locustfile.py", "shapes.py") if (LOADTEST_DIR / name).is_file()}
+    monitoring, loadtest = assets.monitoring_dir(), assets.loadtest_dir()
+    rules = {p.name: p.read_text(encoding="utf-8")
+             for p in sorted((monitoring / "prometheus" / "rules").glob("*.yml"))}
+    dashboards = {p.name: p.read_text(encoding="utf-8")
+                  for p in sorted((monitoring / "grafana" / "dashboards").glob("*.json"))}
+    locust_files = {name: (loadtest / name).read_text(encoding="utf-8") for name in ("locustfile.py", "shapes.py")}
     notes = []
-    if "locustfile.py" not in locust_files:
-        raise UserInputError(f"{LOADTEST_DIR / 'locustfile.py'} is missing: run from a triton-builder checkout")
     host = "triton:8000" if locust_protocol == "http" else "triton:8001"
     install = 'pip install --quiet --user "tritonclient[all]==2.73.*" "numpy<2"'
     files_arg = "-f /locust/locustfile.py,/locust/shapes.py"
@@ -216,7 +212,8 @@ def render_manifests(repository_url: str, out: str | Path, *, replicas: int = 2,
     else:
         locust_note = f"Model under test: {model} (env TRITON_MODEL)."
 
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
+    loader = jinja2.FileSystemLoader(str(assets.templates_dir() / "k8s" / "base"))
+    env = jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
     env.filters["q"] = lambda value: json.dumps(value)
     context: dict[str, Any] = dict(

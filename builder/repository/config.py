@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from builder import assets
 from builder.errors import BuilderError, UserInputError, unknown_choice
 from builder.spec import NAME_PATTERN, TRITON_DTYPES
 
-TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
 INSTANCE_KINDS = ("KIND_CPU", "KIND_GPU", "KIND_AUTO")
 
 
@@ -170,7 +169,8 @@ def _pbstr(value: Any) -> str:
 def _environment():
     import jinja2
 
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)), undefined=jinja2.StrictUndefined,
+    loader = jinja2.FileSystemLoader(str(assets.templates_dir()))
+    env = jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, trim_blocks=False, autoescape=False)
     env.filters["pbstr"] = _pbstr
     return env

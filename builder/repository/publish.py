@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
+from builder import assets
 from builder.repository.config import (DynamicBatching, InstanceGroup, ModelConfig, TensorConfig, Warmup,
                                        WarmupInput, backend_for, backend_info, render_config)
 from builder.repository.gpu_config import gpu_optimization
@@ -21,9 +22,6 @@ from builder.repository.layout import publish_version
 from builder.files import sha256_file
 from builder.spec import TRITON_DTYPES, ModelSpec
 
-PYTHON_BACKEND_MODEL = Path(__file__).resolve().parents[2] / "templates" / "python_backend" / "model.py"
-# drift.py is self-contained (numpy only): it travels with the python-backend model.py
-DRIFT_MODULE = Path(__file__).resolve().parents[1] / "drift.py"
 RUNTIME_FOR_FORMAT = {"onnx": "onnxruntime", "torchscript": "torchscript"}
 
 
@@ -68,8 +66,9 @@ def publish_model(repository: Path, config: ModelConfig, model_files: list[Path]
             suffix = source.name[len(model_files[0].name):]
             shutil.copyfile(source, draft.folder / (model_name + suffix))
         if config.backend == "python":
-            shutil.copyfile(PYTHON_BACKEND_MODEL, draft.folder / "model.py")
-            shutil.copyfile(DRIFT_MODULE, draft.folder / "drift.py")
+            shutil.copyfile(assets.python_backend_model(), draft.folder / "model.py")
+            # drift.py is self-contained (numpy only): it travels with the python-backend model.py
+            shutil.copyfile(assets.drift_module(), draft.folder / "drift.py")
         hashes = {p.name: sha256_file(p) for p in sorted(draft.folder.iterdir()) if p.is_file()}
         fill(draft.folder, draft.version, hashes)
         draft.config_text = render_config(config)

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import importlib
 import json
 import os
 import re
@@ -66,11 +67,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
+from builder import assets
 from builder.errors import ServerError, UserInputError
 from builder.serving.processes import die_with_parent, free_port, port_open, stop_signals
 
 __all__ = [
-    "PROJECT_ROOT",
     "DEFAULT_CONFIG",
     "INSTALL_HINT",
     "find_prometheus",
@@ -80,10 +81,8 @@ __all__ = [
     "main",
 ]
 
-#: The source tree (``monitoring/`` lives beside ``builder/``; the project is installed editable).
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-#: The scrape configuration ``LocalPrometheus`` derives its own from.
-DEFAULT_CONFIG = PROJECT_ROOT / "monitoring" / "prometheus" / "prometheus.yml"
+#: The scrape configuration ``LocalPrometheus`` derives its own from (monitoring/ as installed).
+DEFAULT_CONFIG = assets.monitoring_dir() / "prometheus" / "prometheus.yml"
 INSTALL_HINT = "run scripts/install-system-deps.sh (or `make setup`): it installs Debian's `prometheus` package"
 
 _STOP_TIMEOUT_S = 10.0
@@ -496,7 +495,7 @@ class _AddressInUse(Exception):
 class LocalExporter:
     """``monitoring/exporter.py`` serving ``/metrics`` on 127.0.0.1, for one Triton HTTP endpoint.
 
-    ``in_process=False`` (default) runs ``python -m monitoring.exporter --triton-url ... --port ...``
+    ``in_process=False`` (default) runs ``python -m builder._assets.monitoring.exporter --triton-url ...``
     as a subprocess (what a deployment runs); ``in_process=True`` serves from a daemon thread of
     this process. ``port=None`` picks a free port. ``address`` is ``host:port`` for a scrape config.
     """
@@ -546,13 +545,7 @@ class LocalExporter:
         return self._proc is not None and self._proc.poll() is None
 
     def _module(self):
-        if not (PROJECT_ROOT / "monitoring" / "exporter.py").is_file():
-            raise ServerError(f"monitoring/exporter.py not found under {PROJECT_ROOT}: run from a source checkout")
-        if str(PROJECT_ROOT) not in sys.path:
-            sys.path.insert(0, str(PROJECT_ROOT))
-        from monitoring import exporter
-
-        return exporter
+        return importlib.import_module(assets.EXPORTER_MODULE)
 
     def start(self) -> "LocalExporter":
         with self._lock:
@@ -576,18 +569,15 @@ class LocalExporter:
             return self
 
     def _start_process(self) -> None:
-        if not (PROJECT_ROOT / "monitoring" / "exporter.py").is_file():
-            raise ServerError(f"monitoring/exporter.py not found under {PROJECT_ROOT}: run from a source checkout")
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-        env["PYTHONUNBUFFERED"] = "1"
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
         attempts = _PORT_ATTEMPTS if self._requested_port is None else 1
         for attempt in range(1, attempts + 1):
             self._port = self._requested_port or free_port(self.host)
             self._log = tempfile.TemporaryFile()
-            cmd = [sys.executable, "-m", "monitoring.exporter", "--triton-url", self.triton_url,
+            cmd = [sys.executable, "-m", assets.EXPORTER_MODULE, "--triton-url", self.triton_url,
                    "--port", str(self._port), "--address", self.host, "--timeout", str(self.timeout)]
-            self._proc = subprocess.Popen(cmd, cwd=str(PROJECT_ROOT), env=env, stdin=subprocess.DEVNULL,
+            # cwd: `python -m` puts it first on sys.path, so not a folder that may hold another `builder/`
+            self._proc = subprocess.Popen(cmd, cwd=str(assets.monitoring_dir()), env=env, stdin=subprocess.DEVNULL,
                                           stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
                                           preexec_fn=die_with_parent())
             deadline = time.monotonic() + self.ready_timeout

@@ -44,10 +44,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from builder import assets
 from builder.errors import ServerError, UserInputError
 from builder.serving.processes import free_port, killpg
 
-LOADTEST_DIR = Path(__file__).resolve().parents[2] / "loadtest"
+#: loadtest/ as installed (package data): the locustfile, its load shapes and locust.conf
+LOADTEST_DIR = assets.loadtest_dir()
 SHAPES = ("constant", "ramp", "steps")
 STOP_TIMEOUT_S = 5  # locust.conf's stop-timeout: users finish the request in flight
 START_MARGIN_S = 60.0  # start-up, workers connecting, reports
@@ -60,8 +62,8 @@ def _locust_files(locustfile: str | Path | None) -> tuple[Path, Path, Path]:
     shapes, conf = folder / "shapes.py", folder / "locust.conf"
     for path in (main, shapes, conf):
         if not path.is_file():
-            raise UserInputError(f"{path} is missing: run from a triton-builder checkout (it has loadtest/) "
-                                 "or pass locustfile= pointing at a copy of loadtest/locustfile.py")
+            raise UserInputError(f"{path} is missing: a custom locustfile= needs shapes.py and locust.conf "
+                                 f"beside it; copy them from {LOADTEST_DIR}")
     return main, shapes, conf
 
 
