@@ -44,8 +44,9 @@ from typing import Any
 
 from builder import assets
 from builder.errors import UserInputError
+from builder.extras import require
 
-__all__ = ["METRICS", "render_manifests", "validate_manifests", "RenderResult", "DEFAULT_IMAGE"]
+__all__ = ["METRICS", "render_manifests", "validate_manifests", "require_validator", "RenderResult", "DEFAULT_IMAGE"]
 
 DEFAULT_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"  # the tag docker-compose.yml pins
 DEFAULT_LOCUST_IMAGE = "locustio/locust:2.47.0"
@@ -200,7 +201,7 @@ def render_manifests(repository_url: str, out: str | Path, *, replicas: int = 2,
     locust_files = {name: (loadtest / name).read_text(encoding="utf-8") for name in ("locustfile.py", "shapes.py")}
     notes = []
     host = "triton:8000" if locust_protocol == "http" else "triton:8001"
-    install = 'pip install --quiet --user "tritonclient[all]==2.73.*" "numpy<2"'
+    install = 'pip install --quiet --user "tritonclient[http,grpc]==2.73.*" "numpy<2"'
     files_arg = "-f /locust/locustfile.py,/locust/shapes.py"
     master_command = (f"{install} && exec locust {files_arg} --master --host {host} "
                       f"--triton-protocol {locust_protocol} --web-host 0.0.0.0 --web-port 8089")
@@ -283,6 +284,11 @@ def _structural_crd(where: str, doc: dict, pod_labels: dict[str, str], ports: se
     return problems
 
 
+def require_validator():
+    """The ``kubernetes_validate`` module; UserInputError naming the ``k8s`` extra when it is missing."""
+    return require("kubernetes_validate", "the 'k8s' verb", hint="or render without validating: --no-validate")
+
+
 def validate_manifests(out: str | Path, kubernetes_version: str = KUBERNETES_VERSION,
                        use_kubectl: bool = True) -> list[str]:
     """Every problem found in ``out/base`` (empty list: valid); see the module doc."""
@@ -291,11 +297,7 @@ def validate_manifests(out: str | Path, kubernetes_version: str = KUBERNETES_VER
     base = Path(out).expanduser().resolve() / "base"
     if not (base / "kustomization.yaml").is_file():
         raise UserInputError(f"{base}/kustomization.yaml is missing: render the manifests first (triton-builder k8s)")
-    try:
-        import kubernetes_validate
-    except ImportError:
-        raise UserInputError("offline validation needs kubernetes-validate: pip install kubernetes-validate "
-                             "(in triton-builder's dev extra)") from None
+    kubernetes_validate = require_validator()
 
     problems: list[str] = []
     docs = _documents(base)

@@ -42,7 +42,7 @@ def tensorrt_unavailable_reason() -> str:
 
     missing = []
     if importlib.util.find_spec("tensorrt") is None:
-        missing.append("the tensorrt Python package is not installed (pip install -e '.[gpu]' on a GPU host)")
+        missing.append("the tensorrt Python package is not installed (pip install 'triton-builder[gpu]' on a GPU host)")
     try:
         import torch
         cuda = torch.cuda.is_available()

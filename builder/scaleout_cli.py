@@ -32,8 +32,10 @@ def cmd_replicas(args: argparse.Namespace) -> int:
 
 
 def cmd_k8s(args: argparse.Namespace) -> int:
-    from builder.k8s import render_manifests, validate_manifests
+    from builder.k8s import render_manifests, require_validator, validate_manifests
 
+    if not args.no_validate:
+        require_validator()  # before anything is written
     result = render_manifests(args.repository_url, args.out, replicas=args.replicas, min_replicas=args.min_replicas,
                               max_replicas=args.max_replicas, metric=args.metric, target=args.target,
                               namespace=args.namespace, image=args.image, secret_name=args.secret, region=args.region,

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from builder.errors import ServerError, UserInputError
+from builder.extras import require
 from builder.repository.config import parse_config
 
 __all__ = [
@@ -79,6 +80,8 @@ _HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")
 _SKIPPED_DIRS = {"__pycache__"}
 _FORMS = ("s3://BUCKET/PREFIX (AWS; endpoint from AWS_ENDPOINT_URL if set) or "
           "s3://HOST:PORT/BUCKET/PREFIX (an S3-compatible endpoint such as MinIO)")
+#: who needs boto3 (the ``s3`` extra), for the error when it is missing
+S3_NEEDED_BY = "an s3:// repository (publish --to, serve/check/replicas --repository)"
 
 
 def is_s3_url(value: Any) -> bool:
@@ -214,12 +217,8 @@ class S3Store:
     @property
     def client(self):
         if self._client is None:
-            try:
-                import boto3
-                from botocore.config import Config
-            except ImportError:
-                raise UserInputError("object-store repositories need boto3: pip install boto3 "
-                                     "(it is in triton-builder's dev extra)") from None
+            boto3 = require("boto3", S3_NEEDED_BY)
+            Config = require("botocore.config", S3_NEEDED_BY).Config
             endpoint = self.location.effective_endpoint()
             region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or "us-east-1"
             config = Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=5, read_timeout=60,

@@ -119,7 +119,7 @@ def _defer(ctx: BuildContext, wanted: list[str], profiles: list[InputProfile], m
             parts.append(f"{RECIPE_VARIANT} cannot be deferred: model name {plan_model!r} would be too long (128 max).")
     if "tensorrt_int8" in wanted:
         parts.append("tensorrt_int8 is not built: its calibration needs the TensorRT Python API on a CUDA GPU "
-                     "(pip install -e '.[gpu]' there and build again).")
+                     "(pip install 'triton-builder[gpu]' there and build again).")
     ctx.notes.append("TensorRT: " + " ".join(parts))
     return StageResult.skipped(STAGE, " ".join(parts), missing=missing, deferred=deferred,
                                profiles=profiles_as_dict(profiles))

@@ -1,4 +1,5 @@
-"""Packaging: assets found as package data (never through the checkout) and what the wheel ships.
+"""Packaging: assets found as package data (never through the checkout), what the wheel ships, the
+dependency ranges and lock, and the error a verb gives when its extra is not installed.
 
 The wheel installed outside the checkout, building + serving + checking digits from there, is
 scripts/wheel-smoke.sh (`make wheel-smoke`, run by .ci/run).
@@ -16,7 +17,15 @@ from pathlib import Path
 
 import pytest
 
+try:
+    import tomllib
+except ImportError:  # Python 3.10: pytest itself depends on tomli there
+    import tomli as tomllib
+
 from builder import assets
+from builder.cli import main
+from builder.errors import UserInputError
+from builder.extras import require
 
 ROOT = Path(__file__).resolve().parents[2]
 ASSET_FOLDERS = ("templates", "loadtest", "monitoring")
@@ -76,3 +85,95 @@ def test_wheel_ships_every_asset_file(tmp_path):
     assert missing == [], f"package-data in pyproject.toml misses {missing}"
     assert "builder/assets.py" in names and "builder/drift.py" in names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+
+
+# --------------------------------------------------------------------------------------------
+# dependencies
+
+
+def test_dependencies_are_ranges_and_extras_exist():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    base, extras = project["dependencies"], project["optional-dependencies"]
+    assert not [r for r in base if "==" in r], "pyproject: ranges for a user's stack; exact pins only in the lock"
+    torch = next(r for r in base if r.startswith("torch"))
+    assert "<2.14" in torch, "no torch newer than 2.13.x: anything else downloads GB of CUDA wheels here"
+    assert any(r.startswith("tritonclient[http,grpc]") for r in base)
+    assert {"s3", "k8s", "gpu", "dev"} <= set(extras)
+    assert any(r.startswith("boto3") for r in extras["s3"])
+    assert any(r.startswith("kubernetes-validate") for r in extras["k8s"])
+    assert not any(r.startswith("onnxruntime") for r in extras["gpu"]), "the gpu extra must not fight onnxruntime"
+    assert any("s3" in r and "k8s" in r for r in extras["dev"]), "dev includes the s3 and k8s extras"
+
+
+def test_lock_has_no_local_versions_nor_placeholders():
+    lines = [line.strip() for line in (ROOT / "requirements" / "constraints.txt").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    assert not [line for line in lines if "+" in line], "no local-version labels (+cpu): only PyTorch's index has them"
+    names = {re.split(r"[=<>!~]", line)[0].lower().replace("_", "-") for line in lines}
+    assert "torch==2.13.0" in lines
+    assert not names & {"perf-analyzer", "cuda-python"}, "tritonclient[http,grpc] needs neither"
+
+
+# --------------------------------------------------------------------------------------------
+# a verb whose extra is missing says which extra to install
+
+
+@pytest.fixture
+def without(monkeypatch):
+    """``without("boto3")``: importing that module fails as if its package were not installed."""
+    def hide(*modules: str) -> None:
+        for name in list(sys.modules):
+            if name.split(".")[0] in modules:
+                monkeypatch.delitem(sys.modules, name)
+        for name in modules:
+            monkeypatch.setitem(sys.modules, name, None)
+    return hide
+
+
+def test_require_names_the_extra(without):
+    without("boto3")
+    with pytest.raises(UserInputError, match=r"^an s3:// repository needs boto3: pip install 'triton-builder\[s3\]'$"):
+        require("boto3", "an s3:// repository")
+    assert UserInputError.exit_code == 2
+
+
+def test_require_leaves_other_missing_modules_alone():
+    with pytest.raises(ModuleNotFoundError):
+        require("triton_builder_no_such_module", "nothing")
+
+
+def test_s3_store_without_boto3(without):
+    from builder.repository.remote import S3Store
+
+    without("boto3", "botocore")
+    with pytest.raises(UserInputError, match=r"needs boto3: pip install 'triton-builder\[s3\]'"):
+        S3Store("s3://bucket/models").client
+
+
+def test_publish_without_boto3_says_install_the_s3_extra(without, tmp_path, capsys):
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "config.pbtxt").write_text('name: "m"\n')
+    without("boto3", "botocore")
+    assert main(["publish", "--repository", str(tmp_path), "--to", "s3://bucket/models"]) == 2
+    assert "pip install 'triton-builder[s3]'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("verb", [["check", "m"], ["serve"]])
+def test_s3_repository_without_boto3_says_install_the_s3_extra(without, verb, capsys):
+    without("boto3", "botocore")
+    assert main([*verb, "--repository", "s3://bucket/models"]) == 2
+    err = capsys.readouterr().err
+    assert "needs boto3: pip install 'triton-builder[s3]'" in err and "Traceback" not in err
+
+
+def test_k8s_without_kubernetes_validate_says_install_the_k8s_extra(without, tmp_path, capsys):
+    without("kubernetes_validate")
+    out = tmp_path / "k8s"
+    assert main(["k8s", "--repository-url", "s3://bucket/models", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "the 'k8s' verb needs kubernetes-validate: pip install 'triton-builder[k8s]'" in err
+    assert "--no-validate" in err
+    assert not out.exists(), "nothing is written before the check"
+    # rendering alone needs no extra
+    assert main(["k8s", "--repository-url", "s3://bucket/models", "--out", str(out), "--no-validate"]) == 0
+    assert (out / "base" / "kustomization.yaml").is_file()
