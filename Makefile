@@ -2,16 +2,17 @@
 #   make test   - install (venv + system packages) and run the whole test suite
 #   make demo   - the main job: build the digits example, serve it on the embedded Triton,
 #                 check it over HTTP and gRPC, load-test it, print the report, stop
+# PYTHON: a Python 3.10-3.12 (scripts/make-venv.sh picks python3.12/3.11/3.10 when python3 is not one)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps test test-unit demo bench bench-tuning bench-drift bench-replicas clean
+.PHONY: setup system-deps test test-unit demo wheel-smoke bench bench-tuning bench-drift bench-replicas clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
-	$(PYTHON) -m venv $(VENV)
+	bash scripts/make-venv.sh "$(PYTHON)" $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c requirements/constraints.txt -e ".[dev]"
 	touch $(STAMP)
@@ -29,6 +30,10 @@ test-unit: $(STAMP)
 
 demo: setup
 	$(BIN)/triton-builder run examples/digits/spec.yaml
+
+# the wheel installed into a fresh venv outside the checkout builds, serves and checks digits (CI runs it)
+wheel-smoke: $(STAMP)
+	bash scripts/wheel-smoke.sh
 
 # benchmarks print figures; they are not tests (numbers depend on the machine and its load)
 bench: setup
