@@ -19,7 +19,7 @@ import numpy as np
 
 
 def _load_drift():
-    # load builder/drift.py by path: it is self-contained, like in a model folder
+    # load builder/monitoring/drift.py by path: it is self-contained, like in a model folder
     path = Path(__file__).resolve().parent.parent / "builder" / "drift.py"
     spec = importlib.util.spec_from_file_location("drift", path)
     mod = importlib.util.module_from_spec(spec)

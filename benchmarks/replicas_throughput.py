@@ -61,9 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
     from builder.repository.layout import latest_version
-    from builder.repository.remote import publish_repository
-    from builder.serving.moto_s3 import MotoS3Server
-    from builder.serving.replicas import ReplicaSet
+    from builder.storage.s3 import publish_repository
+    from builder.storage.moto_s3 import MotoS3Server
+    from builder.scaleout.replicas import ReplicaSet
     from builder.tuning.loadtest import run_loadtest
 
     with tempfile.TemporaryDirectory(prefix="replicas-bench-") as tmp_name:

@@ -60,8 +60,8 @@ def python_backend_model() -> Path:
 
 
 def drift_module() -> Path:
-    """builder/drift.py (numpy only): copied beside the python-backend model.py, which imports it."""
-    return _path("builder", "drift.py")
+    """builder/monitoring/drift.py (numpy only): copied beside the python-backend model.py, which imports it."""
+    return _path("builder.monitoring", "drift.py")
 
 
 def loadtest_dir() -> Path:

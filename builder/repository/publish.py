@@ -17,7 +17,7 @@ from typing import Any, Callable
 from builder import assets
 from builder.repository.config import (DynamicBatching, InstanceGroup, ModelConfig, TensorConfig, Warmup,
                                        WarmupInput, backend_for, backend_info, render_config)
-from builder.repository.gpu_config import gpu_optimization
+from builder.tensorrt.gpu_config import gpu_optimization
 from builder.repository.layout import publish_version
 from builder.files import sha256_file
 from builder.spec import TRITON_DTYPES, ModelSpec

@@ -4,7 +4,7 @@ Re-checks, for each version (or the one asked for): the config parses with Trito
 names the model folder; every file's sha256 matches metadata.yaml; the model file, run in-process,
 reproduces reference.npz within the tolerance recorded at build time. A TensorRT plan is first
 checked against the target GPU and TensorRT (``--gpu`` / ``--tensorrt-version``, else this machine;
-builder/repository/compatibility.py): an incompatible or uncheckable plan is a failure.
+builder/tensorrt/compatibility.py): an incompatible or uncheckable plan is a failure.
 
 Usage::
 
@@ -98,7 +98,7 @@ def _check_version(folder: Path, number: int, gpu: str | None, tensorrt_version:
             check.failures.append(f"{name}: sha256 differs from metadata.yaml (file changed after the build)")
     artifact = meta["artifact"]
     if artifact["format"] == "plan":
-        from builder.repository.compatibility import check_plan_compatibility
+        from builder.tensorrt.compatibility import check_plan_compatibility
         from builder.runtime import tensorrt_unavailable_reason
         compatibility = check_plan_compatibility(meta, gpu=gpu, tensorrt_version=tensorrt_version)
         check.failures.extend(compatibility.failures)

@@ -69,7 +69,7 @@ from typing import Callable, Sequence
 
 from builder.errors import ServerDiedError, ServerError, UserInputError
 from builder.repository.config import parse_config
-from builder.serving.processes import free_ports, group_alive, killpg, stop_signals
+from builder.processes import free_ports, group_alive, killpg, stop_signals
 
 __all__ = [
     "EMBEDDED_BACKENDS",
@@ -302,7 +302,7 @@ class EmbeddedServer:
 
     Arguments:
         repository: the model repository (one folder per model with ``config.pbtxt``), or an
-            ``s3://`` URL (see builder/repository/remote.py; AWS credentials from the environment).
+            ``s3://`` URL (see builder/storage/s3.py; AWS credentials from the environment).
         http_port, grpc_port, metrics_port: fixed ports; ``None`` picks free ones (and retries on
             new ones if the server still finds one taken).
         host: the address every endpoint listens on. Clients connect to 127.0.0.1 if it is 0.0.0.0.
@@ -343,8 +343,8 @@ class EmbeddedServer:
             load_models = [load_models]
         if ready_timeout <= 0:
             raise UserInputError(f"ready_timeout must be positive, got {ready_timeout}")
-        # an s3:// URL: Triton reads the bucket itself; builder.serving.remote judges its models
-        from builder.repository.remote import is_s3_url, parse_s3_url
+        # an s3:// URL: Triton reads the bucket itself; builder.storage.served judges its models
+        from builder.storage.s3 import is_s3_url, parse_s3_url
         self.remote = parse_s3_url(repository, "repository") if is_s3_url(repository) else None
         self.repository = self.remote if self.remote is not None else Path(repository).expanduser().resolve()
         self.host = host
@@ -383,7 +383,7 @@ class EmbeddedServer:
             if self.is_running():
                 return self
             if self.remote is not None:
-                from builder.serving.remote import inspect_repository
+                from builder.storage.served import inspect_repository
                 install = find_tritonserver()
                 available, self.left_out, _ = inspect_repository(self.remote)
             else:

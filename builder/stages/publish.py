@@ -7,10 +7,10 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from builder.drift import build_profile, save_profile
+from builder.monitoring.drift import build_profile, save_profile
 from builder.repository.layout import check_version_free
 from builder.repository.metadata import library_versions, write_metadata, write_reference
-from builder.repository.plan_recipe import add_tensorrt_records
+from builder.tensorrt.plan_recipe import add_tensorrt_records
 from builder.repository.publish import config_for, publish_model
 from builder.report import write_reports
 from builder.stages.base import BuildContext, StageResult, Variant

@@ -6,17 +6,17 @@
   (``model.plan.calibration.cache``).
 
 With the ``tensorrt`` Python package (extra ``[gpu]``) and a CUDA GPU, the plan is built here with
-the TensorRT Python API, on one optimisation profile (min/opt/max from builder/tensorrt_profiles.py),
+the TensorRT Python API, on one optimisation profile (min/opt/max from builder/tensorrt/profiles.py),
 then verified and measured like every other variant (builder.runtime's plan runner) and published
 with ``platform: "tensorrt_plan"``. Its metadata.yaml records, under ``tensorrt``: the GPU name and
 compute capability, the TensorRT version, the profiles and the precision; ``triton-builder validate
---gpu X.Y --tensorrt-version A.B.C`` refuses it for any other target (builder/repository/compatibility.py).
+--gpu X.Y --tensorrt-version A.B.C`` refuses it for any other target (builder/tensorrt/compatibility.py).
 
 Without a GPU or without TensorRT (the usual case on a build machine) the stage is SKIPPED and says
 which is missing. For target gpu the published ONNX version then carries ``plan_recipe.json``
-(builder/repository/plan_recipe.py), from which ``docker compose --profile plans run --rm
+(builder/tensorrt/plan_recipe.py), from which ``docker compose --profile plans run --rm
 build-plans`` builds ``<name>__tensorrt_fp16`` on the GPU host with the TensorRT of the serving
-image (scripts/build-plans.sh -> builder/repository/plan_build.py).
+image (scripts/build-plans.sh -> builder/tensorrt/plan_build.py).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy as np
 from builder.runtime import tensorrt_unavailable_reason
 from builder.spec import NAME_PATTERN
 from builder.stages.base import BuildContext, StageResult, Variant
-from builder.tensorrt_profiles import (InputProfile, derive_profiles, is_static, opt_batch_size, profiles_as_dict,
+from builder.tensorrt.profiles import (InputProfile, derive_profiles, is_static, opt_batch_size, profiles_as_dict,
                                        tensorrt_api_shapes)
 from builder.variants import register_variant, variants_of_stage
 

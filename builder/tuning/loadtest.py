@@ -46,7 +46,7 @@ from typing import Any, Callable
 
 from builder import assets
 from builder.errors import ServerError, UserInputError
-from builder.serving.processes import free_port, killpg
+from builder.processes import free_port, killpg
 
 #: loadtest/ as installed (package data): the locustfile, its load shapes and locust.conf
 LOADTEST_DIR = assets.loadtest_dir()

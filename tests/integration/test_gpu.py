@@ -52,7 +52,7 @@ def test_fp16_path_through_torch_cuda(tmp_path):
 
 
 def test_local_gpu_detection_matches_torch():
-    from builder.repository.compatibility import query_gpus
+    from builder.tensorrt.compatibility import query_gpus
 
     if shutil.which("nvidia-smi") is None:
         pytest.skip("nvidia-smi is not on PATH")

@@ -47,7 +47,7 @@ from tritonclient.utils import InferenceServerException
 
 from builder.serving.embedded import EmbeddedServer
 from builder.errors import ServerError
-from builder.serving.prometheus import LocalExporter, LocalPrometheus, render_config
+from builder.monitoring.prometheus import LocalExporter, LocalPrometheus, render_config
 from tests.conftest import EXAMPLES, ROOT
 from tests.unit.test_dashboard import metric_names
 

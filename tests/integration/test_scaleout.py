@@ -3,7 +3,7 @@ it from there behind nginx (HTTP and gRPC), Prometheus scraping both, distribute
 and two workers) driving the balancer; then a new version published under load and rolled out
 replica by replica behind the served check, and one replica killed under load.
 
-The object store is moto's S3 server on a free 127.0.0.1 port (builder.serving.moto_s3), the
+The object store is moto's S3 server on a free 127.0.0.1 port (builder.storage.moto_s3), the
 stand-in for S3/MinIO: no MinIO is installable on these machines. Its credentials are throwaway
 values set here for this module only.
 """
@@ -22,8 +22,8 @@ import tritonclient.grpc as grpcclient
 
 from builder.repository.layout import publish_version
 from builder.repository.metadata import read_metadata, read_reference, write_metadata, write_reference
-from builder.repository.remote import publish_repository
-from builder.serving.remote import check_served_at
+from builder.storage.s3 import publish_repository
+from builder.storage.served import check_served_at
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.integration
@@ -82,9 +82,9 @@ def source(built_repository, tmp_path_factory) -> Path:
 def group(aws_env, source, tmp_path_factory):
     pytest.importorskip("moto")
     pytest.importorskip("boto3")
-    from builder.serving.balancer import find_nginx
-    from builder.serving.moto_s3 import MotoS3Server
-    from builder.serving.replicas import ReplicaSet
+    from builder.scaleout.balancer import find_nginx
+    from builder.storage.moto_s3 import MotoS3Server
+    from builder.scaleout.replicas import ReplicaSet
 
     try:
         find_nginx()
@@ -249,7 +249,7 @@ def test_publishing_a_new_version_under_load_rolls_out_with_no_failed_request(gr
 
 
 def test_a_version_that_fails_the_check_is_rolled_back_and_stops_the_rollout(group, source):
-    from builder.serving.replicas import RolloutError
+    from builder.scaleout.replicas import RolloutError
 
     assert _add_version(source, reference_shift=1.0) == 3
     publish_repository(source, group.url)

@@ -1,4 +1,4 @@
-"""Unit tests for builder/drift.py (pure numpy drift profiles and sliding windows)."""
+"""Unit tests for builder/monitoring/drift.py (pure numpy drift profiles and sliding windows)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builder import drift
+from builder.monitoring import drift
 
 N_REF = 4000
 WINDOW = 512

@@ -16,18 +16,18 @@ import pytest
 import yaml
 
 from builder.errors import UserInputError
-from builder.repository.compatibility import (check_plan_compatibility, parse_compute_capability,
+from builder.tensorrt.compatibility import (check_plan_compatibility, parse_compute_capability,
                                               parse_nvidia_smi, parse_tensorrt_version, plan_compatibility_failures,
                                               tensorrt_version_from_log)
 from builder.repository.config import parse_config, render_config
-from builder.repository.plan_build import load_recipe, parse_performance, trtexec_command
+from builder.tensorrt.plan_build import load_recipe, parse_performance, trtexec_command
 from builder.repository.publish import config_for
 from builder.runtime import open_runner, tensorrt_unavailable_reason
 from builder.spec import parse_spec
 from builder.stages import tensorrt as tensorrt_stage
 from builder.stages import verify as verify_stage
 from builder.stages.base import BuildContext, BuildOptions, Status, Variant
-from builder.tensorrt_profiles import (derive_profiles, is_static, opt_batch_size, profiles_as_dict, shape_string,
+from builder.tensorrt.profiles import (derive_profiles, is_static, opt_batch_size, profiles_as_dict, shape_string,
                                        tensorrt_api_shapes, trtexec_shape_args)
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -45,7 +45,7 @@ def test_assets_are_real_files_of_the_installed_package():
     assert (assets.templates_dir() / "config" / "python.pbtxt.j2").is_file()
     assert (assets.templates_dir() / "k8s" / "base" / "kustomization.yaml.j2").is_file()
     assert assets.python_backend_model().name == "model.py" and assets.python_backend_model().is_file()
-    assert assets.drift_module() == Path(sys.modules["builder"].__file__).parent / "drift.py"
+    assert assets.drift_module() == Path(sys.modules["builder"].__file__).parent / "monitoring" / "drift.py"
     assert {"locustfile.py", "shapes.py", "locust.conf"} <= {p.name for p in assets.loadtest_dir().iterdir()}
     assert (assets.monitoring_dir() / "prometheus" / "prometheus.yml").is_file()
     # inside the package (in a checkout builder/_assets/<folder> links to the top-level folder)
@@ -83,7 +83,7 @@ def test_wheel_ships_every_asset_file(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     missing = [f for f in _asset_files() if f"builder/_assets/{f}" not in names]
     assert missing == [], f"package-data in pyproject.toml misses {missing}"
-    assert "builder/assets.py" in names and "builder/drift.py" in names
+    assert "builder/assets.py" in names and "builder/monitoring/drift.py" in names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
 
 
@@ -143,7 +143,7 @@ def test_require_leaves_other_missing_modules_alone():
 
 
 def test_s3_store_without_boto3(without):
-    from builder.repository.remote import S3Store
+    from builder.storage.s3 import S3Store
 
     without("boto3", "botocore")
     with pytest.raises(UserInputError, match=r"needs boto3: pip install 'triton-builder\[s3\]'"):

@@ -18,7 +18,7 @@ import yaml
 
 from builder.errors import UserInputError
 from builder.repository.layout import publish_version
-from builder.repository.remote import (MARKER, S3Store, parse_s3_url, pin_versions, policy_versions,
+from builder.storage.s3 import (MARKER, S3Store, parse_s3_url, pin_versions, policy_versions,
                                        publish_repository)
 from tests.conftest import ROOT, run_cli
 
@@ -227,7 +227,7 @@ def test_publish_argument_errors(s3, tmp_path):
 
 
 def test_a_half_uploaded_version_is_invisible_to_serve(s3, tmp_path):
-    from builder.serving.remote import inspect_repository
+    from builder.storage.served import inspect_repository
 
     repo = tmp_path / "repo"
     _add_version(repo)
@@ -280,7 +280,7 @@ def test_a_marker_that_does_not_match_the_files_is_incomplete(s3, tmp_path):
 
 
 def test_inspect_repository_leaves_out_what_the_embedded_server_cannot_run(s3, tmp_path):
-    from builder.serving.remote import inspect_repository
+    from builder.storage.served import inspect_repository
 
     repo = tmp_path / "repo"
     _add_version(repo)
@@ -297,7 +297,7 @@ def test_inspect_repository_leaves_out_what_the_embedded_server_cannot_run(s3, t
 
 
 def test_nginx_config_balances_http_and_grpc_on_loopback(tmp_path):
-    from builder.serving.balancer import NginxBalancer, render_config
+    from builder.scaleout.balancer import NginxBalancer, render_config
 
     text = render_config(tmp_path, ["127.0.0.1:1000", "127.0.0.1:2000"], ["127.0.0.1:1001", "127.0.0.1:2001"],
                          "127.0.0.1", 8080, 8081)
@@ -319,7 +319,7 @@ def test_nginx_config_balances_http_and_grpc_on_loopback(tmp_path):
 @pytest.fixture(scope="module")
 def manifests(tmp_path_factory):
     pytest.importorskip("kubernetes_validate")
-    from builder.k8s import render_manifests
+    from builder.scaleout.k8s import render_manifests
 
     out = tmp_path_factory.mktemp("k8s")
     render_manifests("s3://models-bucket/prod", out, replicas=2, min_replicas=1, max_replicas=6,
@@ -337,7 +337,7 @@ def _docs(out: Path) -> dict[str, dict]:
 
 
 def test_manifests_render_and_validate(manifests):
-    from builder.k8s import validate_manifests
+    from builder.scaleout.k8s import validate_manifests
 
     assert validate_manifests(manifests) == []
     docs = _docs(manifests)
@@ -391,7 +391,7 @@ def test_kustomize_builds_the_base(manifests):
 
 
 def test_validation_catches_broken_manifests(manifests, tmp_path):
-    from builder.k8s import validate_manifests
+    from builder.scaleout.k8s import validate_manifests
 
     broken = tmp_path / "broken"
     shutil.copytree(manifests, broken)
@@ -416,7 +416,7 @@ def test_validation_catches_broken_manifests(manifests, tmp_path):
     (dict(model="../x"), "--model"),
 ])
 def test_k8s_argument_errors(tmp_path, kwargs, message):
-    from builder.k8s import render_manifests
+    from builder.scaleout.k8s import render_manifests
 
     with pytest.raises(UserInputError) as err:
         render_manifests("s3://models-bucket/prod", tmp_path, **kwargs)
@@ -441,7 +441,7 @@ def test_k8s_cli_renders_and_validates(tmp_path):
 
 
 def test_replica_set_argument_errors(tmp_path):
-    from builder.serving.replicas import ReplicaSet, run_replicas
+    from builder.scaleout.replicas import ReplicaSet, run_replicas
 
     with pytest.raises(UserInputError, match="--replicas 0: must be a whole number >= 1"):
         ReplicaSet(tmp_path, replicas=0)

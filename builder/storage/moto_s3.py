@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 
 from builder.errors import ServerError, UserInputError
-from builder.serving.processes import die_with_parent, free_port
+from builder.processes import die_with_parent, free_port
 
 __all__ = ["MotoS3Server"]
 

@@ -10,7 +10,7 @@ publishes, after the metadata record is made and before it is written:
   ONNX ops only) gets ``plan_recipe.json``. Everything the GPU host needs is in it, so the host needs
   only python3 and trtexec: the ONNX file and its sha256, the precision, the profiles and trtexec's
   --minShapes/--optShapes/--maxShapes strings, the plan model's config.pbtxt (rendered and checked
-  with Triton's schema here) and the base of its metadata. builder/repository/plan_build.py turns
+  with Triton's schema here) and the base of its metadata. builder/tensorrt/plan_build.py turns
   it into the model ``<name>__tensorrt_fp16`` (README: TensorRT plans).
 
 Triton ignores the extra file in the ONNX version folder; the ONNX model serves unchanged.
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from builder.repository.metadata import _plain
-from builder.repository.plan_build import BUILD_PLANS, RECIPE_FILE, RECIPE_SCHEMA
-from builder.tensorrt_profiles import LEVELS, derive_profiles, is_static, profiles_as_dict, shape_string, trtexec_shape_args
+from builder.tensorrt.plan_build import BUILD_PLANS, RECIPE_FILE, RECIPE_SCHEMA
+from builder.tensorrt.profiles import LEVELS, derive_profiles, is_static, profiles_as_dict, shape_string, trtexec_shape_args
 
 TENSORRT_STAGE = "tensorrt"
 

@@ -8,7 +8,7 @@ compose deployment runs, with the targets rewritten.
 Usage::
 
     from builder.serving.embedded import EmbeddedServer
-    from builder.serving.prometheus import LocalExporter, LocalPrometheus
+    from builder.monitoring.prometheus import LocalExporter, LocalPrometheus
 
     with EmbeddedServer(repo, extra_args=["--metrics-config=summary_latencies=true"]) as triton, \\
          LocalExporter(triton.http_url) as exporter, \\
@@ -22,7 +22,7 @@ Usage::
 
 From a shell, against a running ``triton-builder serve`` (HTTP 8000, metrics 8002)::
 
-    python -m builder.serving.prometheus --triton-url 127.0.0.1:8000 --triton-metrics 127.0.0.1:8002
+    python -m builder.monitoring.prometheus --triton-url 127.0.0.1:8000 --triton-metrics 127.0.0.1:8002
     # Prometheus on http://127.0.0.1:9090, the exporter on 127.0.0.1:9102; Ctrl-C stops both
 
 Details:
@@ -69,7 +69,7 @@ import yaml
 
 from builder import assets
 from builder.errors import ServerError, UserInputError
-from builder.serving.processes import die_with_parent, free_port, port_open, stop_signals
+from builder.processes import die_with_parent, free_port, port_open, stop_signals
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -267,7 +267,7 @@ class LocalPrometheus:
                                         self.scrape_interval, self.evaluation_interval)
             self.workdir = Path(tempfile.mkdtemp(prefix="triton-builder-prometheus-"))
             self.config_path.write_text(
-                "# written by builder.serving.prometheus from " + str(self.config_template) + "\n"
+                "# written by builder.monitoring.prometheus from " + str(self.config_template) + "\n"
                 + yaml.safe_dump(self.config, sort_keys=False))
             attempts = _PORT_ATTEMPTS if self._requested_port is None else 1
             try:
@@ -626,12 +626,12 @@ class LocalExporter:
 
 
 # --------------------------------------------------------------------------------------------
-# python -m builder.serving.prometheus
+# python -m builder.monitoring.prometheus
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m builder.serving.prometheus",
+        prog="python -m builder.monitoring.prometheus",
         description="Run Prometheus (monitoring/prometheus: scrape config + rules) and the batch-size exporter "
                     "against a running Triton (e.g. `triton-builder serve`) until Ctrl-C. Data is kept in a "
                     "temp dir and removed on exit.")

@@ -6,7 +6,7 @@
 - ``onnxruntime_onnx`` on target gpu with ``deploy.onnx_tensorrt`` in the spec: onnxruntime's
   TensorRT execution accelerator, with the spec's parameters (Triton's names: precision_mode,
   max_workspace_size_bytes, trt_engine_cache_enable, ...). ``profiles: true`` adds
-  trt_profile_min/opt/max_shapes from builder/tensorrt_profiles.py (the same shapes as the plans).
+  trt_profile_min/opt/max_shapes from builder/tensorrt/profiles.py (the same shapes as the plans).
 - anything else: no optimization block.
 
 Usage::
@@ -34,7 +34,7 @@ def gpu_optimization(spec: ModelSpec, backend: str, target: str) -> dict[str, An
 
 def onnx_tensorrt_parameters(spec: ModelSpec, settings: dict[str, Any]) -> dict[str, str]:
     """The accelerator's parameters as Triton wants them: strings, booleans as "true"/"false"."""
-    from builder.tensorrt_profiles import LEVELS, derive_profiles, is_static, shape_string
+    from builder.tensorrt.profiles import LEVELS, derive_profiles, is_static, shape_string
 
     parameters: dict[str, str] = {}
     for key, value in settings.items():

@@ -51,7 +51,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from builder.serving.remote import check_served_at  # check_served, for a folder or an s3:// repository
+    from builder.storage.served import check_served_at  # check_served, for a folder or an s3:// repository
 
     report = check_served_at(args.name, args.repository, url=args.url, grpc_url=args.grpc_url,
                              protocol=args.protocol, version=args.version)
@@ -127,11 +127,11 @@ def make_parser() -> argparse.ArgumentParser:
 
 def _register_extra_verbs(sub) -> None:
     """Verbs owned by other modules (load testing, tuning; publish, replicas, k8s) add themselves here."""
-    from builder.scaleout_cli import register as register_scaleout
+    from builder.cli.scaleout import register as register_scaleout
 
     register_scaleout(sub)
     try:
-        from builder.tuning.cli import register as register_tuning
+        from builder.cli.tuning import register as register_tuning
     except ImportError:
         return
     register_tuning(sub)

@@ -1,10 +1,10 @@
-"""CLI verbs ``publish``, ``replicas`` and ``k8s``; builder/cli.py adds them with ``register(subparsers)``.
+"""CLI verbs ``publish``, ``replicas`` and ``k8s``; builder/cli/__init__.py adds them with ``register(subparsers)``.
 
 Each verb forwards to one library function:
 
-- ``publish``  -> ``builder.repository.remote.publish_repository``
-- ``replicas`` -> ``builder.serving.replicas.run_replicas``
-- ``k8s``      -> ``builder.k8s.render_manifests`` (then ``validate_manifests`` unless --no-validate)
+- ``publish``  -> ``builder.storage.s3.publish_repository``
+- ``replicas`` -> ``builder.scaleout.replicas.run_replicas``
+- ``k8s``      -> ``builder.scaleout.k8s.render_manifests`` (then ``validate_manifests`` unless --no-validate)
 
 Exit codes: 0 ok; 1 invalid manifests; 2 bad arguments or an unreachable store/server.
 """
@@ -15,7 +15,7 @@ import argparse
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from builder.repository.remote import publish_repository
+    from builder.storage.s3 import publish_repository
 
     results = publish_repository(args.repository, args.to, models=args.model or None, version=args.version,
                                  progress=print)
@@ -25,14 +25,14 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_replicas(args: argparse.Namespace) -> int:
-    from builder.serving.replicas import run_replicas
+    from builder.scaleout.replicas import run_replicas
 
     return run_replicas(args.repository, args.replicas, http_port=args.http_port, grpc_port=args.grpc_port,
                         prometheus=args.prometheus, watch_seconds=args.watch_seconds)
 
 
 def cmd_k8s(args: argparse.Namespace) -> int:
-    from builder.k8s import render_manifests, require_validator, validate_manifests
+    from builder.scaleout.k8s import render_manifests, require_validator, validate_manifests
 
     if not args.no_validate:
         require_validator()  # before anything is written

@@ -1,4 +1,4 @@
-"""CLI verbs ``loadtest``, ``sweep`` and ``tune``; builder/cli.py adds them with ``register(subparsers)``.
+"""CLI verbs ``loadtest``, ``sweep`` and ``tune``; builder/cli/__init__.py adds them with ``register(subparsers)``.
 
 Each verb forwards to one library function. Exit codes: 0 ok; 1 SLO broken (loadtest), failed
 requests (sweep), no candidate met the budget (tune); 2 bad arguments or server unreachable.

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Sequence
 
 from builder.errors import ServerError, UserInputError
-from builder.serving.processes import die_with_parent, free_port, killpg, port_open
+from builder.processes import die_with_parent, free_port, killpg, port_open
 
 __all__ = ["NginxBalancer", "find_nginx", "render_config"]
 
@@ -75,7 +75,7 @@ def render_config(workdir: Path, http_backends: Sequence[str], grpc_backends: Se
                      for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
     user = f"user {worker_user};\n" if worker_user else ""
     tries = max(2, min(len(http_backends), len(grpc_backends)))
-    return f"""# written by builder.serving.balancer
+    return f"""# written by builder.scaleout.balancer
 {user}daemon off;
 master_process on;
 worker_processes 1;

@@ -1,10 +1,10 @@
 """Build the TensorRT plans the builder recorded, on the GPU host that serves them (the GPU half of
-the plan path; the builder's half is builder/repository/plan_recipe.py).
+the plan path; the builder's half is builder/tensorrt/plan_recipe.py).
 
 Run by ``scripts/build-plans.sh`` (compose service ``build-plans``, in the pinned NGC Triton image,
 so the plan is made by the same TensorRT as the server that loads it). That image has bash, python3,
 trtexec and nvidia-smi, not the builder's packages: this module uses the standard library only
-(and builder.errors / builder.repository.compatibility, which do too).
+(and builder.errors / builder.tensorrt.compatibility, which do too).
 
 For each recipe (``<repo>/<model>/<version>/plan_recipe.json``; per model, the latest version that
 has one):
@@ -28,7 +28,7 @@ has one):
 
 Usage (normally through the script)::
 
-    python3 -m builder.repository.plan_build /models [--model NAME] [--force] [--dry-run] [--no-measure]
+    python3 -m builder.tensorrt.plan_build /models [--model NAME] [--force] [--dry-run] [--no-measure]
 
 Exit codes: 0 every plan built or up to date (or no recipe found); 1 a plan failed to build; 2 no
 usable GPU, trtexec or repository.
@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from builder.errors import BuilderError, UserInputError
-from builder.repository.compatibility import (find_trtexec, probe_trtexec_version, query_gpus,
+from builder.tensorrt.compatibility import (find_trtexec, probe_trtexec_version, query_gpus,
                                               tensorrt_version_from_log)
 
 RECIPE_FILE = "plan_recipe.json"

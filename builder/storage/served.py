@@ -2,7 +2,7 @@
 
 Usage::
 
-    from builder.serving.remote import inspect_repository, check_served_at
+    from builder.storage.served import inspect_repository, check_served_at
 
     models, left_out, versions = inspect_repository("s3://127.0.0.1:9000/models/prod")
     # models: every model folder; left_out: {name: reason}; versions: {name: [versions Triton will load]}
@@ -13,7 +13,7 @@ Usage::
 ``triton-builder serve --repository s3://...`` leaves out the same models a local folder would
 (configs read from the bucket and judged by ``unsupported_models``) plus every model whose config
 would make Triton load a version without a valid ``.complete`` marker (an upload in progress or
-interrupted: see builder/repository/remote.py). Triton itself reads the model files straight from
+interrupted: see builder/storage/s3.py). Triton itself reads the model files straight from
 the bucket (its own S3 support, credentials from the same AWS environment variables).
 """
 
@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from builder.repository.remote import MARKER, S3Location, S3Store, is_s3_url, parse_s3_url, policy_versions, \
+from builder.storage.s3 import MARKER, S3Location, S3Store, is_s3_url, parse_s3_url, policy_versions, \
     snapshot_for_check
 from builder.spec import NAME_PATTERN
 

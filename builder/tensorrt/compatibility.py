@@ -16,7 +16,7 @@ The target comes from, in this order: the arguments (``triton-builder validate -
 Python package for the TensorRT version). When neither gives a value, that part is NOT silently
 passed: it is a failure that says what could not be checked and how to supply it.
 
-This module uses the standard library only: ``builder.repository.plan_build`` imports it inside the
+This module uses the standard library only: ``builder.tensorrt.plan_build`` imports it inside the
 NGC Triton image, where only python3 is available.
 
 Usage::

@@ -3,7 +3,7 @@ scraped by Prometheus, with rolling updates gated by the served accuracy check.
 
 Usage::
 
-    from builder.serving.replicas import ReplicaSet
+    from builder.scaleout.replicas import ReplicaSet
 
     with ReplicaSet("s3://127.0.0.1:9000/models/prod", replicas=2) as group:
         group.http_url, group.grpc_url        # the balancer (nginx): send traffic here
@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from builder.errors import ServerError, UserInputError, VerificationError
-from builder.serving.processes import stop_signals
+from builder.processes import stop_signals
 
 __all__ = ["ReplicaSet", "ReplicaUpdate", "RolloutError", "run_replicas", "target_versions"]
 
@@ -81,11 +81,11 @@ def _fmt(versions: Sequence[int]) -> str:
 
 def target_versions(repository: Any, model: str) -> list[int]:
     """The versions the repository's config makes Triton load now (complete ones only for ``s3://``)."""
-    from builder.repository.remote import S3Location, policy_versions
+    from builder.storage.s3 import S3Location, policy_versions
 
     if isinstance(repository, S3Location):
-        from builder.repository.remote import S3Store
-        from builder.serving.remote import served_versions
+        from builder.storage.s3 import S3Store
+        from builder.storage.served import served_versions
 
         wanted, incomplete = served_versions(S3Store(repository), model)
         return [v for v in wanted if v not in incomplete]
@@ -117,7 +117,7 @@ class ReplicaSet:
                  http_port: int | None = None, grpc_port: int | None = None, prometheus: bool | None = None,
                  log_dir: str | Path | None = None, extra_args: Sequence[str] = (), ready_timeout: float = 120.0,
                  load_models: Sequence[str] | None = None):
-        from builder.repository.remote import is_s3_url, parse_s3_url
+        from builder.storage.s3 import is_s3_url, parse_s3_url
 
         if not isinstance(replicas, int) or replicas < 1:
             raise UserInputError(f"--replicas {replicas!r}: must be a whole number >= 1")
@@ -168,7 +168,7 @@ class ReplicaSet:
 
     def start(self) -> "ReplicaSet":
         """Start the replicas (in parallel), then the balancer, then Prometheus; nothing left running on error."""
-        from builder.serving.balancer import NginxBalancer, find_nginx
+        from builder.scaleout.balancer import NginxBalancer, find_nginx
 
         with self._lock:
             find_nginx()  # fail before starting any replica
@@ -187,7 +187,7 @@ class ReplicaSet:
             return self
 
     def _start_prometheus(self) -> None:
-        from builder.serving.prometheus import LocalPrometheus, find_prometheus, render_config
+        from builder.monitoring.prometheus import LocalPrometheus, find_prometheus, render_config
 
         targets = {"triton": [r.metrics_url for r in self.replicas]}
         if self.want_prometheus is False:
@@ -279,7 +279,7 @@ class ReplicaSet:
         Raises ``RolloutError`` (exit 1) when a replica fails its check (it is rolled back first),
         ``ServerError`` if a replica cannot load the new version.
         """
-        from builder.serving.remote import check_served_at
+        from builder.storage.served import check_served_at
 
         say = progress or (lambda message: None)
         target = target_versions(self.repository, model)

@@ -160,7 +160,7 @@ def render_manifests(repository_url: str, out: str | Path, *, replicas: int = 2,
     """Render the kustomize base into ``out/base``; see the module doc. ``UserInputError`` for bad arguments."""
     import jinja2
 
-    from builder.repository.remote import parse_s3_url
+    from builder.storage.s3 import parse_s3_url
     from builder.spec import validate_model_name
 
     location = parse_s3_url(repository_url, "--repository-url")
