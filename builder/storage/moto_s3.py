@@ -17,21 +17,16 @@ never invents any).
 
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from builder.errors import ServerError, UserInputError
-from builder.processes import die_with_parent, free_port
+from builder.processes import LocalService, free_port
 
 __all__ = ["MotoS3Server"]
 
@@ -39,28 +34,22 @@ _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 INSTALL_HINT = "pip install 'moto[server]' (in triton-builder's dev extra: pip install -e '.[dev]')"
 
 
-class MotoS3Server:
+class MotoS3Server(LocalService):
     """moto's S3 server as a child process in its own session; a context manager, or start/stop."""
+
+    label = "the moto S3 server"
+    error = ServerError
+    stop_timeout = 5.0
 
     def __init__(self, host: str = "127.0.0.1", port: int | None = None, log_path: Path | str | None = None,
                  ready_timeout: float = 30.0):
         if ready_timeout <= 0:
             raise UserInputError(f"ready_timeout must be positive, got {ready_timeout}")
-        self.host = host
-        self.ready_timeout = float(ready_timeout)
+        super().__init__(host, ready_timeout)
         self._requested_port = port
         self._port: int | None = None
-        self._proc: subprocess.Popen | None = None
         self._workdir: Path | None = None
         self.log_path: Path | None = Path(log_path).resolve() if log_path else None
-        self._lock = threading.RLock()
-        self._atexit_registered = False
-
-    def __enter__(self) -> "MotoS3Server":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     @property
     def port(self) -> int:
@@ -73,71 +62,47 @@ class MotoS3Server:
         """``http://127.0.0.1:<port>`` (for boto3's ``endpoint_url``)."""
         return f"http://{self.host}:{self.port}"
 
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
     def repository_url(self, bucket: str, prefix: str) -> str:
         """The ``s3://HOST:PORT/BUCKET/PREFIX`` URL triton-builder and Triton take."""
         return f"s3://{self.host}:{self.port}/{bucket}/{prefix.strip('/')}"
 
-    def is_running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+    def _prepare(self) -> None:
+        try:
+            import moto.server  # noqa: F401
+        except ImportError:
+            raise ServerError(f"the local S3 endpoint needs moto's server: {INSTALL_HINT}") from None
+        self._workdir = Path(tempfile.mkdtemp(prefix="triton-builder-moto-"))
+        if self.log_path is None:
+            self.log_path = self._workdir / "moto.log"
+        self._port = self._requested_port or free_port(self.host)
 
-    def start(self) -> "MotoS3Server":
-        with self._lock:
-            if self.is_running():
-                return self
-            try:
-                import moto.server  # noqa: F401
-            except ImportError:
-                raise ServerError(f"the local S3 endpoint needs moto's server: {INSTALL_HINT}") from None
-            self._workdir = Path(tempfile.mkdtemp(prefix="triton-builder-moto-"))
-            if self.log_path is None:
-                self.log_path = self._workdir / "moto.log"
-            self._port = self._requested_port or free_port(self.host)
-            cmd = [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self._port)]
-            with open(self.log_path, "ab") as log:
-                self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                              cwd=str(self._workdir), start_new_session=True,
-                                              env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                                              preexec_fn=die_with_parent())
-            if not self._atexit_registered:
-                atexit.register(self.stop)
-                self._atexit_registered = True
-            try:
-                self._wait_ready()
-            except BaseException:
-                self.stop()
-                raise
-            return self
+    def _command(self) -> list[str]:
+        return [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self._port)]
 
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.ready_timeout
-        while True:
-            code = self._proc.poll()
-            if code is not None:
-                raise ServerError(f"the moto S3 server exited with code {code} while starting: {self._log_tail()}")
-            try:
-                with _NO_PROXY.open(f"{self.endpoint_url}/moto-api/", timeout=1) as response:
-                    if response.status < 500:
-                        return
-            except urllib.error.HTTPError as err:
-                if err.code < 500:
-                    return
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise ServerError(f"the moto S3 server did not answer on {self.endpoint_url} within "
-                                  f"{self.ready_timeout:g} s: {self._log_tail()}")
-            time.sleep(0.1)
+    def _cwd(self) -> Path | None:
+        return self._workdir
+
+    def _env(self) -> dict[str, str]:
+        return dict(os.environ, PYTHONUNBUFFERED="1")
+
+    def _ready(self) -> bool:
+        try:
+            with _NO_PROXY.open(f"{self.endpoint_url}/moto-api/", timeout=1) as response:
+                return response.status < 500
+        except urllib.error.HTTPError as err:
+            return err.code < 500
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _exit_error(self, code: int) -> Exception:
+        return ServerError(f"the moto S3 server exited with code {code} while starting: {self._log_tail()}")
+
+    def _timeout_error(self) -> Exception:
+        return ServerError(f"the moto S3 server did not answer on {self.endpoint_url} within "
+                           f"{self.ready_timeout:g} s: {self._log_tail()}")
 
     def _log_tail(self, lines: int = 10) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace") if self.log_path else ""
-        except OSError:
-            text = ""
-        return " | ".join(text.strip().splitlines()[-lines:]) or "(no output)"
+        return " | ".join(self.read_log(0).strip().splitlines()[-lines:]) or "(no output)"
 
     def client(self):
         """A boto3 S3 client for this endpoint (credentials from the caller's environment)."""
@@ -149,29 +114,6 @@ class MotoS3Server:
     def create_bucket(self, name: str) -> None:
         self.client().create_bucket(Bucket=name)
 
-    def stop(self, timeout: float = 5.0) -> int | None:
-        """SIGTERM to its process group, SIGKILL after ``timeout`` s. Idempotent."""
-        with self._lock:
-            proc = self._proc
-            code = None
-            if proc is not None:
-                if proc.poll() is None:
-                    try:
-                        os.killpg(proc.pid, signal.SIGTERM)
-                    except (ProcessLookupError, PermissionError):
-                        pass
-                    try:
-                        proc.wait(timeout)
-                    except subprocess.TimeoutExpired:
-                        try:
-                            os.killpg(proc.pid, signal.SIGKILL)
-                        except (ProcessLookupError, PermissionError):
-                            pass
-                        proc.wait(5)
-                code = proc.returncode
-            if self._workdir is not None:  # its temp folder (and the log, unless log_path put it elsewhere)
-                shutil.rmtree(self._workdir, ignore_errors=True)
-            if self._atexit_registered:
-                atexit.unregister(self.stop)
-                self._atexit_registered = False
-            return code
+    def _cleanup(self) -> None:
+        if self._workdir is not None:  # its temp folder (and the log, unless log_path put it elsewhere)
+            shutil.rmtree(self._workdir, ignore_errors=True)
