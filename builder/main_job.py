@@ -19,18 +19,20 @@ from builder.errors import BuilderError
 
 def run_main_job(spec: str | Path, repository: str | Path = "runs/model_repository", *, load_seconds: float = 10.0,
                  users: int = 8, keep_serving: bool = False, fresh: bool = True,
-                 announce: Callable[[str], None] = print) -> int:
+                 progress: Callable[[str], object] | None = None) -> int:
     from builder.pipeline import build
     from builder.report import format_table
     from builder.serving.check import check_served
     from builder.serving.embedded import EmbeddedServer
+
+    announce = progress or (lambda message: None)
 
     repository = Path(repository)
     if fresh and repository.exists() and repository.name == "model_repository" and repository.parent.name == "runs":
         shutil.rmtree(repository)  # the main job's own scratch repository, never the user's
     started = time.perf_counter()
     announce("== 1/4 build")
-    result = build(spec, repository, progress=announce)
+    result = build(spec, repository, progress=progress)
     name = result.context.spec.name
     announce("")
     announce(format_table(result.rows))

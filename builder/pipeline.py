@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from builder.errors import BuilderError, VerificationError
+from builder.progress import bar
 from builder.repository.layout import check_version_free
 from builder.spec import ModelSpec, load_spec
 from builder.stages.base import BuildContext, BuildOptions, StageResult, Status, timed
@@ -34,8 +35,11 @@ class BuildResult:
 def build(spec: str | Path | ModelSpec, repository: str | Path = "model_repository", *,
           variants: list[str] | None = None, target: str | None = None, strict: bool = False,
           publish_variants: bool | None = None, benchmark_seconds: float | None = None,
-          progress: Callable[[str], None] = print) -> BuildResult:
-    """Build, verify and publish one model spec into the repository. Raises BuilderError subclasses."""
+          progress: Callable[[str], object] | None = None) -> BuildResult:
+    """Build, verify and publish one model spec into the repository. Raises BuilderError subclasses.
+
+    ``progress`` gets one line per stage (None: silent; the CLI passes a builder.progress.Reporter,
+    which also draws a bar over the stages on a terminal)."""
     from builder.report import variant_rows
     from builder.stages import PIPELINE
     from builder.variants import add_bases, resolve_variants
@@ -54,24 +58,31 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = "model_reposito
                              "or 0 to skip measuring")
     check_version_free(options.repository, model_spec.name, model_spec.version)
     workdir = Path(tempfile.mkdtemp(prefix=f"triton-builder-{model_spec.name}-"))
+    progress = progress or _silent
     ctx = BuildContext(spec=model_spec, options=options, workdir=workdir, progress=progress)
     ctx.requested_variants, ctx.base_only = add_bases(resolve_variants(variants or model_spec.variants, ctx.target))
     progress(f"building {model_spec.name} (target {ctx.target}; variants: {', '.join(ctx.requested_variants)})")
     try:
-        for index, (name, module, required) in enumerate(PIPELINE, 1):
-            progress(f"[{index}/{len(PIPELINE)}] {name} ...")
-            result = timed(module.run, ctx, name)
-            ctx.results.append(result)
-            reason = result.reason.splitlines()[0] if result.reason else ""
-            progress(f"[{index}/{len(PIPELINE)}] {name}: {result.status.value} ({result.seconds:.1f} s) {reason}")
-            if name == "verify" and strict:
-                _raise_if_any_failed(ctx)
-            if result.status is Status.FAIL and required:
-                _raise_for(ctx, result)
+        with bar(progress, f"building {model_spec.name}", total=len(PIPELINE)) as advance:
+            for index, (name, module, required) in enumerate(PIPELINE, 1):
+                progress(f"[{index}/{len(PIPELINE)}] {name} ...")
+                result = timed(module.run, ctx, name)
+                ctx.results.append(result)
+                reason = result.reason.splitlines()[0] if result.reason else ""
+                progress(f"[{index}/{len(PIPELINE)}] {name}: {result.status.value} ({result.seconds:.1f} s) {reason}")
+                advance()
+                if name == "verify" and strict:
+                    _raise_if_any_failed(ctx)
+                if result.status is Status.FAIL and required:
+                    _raise_for(ctx, result)
         published = next(r.outputs["published"] for r in ctx.results if r.stage == "publish")
         return BuildResult(ctx, published, variant_rows(ctx))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _silent(message: str) -> None:
+    return None
 
 
 def _variant_failures(ctx: BuildContext) -> list[str]:

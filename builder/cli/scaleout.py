@@ -13,25 +13,27 @@ from __future__ import annotations
 
 import argparse
 
+from builder.progress import Reporter
 
-def cmd_publish(args: argparse.Namespace) -> int:
+
+def cmd_publish(args: argparse.Namespace, reporter: Reporter) -> int:
     from builder.storage.s3 import publish_repository
 
     results = publish_repository(args.repository, args.to, models=args.model or None, version=args.version,
-                                 progress=print)
+                                 progress=reporter)
     for item in results:
         print(item.line())
     return 0
 
 
-def cmd_replicas(args: argparse.Namespace) -> int:
+def cmd_replicas(args: argparse.Namespace, reporter: Reporter) -> int:
     from builder.scaleout.replicas import run_replicas
 
     return run_replicas(args.repository, args.replicas, http_port=args.http_port, grpc_port=args.grpc_port,
                         prometheus=args.prometheus, watch_seconds=args.watch_seconds)
 
 
-def cmd_k8s(args: argparse.Namespace) -> int:
+def cmd_k8s(args: argparse.Namespace, reporter: Reporter) -> int:
     from builder.scaleout.k8s import render_manifests, require_validator, validate_manifests
 
     if not args.no_validate:
@@ -56,8 +58,8 @@ def cmd_k8s(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub) -> None:
-    p = sub.add_parser("publish", help="upload a local repository's versions to object storage (s3://), "
+def register(sub, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("publish", parents=[common], help="upload a local repository's versions to object storage (s3://), "
                                        "each visible only once complete")
     p.add_argument("--repository", default="model_repository", help="local model repository (default: %(default)s)")
     p.add_argument("--to", required=True,
@@ -67,10 +69,10 @@ def register(sub) -> None:
     p.add_argument("--version", type=int, help="only this version (default: every local version)")
     p.set_defaults(func=cmd_publish)
 
-    p = sub.add_parser("replicas", help="N embedded Triton replicas on one repository behind nginx, with "
+    p = sub.add_parser("replicas", parents=[common], help="N embedded Triton replicas on one repository behind nginx, with "
                                         "Prometheus and gated rolling updates, until Ctrl-C")
     p.add_argument("--repository", default="model_repository", help="folder or s3:// URL (default: %(default)s)")
-    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--replicas", type=int, default=2, help="Triton replicas behind the balancer (default: %(default)s)")
     p.add_argument("--http-port", type=int, help="the balancer's HTTP port (default: a free one)")
     p.add_argument("--grpc-port", type=int, help="the balancer's gRPC port (default: a free one)")
     p.add_argument("--watch-seconds", type=float, default=10.0,
@@ -78,10 +80,11 @@ def register(sub) -> None:
     group = p.add_mutually_exclusive_group()
     group.add_argument("--prometheus", dest="prometheus", action="store_const", const=True, default=None,
                        help="start Prometheus (error if not installed; default: when installed)")
-    group.add_argument("--no-prometheus", dest="prometheus", action="store_const", const=False)
+    group.add_argument("--no-prometheus", dest="prometheus", action="store_const", const=False,
+                       help="do not start the local Prometheus")
     p.set_defaults(func=cmd_replicas)
 
-    p = sub.add_parser("k8s", help="render (and validate offline) Kubernetes manifests: Triton on an s3:// "
+    p = sub.add_parser("k8s", parents=[common], help="render (and validate offline) Kubernetes manifests: Triton on an s3:// "
                                    "repository, HPA on Triton metrics, monitoring, Locust")
     p.add_argument("--repository-url", required=True, help="the s3:// model repository the pods serve")
     p.add_argument("--out", required=True, help="folder to write (a kustomize base lands in OUT/base)")
@@ -92,14 +95,15 @@ def register(sub) -> None:
                    help="what the HPA scales on (default: %(default)s)")
     p.add_argument("--target", type=float, help="per-pod target of --metric (default: 1 for the ratio, 8 pending)")
     p.add_argument("--namespace", help="namespace set in kustomization.yaml (default: none)")
-    p.add_argument("--image", default="nvcr.io/nvidia/tritonserver:24.10-py3")
+    p.add_argument("--image", default="nvcr.io/nvidia/tritonserver:24.10-py3", help="Triton image (default: %(default)s)")
     p.add_argument("--secret", default="triton-s3-credentials",
                    help="name of the existing Secret holding AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY")
     p.add_argument("--region", default="us-east-1", help="AWS_DEFAULT_REGION for the pods")
     p.add_argument("--gpus", type=int, default=1, help="nvidia.com/gpu per pod (0: none)")
     p.add_argument("--model", help="model the Locust deployments load-test (without it they get 0 replicas)")
-    p.add_argument("--locust-workers", type=int, default=2)
-    p.add_argument("--model-control", choices=("poll", "explicit"), default="poll")
+    p.add_argument("--locust-workers", type=int, default=2, help="Locust worker pods (default: %(default)s)")
+    p.add_argument("--model-control", choices=("poll", "explicit"), default="poll",
+                   help="how Triton picks up new versions from the bucket (default: %(default)s)")
     p.add_argument("--poll-seconds", type=int, default=30, help="--repository-poll-secs in poll mode")
     p.add_argument("--no-validate", action="store_true", help="skip the offline validation")
     p.set_defaults(func=cmd_k8s)

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from builder.errors import UserInputError
+from builder.progress import Reporter
 
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
 
@@ -46,7 +47,7 @@ def int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r}: use comma-separated whole numbers, e.g. 0,100,500") from None
 
 
-def cmd_loadtest(args: argparse.Namespace) -> int:
+def cmd_loadtest(args: argparse.Namespace, reporter: Reporter) -> int:
     from builder.tuning.loadtest import run_loadtest
 
     summary = run_loadtest(
@@ -54,25 +55,25 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         args.out or Path("runs") / "loadtest" / args.name, payload=args.payload, timeout_s=args.timeout,
         repository=_repository(args), spawn_rate=args.spawn_rate, shape=args.shape, slo_p99_ms=args.slo_p99_ms,
         slo_max_failure_ratio=args.slo_max_failure_ratio, workers=args.workers, batch_size=args.batch_size,
-        progress=lambda line: print(line, flush=True))
+        progress=reporter)
     print(f"reports: {Path(summary['files']['summary']).parent} (summary.json, report.html, locust_*.csv)")
     return summary["exit_code"]
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
+def cmd_sweep(args: argparse.Namespace, reporter: Reporter) -> int:
     from builder.tuning.sweep import run_sweep
 
     result = run_sweep(args.name, _url(args), args.protocol, args.max_concurrency,
                        args.out or Path("runs") / "sweep" / args.name, payload=args.payload,
                        repository=_repository(args), levels=args.levels, window_s=args.window,
                        max_seconds_per_level=args.seconds_per_level, batch_size=args.batch_size,
-                       progress=lambda line: print(line, flush=True))
+                       progress=reporter)
     print(f"client: {result['client']}")
     print(f"wrote {result['files']['csv']} and {result['files']['png']}")
     return 1 if any(row["failures"] for row in result["levels"]) else 0
 
 
-def cmd_tune(args: argparse.Namespace) -> int:
+def cmd_tune(args: argparse.Namespace, reporter: Reporter) -> int:
     from builder.tuning.tune import run_tune
 
     repository = _repository(args)
@@ -87,7 +88,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                       out_dir=args.out or Path("runs") / "tune" / args.name, payload=args.payload,
                       max_concurrency=args.max_concurrency, max_candidates=args.max_candidates,
                       confirm=not args.no_confirm, batch_size=args.batch_size, tie_margin=args.tie_margin,
-                      progress=lambda line: print(line, flush=True), **kwargs)
+                      progress=reporter, **kwargs)
     if not args.write and result["winner"]:
         print("(dry run: pass --write to write the winner into config.pbtxt and tuning.json)")
     return result["exit_code"]
@@ -105,20 +106,21 @@ def _common(p: argparse.ArgumentParser, default_protocol: str) -> None:
     p.add_argument("--out", help="output folder (default runs/<verb>/<name>)")
 
 
-def register(sub) -> None:
-    p = sub.add_parser("loadtest", help="Locust load test of a served model, with SLOs (exit 1 if broken)")
+def register(sub, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("loadtest", parents=[common], help="Locust load test of a served model, with SLOs (exit 1 if broken)")
     _common(p, "http")
     p.add_argument("--users", type=int, default=8, help="concurrent users, one request in flight each (default 8)")
     p.add_argument("--spawn-rate", type=float, help="users started per second (default: all at once)")
     p.add_argument("--run-time", type=seconds, default=30.0, help="e.g. 30, 30s, 2m (default 30 s)")
-    p.add_argument("--shape", choices=("constant", "ramp", "steps"), default="constant")
+    p.add_argument("--shape", choices=("constant", "ramp", "steps"), default="constant",
+                   help="load shape: constant users, a ramp, or steps (default: %(default)s)")
     p.add_argument("--slo-p99-ms", type=float, help="p99 latency SLO over the run (default: none)")
     p.add_argument("--slo-max-failure-ratio", type=float, help="largest allowed failure ratio (default 0.01)")
     p.add_argument("--workers", type=int, default=0, help="run 1 master + N worker processes (default 0: one process)")
     p.add_argument("--timeout", type=seconds, help="hard limit on the whole run (default: run time + 65 s)")
     p.set_defaults(func=cmd_loadtest)
 
-    p = sub.add_parser("sweep", help="closed-loop concurrency sweep: latency vs throughput (CSV + PNG)")
+    p = sub.add_parser("sweep", parents=[common], help="closed-loop concurrency sweep: latency vs throughput (CSV + PNG)")
     _common(p, "grpc")
     p.add_argument("--max-concurrency", type=int, default=16, help="levels 1, 2, 4, ... up to this (default 16)")
     p.add_argument("--levels", type=int_list, help="explicit levels instead, e.g. 1,4,16")
@@ -126,7 +128,7 @@ def register(sub) -> None:
     p.add_argument("--seconds-per-level", type=float, default=8.0, help="time cap per level (default 8)")
     p.set_defaults(func=cmd_sweep)
 
-    p = sub.add_parser("tune", help="search batching/instances/max batch size under a p99 budget on the running server")
+    p = sub.add_parser("tune", parents=[common], help="search batching/instances/max batch size under a p99 budget on the running server")
     _common(p, "grpc")
     p.add_argument("--p99-budget-ms", type=float, required=True, help="p99 latency budget (ms)")
     p.add_argument("--seconds-per-candidate", type=float, default=10.0, help="time per candidate (default 10)")

@@ -1,0 +1,71 @@
+"""CLI verbs ``build``, ``validate`` and ``run`` (the main job); builder/cli/__init__.py adds them
+with ``register(subparsers)``. Each forwards to one library function."""
+
+from __future__ import annotations
+
+import argparse
+
+from builder.progress import Reporter
+
+DEFAULT_REPOSITORY = "model_repository"
+
+
+def cmd_build(args: argparse.Namespace, reporter: Reporter) -> int:
+    from builder.pipeline import build
+    from builder.report import format_table
+
+    variants = args.variants.split(",") if args.variants else None
+    result = build(args.spec, args.repository, variants=variants, target=args.target, strict=args.strict,
+                   publish_variants=args.publish_variants or None, benchmark_seconds=args.benchmark_seconds,
+                   progress=reporter)
+    print()
+    print(format_table(result.rows))
+    for item in result.published:
+        print(f"published {item['name']} version {item['version']} ({item['backend']}) -> {item['path']}")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace, reporter: Reporter) -> int:
+    from builder.repository.validate import validate_model
+
+    report = validate_model(args.model, args.version, gpu=args.gpu, tensorrt_version=args.tensorrt_version)
+    print(f"{report.model}: {'OK' if report.ok else 'FAIL'}")
+    for line in report.lines():
+        print(line)
+    return 0 if report.ok else 1
+
+
+def cmd_run(args: argparse.Namespace, reporter: Reporter) -> int:
+    from builder.main_job import run_main_job
+
+    return run_main_job(args.spec, args.repository, load_seconds=args.load_seconds, users=args.users,
+                        keep_serving=args.keep_serving, progress=reporter)
+
+
+def register(sub, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("build", parents=[common], help="export, verify, measure and publish a model spec")
+    p.add_argument("spec", help="model spec YAML")
+    p.add_argument("--repository", default=DEFAULT_REPOSITORY, help="model repository folder (default: %(default)s)")
+    p.add_argument("--variants", help="comma-separated variants to try (default: the target's defaults)")
+    p.add_argument("--target", help="embedded | cpu | gpu (default: the spec's deploy.target)")
+    p.add_argument("--strict", action="store_true", help="fail if any variant fails verification")
+    p.add_argument("--publish-variants", action="store_true", help="also publish the others as <name>__<variant>")
+    p.add_argument("--benchmark-seconds", type=float,
+                   help="measuring time cap per variant (default 2; 0 skips measuring and selects by preference)")
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("validate", parents=[common], help="re-check hashes and equivalence of a published model")
+    p.add_argument("model", help="<repository>/<model name>")
+    p.add_argument("--version", type=int, help="the version to check (default: the latest)")
+    p.add_argument("--gpu", help="target GPU compute capability (e.g. 9.0) for TensorRT plans")
+    p.add_argument("--tensorrt-version", help="target TensorRT version for TensorRT plans")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("run", parents=[common],
+                       help="the main job: build, serve, check, load-test and report, then stop")
+    p.add_argument("spec", nargs="?", default="examples/digits/spec.yaml", help="model spec YAML (default: %(default)s)")
+    p.add_argument("--repository", default="runs/model_repository", help="where to publish (default: %(default)s)")
+    p.add_argument("--load-seconds", type=float, default=10.0, help="load test length (default: %(default)s)")
+    p.add_argument("--users", type=int, default=8, help="load test users (default: %(default)s)")
+    p.add_argument("--keep-serving", action="store_true", help="keep the server up until Ctrl-C at the end")
+    p.set_defaults(func=cmd_run)

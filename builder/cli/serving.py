@@ -1,0 +1,52 @@
+"""CLI verbs ``serve`` and ``check``; builder/cli/__init__.py adds them with ``register(subparsers)``.
+Each forwards to one library function."""
+
+from __future__ import annotations
+
+import argparse
+
+from builder.progress import Reporter
+
+
+def cmd_serve(args: argparse.Namespace, reporter: Reporter) -> int:
+    from builder import serve
+
+    extra = ["--metrics-config=summary_latencies=true"] if args.latency_summaries else []
+    return serve(args.repository, http_port=args.http_port, grpc_port=args.grpc_port,
+                 metrics_port=args.metrics_port, host=args.host, extra_args=extra)
+
+
+def cmd_check(args: argparse.Namespace, reporter: Reporter) -> int:
+    from builder.storage.served import check_served_at  # check_served, for a folder or an s3:// repository
+
+    report = check_served_at(args.name, args.repository, url=args.url, grpc_url=args.grpc_url,
+                             protocol=args.protocol, version=args.version)
+    for line in report.lines():
+        print(line)
+    return 0 if report.ok else 1
+
+
+def register(sub, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("serve", parents=[common], help="serve a repository on the embedded tritonserver until Ctrl-C")
+    p.add_argument("--repository", default="model_repository",
+                   help="model repository folder or s3:// URL (default: %(default)s)")
+    p.add_argument("--http-port", type=int, help="HTTP port (default: a free one)")
+    p.add_argument("--grpc-port", type=int, help="gRPC port (default: a free one)")
+    p.add_argument("--metrics-port", type=int, help="metrics port (default: a free one)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    p.add_argument("--latency-summaries", action="store_true",
+                   help="publish p50/p95/p99 latency summaries (the dashboards' percentile panels need them; "
+                        "they cost throughput)")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("check", parents=[common],
+                       help="served accuracy gate: compare a running server's answers with reference.npz")
+    p.add_argument("name", help="model name")
+    p.add_argument("--repository", default="model_repository",
+                   help="model repository folder or s3:// URL (default: %(default)s)")
+    p.add_argument("--url", default="127.0.0.1:8000", help="Triton HTTP address (default: %(default)s)")
+    p.add_argument("--grpc-url", help="Triton gRPC address (default: HTTP port + 1)")
+    p.add_argument("--protocol", choices=("http", "grpc", "both"), default="both",
+                   help="which protocols to check (default: %(default)s)")
+    p.add_argument("--version", type=int, help="the version to check (default: the latest)")
+    p.set_defaults(func=cmd_check)

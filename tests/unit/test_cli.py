@@ -1,0 +1,71 @@
+"""The CLI veneer: global flags, quiet progress, help text on every option, every verb registered."""
+
+from __future__ import annotations
+
+import argparse
+import io
+
+import pytest
+
+from builder.cli import make_parser
+from builder.progress import Reporter, bar, report
+from tests.conftest import EXAMPLES, run_cli
+
+VERBS = {"build", "validate", "run", "serve", "check", "loadtest", "sweep", "tune", "publish", "replicas", "k8s"}
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def test_every_verb_is_registered_and_every_option_explains_itself():
+    verbs = _subparsers(make_parser())
+    assert set(verbs) == VERBS
+    undocumented = [f"{verb} {'/'.join(a.option_strings)}" for verb, p in verbs.items() for a in p._actions
+                    if a.option_strings and not a.help and a.dest != "help"]
+    assert undocumented == []
+    assert all({"-q", "-v"} <= set(p._option_string_actions) for p in verbs.values())
+
+
+def test_version_flag():
+    proc = run_cli("--version")
+    assert proc.returncode == 0 and proc.stdout.startswith("triton-builder ")
+
+
+def test_quiet_build_prints_results_but_no_progress(tmp_path):
+    args = ("build", str(EXAMPLES / "digits" / "spec.yaml"), "--variants", "onnx", "--benchmark-seconds", "0")
+    loud = run_cli(*args, "--repository", str(tmp_path / "loud"))
+    quiet = run_cli(*args, "--repository", str(tmp_path / "quiet"), "-q")
+    assert loud.returncode == 0 and quiet.returncode == 0, loud.stderr + quiet.stderr
+    assert "[1/" in loud.stdout and "building digits_cnn" in loud.stdout
+    assert "[1/" not in quiet.stdout and "building digits_cnn" not in quiet.stdout
+    assert "published digits_cnn version 1" in quiet.stdout and "variant" in quiet.stdout  # the table stays
+
+
+def test_reporter_lines_detail_and_bars_off_a_terminal():
+    out = io.StringIO()
+    reporter = Reporter(stream=out)
+    report(reporter, "a line")
+    report(reporter, "hidden detail", detail=True)
+    with bar(reporter, "steps", total=2) as advance:  # not a TTY: no bar, advance is a no-op
+        advance()
+    assert out.getvalue() == "a line\n"
+    verbose = Reporter(stream=out, verbose=True)
+    report(verbose, "shown detail", detail=True)
+    assert out.getvalue().endswith("shown detail\n")
+    silent = Reporter(stream=out, quiet=True)
+    silent("nothing")
+    assert "nothing" not in out.getvalue()
+    seen = []
+    report(seen.append, "to any callable")
+    report(None, "to nobody")
+    with bar(seen.append, "no bar for a plain callable", total=1) as advance:
+        advance()
+    assert seen == ["to any callable"]
+
+
+def test_unknown_verb_is_a_usage_error():
+    with pytest.raises(SystemExit) as info:
+        make_parser().parse_args(["frobnicate"])
+    assert info.value.code == 2
