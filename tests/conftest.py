@@ -22,6 +22,24 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subpro
                           text=True, timeout=timeout, env=env)
 
 
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def require(module: str, extra: str = "dev"):
+    """Import ``module`` for a test, or skip it where it is missing - except in CI (CI=true), where
+    the dev install must provide it, so a missing package is a failure and not a silent skip."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        message = f"{module} is not installed (pip install -e '.[{extra}]', or `make setup`)"
+        if in_ci():
+            pytest.fail(message + " -- CI is set, so this is a failure")
+        pytest.skip(message)
+
+
 def edit_spec(folder: Path, **changes) -> Path:
     """Rewrite folder/spec.yaml with top-level keys changed (None removes a key); returns its path."""
     path = folder / "spec.yaml"

@@ -48,7 +48,7 @@ from tritonclient.utils import InferenceServerException
 from builder.serving.embedded import EmbeddedServer
 from builder.errors import ServerError
 from builder.monitoring.prometheus import LocalExporter, LocalPrometheus, render_config
-from tests.conftest import EXAMPLES, ROOT
+from tests.conftest import EXAMPLES, ROOT, in_ci
 from tests.unit.test_dashboard import metric_names
 
 pytestmark = pytest.mark.integration
@@ -195,10 +195,6 @@ def test_missing_prometheus_binary_is_a_clear_error(tmp_path):
 # the stack: Triton + exporter + Prometheus
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
 def _set_parameter(config: str, key: str, value: str) -> str:
     """Set a config.pbtxt ``parameters`` entry (text edit of the test's own copy)."""
     block = re.compile(r'parameters\s*\{\s*key:\s*"' + re.escape(key) + r'"\s*value\s*\{\s*string_value:\s*"[^"]*"\s*\}\s*\}')
@@ -246,7 +242,7 @@ def _write_failing_model(folder: Path) -> None:
 def stack(built_repository, tmp_path_factory):
     if shutil.which("prometheus") is None:
         message = "prometheus not installed: run scripts/install-system-deps.sh (or `make setup`)"
-        if _in_ci():
+        if in_ci():
             pytest.fail(message + " -- CI is set, so this is a failure")
         pytest.skip(message + "; set CI=true to make this a failure")
     repo = tmp_path_factory.mktemp("monitoring") / "model_repository"

@@ -24,7 +24,7 @@ from builder.repository.layout import publish_version
 from builder.repository.metadata import read_metadata, read_reference, write_metadata, write_reference
 from builder.storage.s3 import publish_repository
 from builder.storage.served import check_served_at
-from tests.conftest import run_cli
+from tests.conftest import require, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -80,8 +80,8 @@ def source(built_repository, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def group(aws_env, source, tmp_path_factory):
-    pytest.importorskip("moto")
-    pytest.importorskip("boto3")
+    require("moto", "dev")
+    require("boto3", "s3")
     from builder.scaleout.balancer import find_nginx
     from builder.storage.moto_s3 import MotoS3Server
     from builder.scaleout.replicas import ReplicaSet

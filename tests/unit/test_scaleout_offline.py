@@ -20,7 +20,7 @@ from builder.errors import UserInputError
 from builder.repository.layout import publish_version
 from builder.storage.s3 import (MARKER, S3Store, parse_s3_url, pin_versions, policy_versions,
                                        publish_repository)
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, require, run_cli
 
 URL = "s3://models/prod"  # AWS form: moto's mock answers for AWS's endpoint, nothing goes out
 
@@ -35,8 +35,8 @@ version_policy: { latest { num_versions: 1 } }
 
 @pytest.fixture
 def s3(monkeypatch):
-    moto = pytest.importorskip("moto")
-    pytest.importorskip("boto3")
+    moto = require("moto", "dev")
+    require("boto3", "s3")
     for key in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "unit-test-key")
@@ -318,7 +318,7 @@ def test_nginx_config_balances_http_and_grpc_on_loopback(tmp_path):
 
 @pytest.fixture(scope="module")
 def manifests(tmp_path_factory):
-    pytest.importorskip("kubernetes_validate")
+    require("kubernetes_validate", "k8s")
     from builder.scaleout.k8s import render_manifests
 
     out = tmp_path_factory.mktemp("k8s")
@@ -426,7 +426,7 @@ def test_k8s_argument_errors(tmp_path, kwargs, message):
 
 
 def test_k8s_cli_renders_and_validates(tmp_path):
-    pytest.importorskip("kubernetes_validate")
+    require("kubernetes_validate", "k8s")
     result = run_cli("k8s", "--repository-url", "s3://127.0.0.1:9000/models/prod", "--out", str(tmp_path),
                      "--metric", "pending_requests", "--gpus", "0")
     assert result.returncode == 0, result.stdout + result.stderr
