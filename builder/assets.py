@@ -15,7 +15,7 @@ Usage::
     shutil.copyfile(assets.drift_module(), folder / "drift.py")
     conf = assets.loadtest_dir() / "locust.conf"                     # + locustfile.py, shapes.py
     scrape = assets.monitoring_dir() / "prometheus" / "prometheus.yml"
-    subprocess.Popen([sys.executable, "-m", assets.EXPORTER_MODULE, ...])
+    cmd = [sys.executable, "-m", assets.EXPORTER_MODULE, ...]   # run by builder.monitoring.local_exporter
 
 Every function returns a real ``pathlib.Path``: jinja2's FileSystemLoader, Locust, Prometheus and
 promtool are given file names. pip installs wheels unpacked, so ``files()`` is a real folder; a

@@ -47,17 +47,12 @@ Details:
 from __future__ import annotations
 
 import argparse
-import atexit
-import importlib
 import json
 import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -69,7 +64,8 @@ import yaml
 
 from builder import assets
 from builder.errors import ServerError, UserInputError
-from builder.processes import die_with_parent, free_port, port_open, stop_signals
+from builder.monitoring.local_exporter import LocalExporter
+from builder.processes import LocalService, free_port, stop_signals
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -86,7 +82,6 @@ DEFAULT_CONFIG = assets.monitoring_dir() / "prometheus" / "prometheus.yml"
 INSTALL_HINT = "run scripts/install-system-deps.sh (or `make setup`): it installs Debian's `prometheus` package"
 
 _STOP_TIMEOUT_S = 10.0
-_PORT_ATTEMPTS = 5
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 _DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
 _DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
@@ -195,7 +190,7 @@ def render_config(
 # Prometheus
 
 
-class LocalPrometheus:
+class LocalPrometheus(LocalService):
     """A real ``prometheus`` process scraping ``scrape_targets``; a context manager, or start/stop.
 
     Arguments:
@@ -210,6 +205,11 @@ class LocalPrometheus:
         extra_args: more ``prometheus`` flags, passed last.
         keep_data: keep the temp dir (config, tsdb, log) after ``stop()``.
     """
+
+    label = "prometheus"
+    error = ServerError
+    stop_timeout = _STOP_TIMEOUT_S
+    log_header = True
 
     def __init__(
         self,
@@ -227,141 +227,75 @@ class LocalPrometheus:
     ):
         if ready_timeout <= 0:
             raise UserInputError(f"ready_timeout must be positive, got {ready_timeout}")
+        super().__init__(host, ready_timeout)
         self.scrape_targets = dict(scrape_targets) if scrape_targets is not None else None
         self.rule_files = list(rule_files) if rule_files is not None else None
         self.scrape_interval = scrape_interval
         self.evaluation_interval = evaluation_interval
-        self.host = host
         self.config_template = Path(config_template)
         self.binary = binary
-        self.ready_timeout = float(ready_timeout)
         self.extra_args = tuple(str(a) for a in extra_args)
         self.keep_data = keep_data
         self.config: dict[str, Any] | None = None
         self.workdir: Path | None = None
+        self._binary: str | None = None
         self._requested_port = port
         self._port: int | None = None
-        self._proc: subprocess.Popen | None = None
-        self._lock = threading.RLock()
-        self._atexit_registered = False
 
-    # -- lifecycle ---------------------------------------------------------------------------
+    # -- lifecycle: start() writes the config, starts Prometheus and returns once ``/-/ready``
+    # answers 200; ``ServerError`` if the binary is missing, the config is rejected, the port stays
+    # taken or readiness times out (quoting Prometheus' log); nothing is left running on error.
+    # stop(): SIGTERM (SIGKILL after ``timeout`` s), then the temp dir goes unless ``keep_data``.
 
-    def __enter__(self) -> "LocalPrometheus":
-        return self.start()
+    def _prepare(self) -> None:
+        self._binary = find_prometheus(self.binary)
+        self.config = render_config(self.config_template, self.scrape_targets, self.rule_files,
+                                    self.scrape_interval, self.evaluation_interval)
+        self.workdir = Path(tempfile.mkdtemp(prefix="triton-builder-prometheus-"))
+        self.config_path.write_text(
+            "# written by builder.monitoring.prometheus from " + str(self.config_template) + "\n"
+            + yaml.safe_dump(self.config, sort_keys=False))
 
-    def __exit__(self, *exc) -> None:
-        self.stop()
+    def _auto_ports(self) -> bool:
+        return self._requested_port is None
 
-    def start(self) -> "LocalPrometheus":
-        """Write the config, start Prometheus and return once ``/-/ready`` answers 200.
+    def _choose_ports(self) -> None:
+        self._port = self._requested_port or free_port(self.host)
 
-        ``ServerError`` if the binary is missing, the config is rejected, the port stays taken or
-        readiness times out (quoting Prometheus' log); nothing is left running on error.
-        """
-        with self._lock:
-            if self.is_running():
-                return self
-            binary = find_prometheus(self.binary)
-            self.config = render_config(self.config_template, self.scrape_targets, self.rule_files,
-                                        self.scrape_interval, self.evaluation_interval)
-            self.workdir = Path(tempfile.mkdtemp(prefix="triton-builder-prometheus-"))
-            self.config_path.write_text(
-                "# written by builder.monitoring.prometheus from " + str(self.config_template) + "\n"
-                + yaml.safe_dump(self.config, sort_keys=False))
-            attempts = _PORT_ATTEMPTS if self._requested_port is None else 1
-            try:
-                for attempt in range(1, attempts + 1):
-                    self._port = self._requested_port or free_port(self.host)
-                    self._launch(binary)
-                    try:
-                        self._wait_ready()
-                        break
-                    except _AddressInUse as busy:
-                        self._terminate()
-                        if attempt == attempts:
-                            raise ServerError(f"prometheus could not bind {self.host}:{self._port}: {busy}") from None
-            except BaseException:
-                self.stop()
-                raise
-            if not self._atexit_registered:
-                atexit.register(self.stop)
-                self._atexit_registered = True
-            return self
-
-    def stop(self, timeout: float = _STOP_TIMEOUT_S) -> int | None:
-        """SIGTERM (SIGKILL after ``timeout`` s), then remove the temp dir unless ``keep_data``. Idempotent."""
-        with self._lock:
-            code = self._terminate(timeout)
-            if self._atexit_registered:
-                atexit.unregister(self.stop)
-                self._atexit_registered = False
-            if self.workdir is not None and not self.keep_data:
-                shutil.rmtree(self.workdir, ignore_errors=True)
-            return code
-
-    def _launch(self, binary: str) -> None:
+    def _command(self) -> list[str]:
         data = self.workdir / "data"
         if data.exists():
             shutil.rmtree(data, ignore_errors=True)
-        cmd = [
-            binary,
-            f"--config.file={self.config_path}",
-            f"--storage.tsdb.path={data}",
-            "--storage.tsdb.retention.time=1d",
-            f"--web.listen-address={self.host}:{self._port}",
-            *self.extra_args,
-        ]
-        with open(self.log_path, "ab") as log:
-            log.write(("# triton-builder: " + " ".join(cmd) + "\n").encode())
-            log.flush()
-            self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                          cwd=str(self.workdir), start_new_session=True,
-                                          preexec_fn=die_with_parent())
+        return [self._binary, f"--config.file={self.config_path}", f"--storage.tsdb.path={data}",
+                "--storage.tsdb.retention.time=1d", f"--web.listen-address={self.host}:{self._port}",
+                *self.extra_args]
 
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.ready_timeout
-        while True:
-            code = self._proc.poll()
-            if code is not None:
-                log = self.read_log()
-                busy = [line for line in log.splitlines() if "address already in use" in line]
-                if busy and self._requested_port is None:
-                    raise _AddressInUse(busy[0])
-                raise ServerError(f"prometheus exited with code {code} while starting:\n{self.log_tail()}\n"
-                                  f"config: {self.config_path}")
-            status, _ = _http(self.url + "/-/ready", timeout=1.0)
-            if status == 200:
-                return
-            if time.monotonic() > deadline:
-                raise ServerError(f"prometheus was not ready on {self.url} within {self.ready_timeout:g} s; "
-                                  f"last log lines:\n{self.log_tail()}")
-            time.sleep(0.1)
+    def _cwd(self) -> Path:
+        return self.workdir
 
-    def _terminate(self, timeout: float = _STOP_TIMEOUT_S) -> int | None:
-        proc = self._proc
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                proc.wait(5)
-        return proc.returncode
+    def _ready(self) -> bool:
+        return _http(self.url + "/-/ready", timeout=1.0)[0] == 200
+
+    def _address_in_use(self, code: int) -> str | None:
+        busy = [line for line in self.read_log().splitlines() if "address already in use" in line]
+        return busy[0] if busy and self._requested_port is None else None
+
+    def _exit_error(self, code: int) -> Exception:
+        return ServerError(f"prometheus exited with code {code} while starting:\n{self.log_tail()}\n"
+                           f"config: {self.config_path}")
+
+    def _timeout_error(self) -> Exception:
+        return ServerError(f"prometheus was not ready on {self.url} within {self.ready_timeout:g} s; "
+                           f"last log lines:\n{self.log_tail()}")
+
+    def _ports_error(self, busy, attempts: int) -> Exception:
+        return ServerError(f"prometheus could not bind {self.host}:{self._port}: {busy}")
+
+    def _cleanup(self) -> None:
+        if self.workdir is not None and not self.keep_data:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     # -- state -------------------------------------------------------------------------------
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
 
     @property
     def port(self) -> int:
@@ -387,17 +321,11 @@ class LocalPrometheus:
             raise ServerError("prometheus was not started; call start() first")
         return self.workdir / "prometheus.log"
 
-    def is_running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def read_log(self) -> str:
+    def read_log(self, since: int | None = None) -> str:
         try:
             return self.log_path.read_text(errors="replace")
         except (OSError, ServerError):
             return ""
-
-    def log_tail(self, lines: int = 20) -> str:
-        return "\n".join(self.read_log().splitlines()[-lines:])
 
     # -- HTTP API ----------------------------------------------------------------------------
 
@@ -482,147 +410,6 @@ class LocalPrometheus:
         except TimeoutError:
             bad = {t.get("scrapeUrl"): (t.get("health"), t.get("lastError")) for t in self.targets()}
             raise ServerError(f"prometheus targets not all up within {timeout:g} s: {bad}") from None
-
-
-class _AddressInUse(Exception):
-    pass
-
-
-# --------------------------------------------------------------------------------------------
-# the batch-size exporter (monitoring/exporter.py)
-
-
-class LocalExporter:
-    """``monitoring/exporter.py`` serving ``/metrics`` on 127.0.0.1, for one Triton HTTP endpoint.
-
-    ``in_process=False`` (default) runs ``python -m builder._assets.monitoring.exporter --triton-url ...``
-    as a subprocess (what a deployment runs); ``in_process=True`` serves from a daemon thread of
-    this process. ``port=None`` picks a free port. ``address`` is ``host:port`` for a scrape config.
-    """
-
-    def __init__(self, triton_url: str, port: int | None = None, host: str = "127.0.0.1",
-                 in_process: bool = False, timeout: float = 3.0, ready_timeout: float = 20.0):
-        self.triton_url = triton_url
-        self.host = host
-        self.in_process = in_process
-        self.timeout = float(timeout)
-        self.ready_timeout = float(ready_timeout)
-        self._requested_port = port
-        self._port: int | None = None
-        self._proc: subprocess.Popen | None = None
-        self._httpd = None
-        self._log = None
-        self._lock = threading.RLock()
-        self._atexit_registered = False
-
-    def __enter__(self) -> "LocalExporter":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise ServerError("the exporter was not started; call start() first")
-        return self._port
-
-    @property
-    def address(self) -> str:
-        return f"{'127.0.0.1' if self.host in ('0.0.0.0', '') else self.host}:{self.port}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://{self.address}/metrics"
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    def is_running(self) -> bool:
-        if self.in_process:
-            return self._httpd is not None
-        return self._proc is not None and self._proc.poll() is None
-
-    def _module(self):
-        return importlib.import_module(assets.EXPORTER_MODULE)
-
-    def start(self) -> "LocalExporter":
-        with self._lock:
-            if self.is_running():
-                return self
-            if self.in_process:
-                exporter = self._module()
-                args = exporter.build_arg_parser().parse_args(
-                    ["--triton-url", self.triton_url, "--port", str(self._requested_port or 0),
-                     "--address", self.host, "--timeout", str(self.timeout)])
-                try:
-                    _, self._httpd, _ = exporter.serve(args)
-                except OSError as err:
-                    raise ServerError(f"the exporter could not bind {self.host}:{self._requested_port}: {err}") from None
-                self._port = self._httpd.server_address[1]
-            else:
-                self._start_process()
-            if not self._atexit_registered:
-                atexit.register(self.stop)
-                self._atexit_registered = True
-            return self
-
-    def _start_process(self) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        attempts = _PORT_ATTEMPTS if self._requested_port is None else 1
-        for attempt in range(1, attempts + 1):
-            self._port = self._requested_port or free_port(self.host)
-            self._log = tempfile.TemporaryFile()
-            cmd = [sys.executable, "-m", assets.EXPORTER_MODULE, "--triton-url", self.triton_url,
-                   "--port", str(self._port), "--address", self.host, "--timeout", str(self.timeout)]
-            # cwd: `python -m` puts it first on sys.path, so not a folder that may hold another `builder/`
-            self._proc = subprocess.Popen(cmd, cwd=str(assets.monitoring_dir()), env=env, stdin=subprocess.DEVNULL,
-                                          stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-                                          preexec_fn=die_with_parent())
-            deadline = time.monotonic() + self.ready_timeout
-            while self._proc.poll() is None and not port_open(self.host if self.host not in ("0.0.0.0", "") else "127.0.0.1", self._port):
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise ServerError(f"the exporter did not listen on {self.address} within {self.ready_timeout:g} s")
-                time.sleep(0.05)
-            if self._proc.poll() is None:
-                return
-            output = self._output()
-            if "Address already in use" in output and attempt < attempts:
-                continue
-            raise ServerError(f"the exporter exited with code {self._proc.returncode} while starting:\n{output}")
-
-    def _output(self) -> str:
-        if self._log is None:
-            return ""
-        self._log.seek(0)
-        return self._log.read().decode(errors="replace")[-4000:]
-
-    def stop(self) -> None:
-        """Stop the server (SIGTERM to the subprocess, SIGKILL after 10 s). Idempotent."""
-        with self._lock:
-            if self._httpd is not None:
-                self._httpd.shutdown()
-                self._httpd.server_close()
-                self._httpd = None
-            proc = self._proc
-            if proc is not None and proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                try:
-                    proc.wait(_STOP_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(5)
-            if self._log is not None:
-                self._log.close()
-                self._log = None
-            if self._atexit_registered:
-                atexit.unregister(self.stop)
-                self._atexit_registered = False
 
 
 # --------------------------------------------------------------------------------------------

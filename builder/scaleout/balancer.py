@@ -26,20 +26,15 @@ that lives as long as it should (the main thread normally).
 
 from __future__ import annotations
 
-import atexit
 import os
 import re
 import shutil
-import signal
-import subprocess
 import tempfile
-import threading
-import time
 from pathlib import Path
 from typing import Sequence
 
 from builder.errors import ServerError, UserInputError
-from builder.processes import die_with_parent, free_port, killpg, port_open
+from builder.processes import LocalService, free_port, port_open, run_command
 
 __all__ = ["NginxBalancer", "find_nginx", "render_config"]
 
@@ -134,31 +129,28 @@ http {{
 """
 
 
-class NginxBalancer:
+class NginxBalancer(LocalService):
     """An nginx process balancing HTTP and gRPC over ``*_backends``; a context manager, or start/stop."""
+
+    label = "nginx"
+    error = ServerError
+    stop_timeout = 10.0
+    poll_interval = 0.05
+    leftover_grace = 0.0  # a worker left behind in nginx's process group gets SIGKILL at once
 
     def __init__(self, http_backends: Sequence[str], grpc_backends: Sequence[str], host: str = "127.0.0.1",
                  http_port: int | None = None, grpc_port: int | None = None, fail_timeout_s: int = 5,
                  binary: str | None = None, ready_timeout: float = 15.0, keep_files: bool = False):
+        super().__init__(host, ready_timeout)
         self.http_backends = _check_backends("http", http_backends)
         self.grpc_backends = _check_backends("grpc", grpc_backends)
-        self.host = host
         self.fail_timeout_s = int(fail_timeout_s)
         self.binary = binary
-        self.ready_timeout = float(ready_timeout)
         self.keep_files = keep_files  # keep the config and logs (workdir) after stop()
         self._requested = (http_port, grpc_port)
         self._ports: tuple[int, int] | None = None
-        self._proc: subprocess.Popen | None = None
+        self._binary: str | None = None
         self.workdir: Path | None = None
-        self._lock = threading.RLock()
-        self._atexit_registered = False
-
-    def __enter__(self) -> "NginxBalancer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     # -- addresses ---------------------------------------------------------------------------
 
@@ -188,11 +180,8 @@ class NginxBalancer:
         return self.workdir / "error.log"
 
     @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    def is_running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+    def log_path(self) -> Path | None:
+        return self.workdir / "nginx.out" if self.workdir is not None else None
 
     def upstream_counts(self) -> dict[str, int]:
         """Requests per replica address so far, from the access log (retries count for each try)."""
@@ -208,93 +197,55 @@ class NginxBalancer:
                     counts[address] = counts.get(address, 0) + 1
         return counts
 
-    # -- lifecycle ---------------------------------------------------------------------------
+    # -- lifecycle (LocalService hooks) ------------------------------------------------------
 
-    def start(self) -> "NginxBalancer":
-        with self._lock:
-            if self.is_running():
-                return self
-            binary = find_nginx(self.binary)
-            self.workdir = Path(tempfile.mkdtemp(prefix="triton-builder-nginx-"))
-            # nginx started as root runs its workers as 'nobody': they must reach the temp folders
-            self.workdir.chmod(0o755)
-            (self.workdir / "temp").mkdir(mode=0o755)
-            worker_user = None
-            if os.geteuid() == 0:
-                worker_user = "nobody nogroup" if _group_exists("nogroup") else "nobody"
-            http_port, grpc_port = self._requested
-            self._ports = (http_port or free_port(self.host), grpc_port or free_port(self.host))
-            if self._ports[0] == self._ports[1]:
-                self._ports = (self._ports[0], free_port(self.host))
-            self.config_path.write_text(render_config(self.workdir, self.http_backends, self.grpc_backends, self.host,
-                                                      *self._ports, fail_timeout_s=self.fail_timeout_s,
-                                                      worker_user=worker_user))
-            test = subprocess.run([binary, "-t", "-q", "-e", str(self.error_log), "-p", str(self.workdir),
-                                   "-c", str(self.config_path)],
-                                  capture_output=True, text=True, timeout=30)
-            if test.returncode != 0:
-                raise ServerError(f"nginx rejected its configuration {self.config_path}: "
-                                  f"{(test.stderr or test.stdout).strip()}")
-            log = open(self.workdir / "nginx.out", "ab")
-            try:
-                self._proc = subprocess.Popen([binary, "-e", str(self.error_log), "-p", str(self.workdir),
-                                               "-c", str(self.config_path)],
-                                              stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                              start_new_session=True, preexec_fn=die_with_parent())
-            finally:
-                log.close()
-            if not self._atexit_registered:
-                atexit.register(self.stop)
-                self._atexit_registered = True
-            try:
-                self._wait_ready()
-            except BaseException:
-                self.stop()
-                raise
-            return self
+    def _prepare(self) -> None:
+        binary = self._binary = find_nginx(self.binary)
+        self.workdir = Path(tempfile.mkdtemp(prefix="triton-builder-nginx-"))
+        # nginx started as root runs its workers as 'nobody': they must reach the temp folders
+        self.workdir.chmod(0o755)
+        (self.workdir / "temp").mkdir(mode=0o755)
+        worker_user = None
+        if os.geteuid() == 0:
+            worker_user = "nobody nogroup" if _group_exists("nogroup") else "nobody"
+        http_port, grpc_port = self._requested
+        self._ports = (http_port or free_port(self.host), grpc_port or free_port(self.host))
+        if self._ports[0] == self._ports[1]:
+            self._ports = (self._ports[0], free_port(self.host))
+        self.config_path.write_text(render_config(self.workdir, self.http_backends, self.grpc_backends, self.host,
+                                                  *self._ports, fail_timeout_s=self.fail_timeout_s,
+                                                  worker_user=worker_user))
+        test = run_command([binary, "-t", "-q", "-e", str(self.error_log), "-p", str(self.workdir),
+                            "-c", str(self.config_path)], timeout=30)
+        if test.returncode != 0:
+            raise ServerError(f"nginx rejected its configuration {self.config_path}: "
+                              f"{(test.stderr or test.stdout).strip()}")
 
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.ready_timeout
-        while True:
-            if self._proc.poll() is not None:
-                raise ServerError(f"nginx exited with code {self._proc.returncode} while starting: {self._errors()}")
-            if all(port_open(self.host, port) for port in self._ports_or_raise()):
-                return
-            if time.monotonic() > deadline:
-                raise ServerError(f"nginx did not listen on {self.host}:{self._ports} within {self.ready_timeout:g} s: "
-                                  f"{self._errors()}")
-            time.sleep(0.05)
+    def _command(self) -> list[str]:
+        return [self._binary, "-e", str(self.error_log), "-p", str(self.workdir), "-c", str(self.config_path)]
+
+    def _ready(self) -> bool:
+        return all(port_open(self.host, port) for port in self._ports_or_raise())
+
+    def _exit_error(self, code: int) -> Exception:
+        return ServerError(f"nginx exited with code {code} while starting: {self._errors()}")
+
+    def _timeout_error(self) -> Exception:
+        return ServerError(f"nginx did not listen on {self.host}:{self._ports} within {self.ready_timeout:g} s: "
+                           f"{self._errors()}")
 
     def _errors(self) -> str:
         parts = []
-        for path in (self.error_log, self.workdir / "nginx.out"):
+        for path in (self.error_log, self.log_path):
             try:
                 parts += path.read_text(errors="replace").strip().splitlines()[-5:]
             except OSError:
                 pass
         return " | ".join(parts) or "(no output)"
 
-    def stop(self, timeout: float = 10.0) -> int | None:
-        """SIGTERM to nginx's process group (master and workers), SIGKILL after ``timeout`` s. Idempotent."""
-        with self._lock:
-            proc = self._proc
-            code = None
-            if proc is not None:
-                if proc.poll() is None:
-                    killpg(proc.pid, signal.SIGTERM)
-                    try:
-                        proc.wait(timeout)
-                    except subprocess.TimeoutExpired:
-                        killpg(proc.pid, signal.SIGKILL)
-                        proc.wait(5)
-                killpg(proc.pid, signal.SIGKILL)  # a worker left behind, if any
-                code = proc.returncode
-            if self.workdir is not None and not self.keep_files:
-                shutil.rmtree(self.workdir, ignore_errors=True)
-            if self._atexit_registered:
-                atexit.unregister(self.stop)
-                self._atexit_registered = False
-            return code
+    def _cleanup(self) -> None:
+        if self.workdir is not None and not self.keep_files:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def _group_exists(name: str) -> bool:

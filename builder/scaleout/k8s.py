@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ from typing import Any
 from builder import assets
 from builder.errors import UserInputError
 from builder.extras import require
+from builder.processes import run_command
 
 __all__ = ["METRICS", "render_manifests", "validate_manifests", "require_validator", "RenderResult", "DEFAULT_IMAGE"]
 
@@ -366,7 +366,7 @@ def validate_manifests(out: str | Path, kubernetes_version: str = KUBERNETES_VER
                 problems.append(f"HPA metric {m['pods']['metric']['name']} has no prometheus-adapter rule "
                                 f"(rules serve: {sorted(n for n in adapter_names if n)})")
     if use_kubectl and shutil.which("kubectl"):
-        built = subprocess.run(["kubectl", "kustomize", str(base)], capture_output=True, text=True, timeout=120)
+        built = run_command(["kubectl", "kustomize", str(base)], timeout=120)
         if built.returncode != 0:
             problems.append(f"kubectl kustomize {base} failed: {built.stderr.strip()[:500]}")
         else:

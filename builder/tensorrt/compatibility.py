@@ -31,11 +31,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
 from builder.errors import UserInputError
+from builder.processes import TimeoutExpired, run_command
 
 REBUILD_HINT = "rebuild the plan on the target: docker compose --profile plans run --rm build-plans"
 TRTEXEC_DEFAULT = "/usr/src/tensorrt/bin/trtexec"  # where the NGC images keep it
@@ -126,8 +126,8 @@ def query_gpus(nvidia_smi: str | None = None) -> tuple[list[dict[str, str]] | No
     if not exe:
         return None, "nvidia-smi not found"
     try:
-        done = subprocess.run([exe, *NVIDIA_SMI_QUERY], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        done = run_command([exe, *NVIDIA_SMI_QUERY], timeout=60)
+    except (OSError, TimeoutExpired) as exc:
         return None, f"nvidia-smi did not run: {exc}"
     if done.returncode != 0:
         detail = " ".join((done.stderr or done.stdout).split())[:200]
@@ -155,8 +155,8 @@ def find_trtexec() -> str | None:
 def probe_trtexec_version(trtexec: str) -> str | None:
     """The TensorRT version of a trtexec binary, from the banner of ``trtexec --help``."""
     try:
-        done = subprocess.run([trtexec, "--help"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
+        done = run_command([trtexec, "--help"], timeout=60)
+    except (OSError, TimeoutExpired):
         return None
     return tensorrt_version_from_log((done.stdout or "") + (done.stderr or ""))
 

@@ -46,13 +46,13 @@ import os
 import platform
 import re
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from builder.errors import BuilderError, UserInputError
+from builder.processes import TimeoutExpired, run_command
 from builder.tensorrt.compatibility import (find_trtexec, probe_trtexec_version, query_gpus,
                                               tensorrt_version_from_log)
 
@@ -235,8 +235,8 @@ def build_one(repository: Path, recipe_path: Path, *, trtexec: str, gpu: dict[st
             f"{' '.join(command)}")
         start = time.perf_counter()
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
+            done = run_command(command, timeout=timeout)
+        except TimeoutExpired:
             raise PlanBuildError(f"{plan_model}: trtexec ran past {timeout} s") from None
         seconds = time.perf_counter() - start
         output = (done.stdout or "") + (done.stderr or "")

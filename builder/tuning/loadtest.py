@@ -36,8 +36,6 @@ import json
 import math
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,7 +44,7 @@ from typing import Any, Callable
 
 from builder import assets
 from builder.errors import ServerError, UserInputError
-from builder.processes import free_port, killpg
+from builder.processes import LocalService, free_port, stop_all
 
 #: loadtest/ as installed (package data): the locustfile, its load shapes and locust.conf
 LOADTEST_DIR = assets.loadtest_dir()
@@ -67,18 +65,36 @@ def _locust_files(locustfile: str | Path | None) -> tuple[Path, Path, Path]:
     return main, shapes, conf
 
 
-def _stop_all(procs: list[subprocess.Popen]) -> None:
+class _Locust(LocalService):
+    """One Locust process (master, local runner or worker) that runs to its own end: no readiness
+    wait, no death signal (as before), a fresh log file."""
+
+    label = "locust"
+    error = ServerError
+    die_with_parent = False
+    log_mode = "wb"
+    leftover_grace = 0.0  # whatever it left in its group gets SIGKILL
+
+    def __init__(self, command: list[str], log_path: Path, cwd: Path, env: dict[str, str]):
+        super().__init__()
+        self.command, self.log_path, self.cwd, self.env = command, log_path, cwd, env
+
+    def _command(self) -> list[str]:
+        return self.command
+
+    def _cwd(self) -> Path:
+        return self.cwd
+
+    def _env(self) -> dict[str, str]:
+        return self.env
+
+    def _wait_ready(self) -> None:
+        pass
+
+
+def _stop_all(procs: list[_Locust]) -> None:
     """SIGTERM the process group of every Locust process still running, SIGKILL them after a grace period."""
-    alive = [p for p in procs if p.poll() is None]
-    for proc in alive:
-        killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + _KILL_GRACE_S
-    while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for proc in alive:  # also whatever the process left in its group
-        killpg(proc.pid, signal.SIGKILL)
-        if proc.poll() is None:
-            proc.wait(5)
+    stop_all(procs, _KILL_GRACE_S)
 
 
 def _validate(protocol: str, users: int, run_time_s: float, workers: int, shape: str, timeout_s: float | None,
@@ -170,34 +186,27 @@ def run_loadtest(model: str, url: str, protocol: str = "http", users: int = 8, r
 
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     reader = StatsReader(url, protocol)
-    procs: list[subprocess.Popen] = []
-    logs = []
+    procs: list[_Locust] = []
     timed_out = False
     try:
         before = reader.snapshot(model)
         started = time.monotonic()
         say(f"locust: {model} over {protocol} at {url}, {users} users, {run_seconds} s, shape {shape}"
             + (f", 1 master + {workers} workers" if workers else "") + f" (hard timeout {timeout:g} s)")
-        log = open(out / "locust.log", "wb")
-        logs.append(log)
-        procs.append(subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                      cwd=str(out), env=env, start_new_session=True))
+        procs.append(_Locust(command, out / "locust.log", out, env).start())
         for index, worker_command in enumerate(worker_commands, 1):
             tmp = worker_tmp / f"w{index}"  # where "-f -" writes the files it receives
             tmp.mkdir()
-            log = open(out / f"locust-worker-{index}.log", "wb")
-            logs.append(log)
-            procs.append(subprocess.Popen(worker_command, stdin=subprocess.DEVNULL, stdout=log,
-                                          stderr=subprocess.STDOUT, cwd=str(tmp), env=dict(env, TMPDIR=str(tmp)),
-                                          start_new_session=True))
+            procs.append(_Locust(worker_command, out / f"locust-worker-{index}.log", tmp,
+                                 dict(env, TMPDIR=str(tmp))).start())
         deadline = started + timeout
         master_done_at = None
-        while any(p.poll() is None for p in procs):
+        while any(p.is_running() for p in procs):
             now = time.monotonic()
             if now > deadline:
                 timed_out = True
                 break
-            if procs[0].poll() is not None:  # workers get "quit" from the master; give them a moment
+            if not procs[0].is_running():  # workers get "quit" from the master; give them a moment
                 master_done_at = master_done_at or now
                 if now - master_done_at > 15:
                     break
@@ -211,8 +220,6 @@ def run_loadtest(model: str, url: str, protocol: str = "http", users: int = 8, r
     finally:
         _stop_all(procs)
         reader.close()
-        for log in logs:
-            log.close()
         if worker_tmp is not None:
             shutil.rmtree(worker_tmp, ignore_errors=True)
 
@@ -233,7 +240,8 @@ def run_loadtest(model: str, url: str, protocol: str = "http", users: int = 8, r
         slo["met"] = False
         slo["broken"] = list(slo.get("broken", [])) + [
             f"Locust did not finish within the {timeout:g} s timeout and was killed; numbers are partial"]
-    exit_code = 0 if (code == 0 and not timed_out) else 1
+    # 2: the server went away during the run (the locustfile stopped it); 1: an SLO broken or a timeout
+    exit_code = 2 if client.get("unreachable") else 0 if (code == 0 and not timed_out) else 1
     expected = (client.get("requests") or 0) - (client.get("failures") or 0)
     summary: dict[str, Any] = {
         "model": model, "url": url, "protocol": protocol, "users": users,
