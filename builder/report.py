@@ -4,11 +4,12 @@ Usage::
 
     rows = variant_rows(ctx)          # list of dicts, one per variant
     print(format_table(rows))         # the summary table the CLI ends with
-    write_reports(folder, ctx)        # build_report.md + build_report.json + build_report.png
+    files = report_files(ctx)         # {name: bytes}: build_report.md/.json/.png, for the published version
 """
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -91,13 +92,17 @@ def report_dict(ctx) -> dict[str, Any]:
     }
 
 
-def write_reports(folder: Path, ctx) -> None:
+def report_files(ctx) -> dict[str, bytes]:
+    """build_report.png (when anything was measured), build_report.json and build_report.md, by name."""
     data = report_dict(ctx)
+    files: dict[str, bytes] = {}
     try:
-        write_plot(folder / PLOT_NAME, data["variants"], ctx.spec.verify.max_accuracy_drop)
+        png = plot_png(data["variants"], ctx.spec.verify.max_accuracy_drop)
+        if png is not None:
+            files[PLOT_NAME] = png
     except Exception as exc:  # noqa: BLE001 - a figure must never stop a publish; the report says why
         data["notes"].append(f"plot not drawn: {type(exc).__name__}: {exc}")
-    (folder / "build_report.json").write_text(json.dumps(data, indent=2, default=str))
+    files["build_report.json"] = json.dumps(data, indent=2, default=str).encode()
     lines = [f"# Build report: {ctx.spec.name}", "",
              f"- target: {ctx.target}; objective: {ctx.spec.objective}; reference: {ctx.reference_kind}",
              f"- selected: {data['selected']}", "", "## Variants", "", "```", format_table(data["variants"]), "```", ""]
@@ -112,9 +117,10 @@ def write_reports(folder: Path, ctx) -> None:
     lines += ["", "## Stages", "", "| stage | status | seconds | reason |", "|---|---|---|---|"]
     lines += [f"| {r.stage} | {r.status.value} | {r.seconds:.2f} | {r.reason.splitlines()[0] if r.reason else ''} |"
               for r in ctx.results]
-    for extra in sorted(folder.glob("*.png")):
-        lines += ["", f"![{extra.stem}]({extra.name})"]
-    (folder / "build_report.md").write_text("\n".join(lines) + "\n")
+    for name in sorted(n for n in files if n.endswith(".png")):
+        lines += ["", f"![{Path(name).stem}]({name})"]
+    files["build_report.md"] = ("\n".join(lines) + "\n").encode()
+    return files
 
 
 def _measurement_lines(ctx) -> list[str]:
@@ -140,12 +146,12 @@ def _measurement_lines(ctx) -> list[str]:
     return lines
 
 
-def write_plot(path: Path, rows: list[dict[str, Any]], max_accuracy_drop: float | None = None) -> bool:
+def plot_png(rows: list[dict[str, Any]], max_accuracy_drop: float | None = None) -> bytes | None:
     """Throughput vs batch size per variant, and accuracy drop (or rel L2 without labels) vs
-    speed-up over plain onnx. Drawn from the report rows; nothing is written when nothing was measured."""
+    speed-up over plain onnx, as PNG bytes. Drawn from the report rows; None when nothing was measured."""
     measured = [r for r in rows if r["throughput_by_batch"]]
     if not measured:
-        return False
+        return None
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -192,5 +198,6 @@ def write_plot(path: Path, rows: list[dict[str, Any]], max_accuracy_drop: float 
     right.set_title("accuracy vs speed (* selected, x not eligible)")
     right.grid(True, alpha=0.3)
     figure.tight_layout()
-    figure.savefig(str(path))
-    return True
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()

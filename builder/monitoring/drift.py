@@ -93,6 +93,7 @@ __all__ = [
     "psi",
     "js_distance",
     "DriftWindow",
+    "profile_text",
     "save_profile",
     "load_profile",
 ]
@@ -401,6 +402,11 @@ def build_profile(
     }
 
 
+def profile_text(profile: Mapping[str, Any]) -> str:
+    """``profile`` as the JSON text :func:`save_profile` writes."""
+    return json.dumps(profile, indent=1, sort_keys=True, allow_nan=False) + "\n"
+
+
 def save_profile(path: str, profile: Mapping[str, Any]) -> None:
     """Write ``profile`` as JSON (atomically: temp file + rename)."""
     d = os.path.dirname(os.path.abspath(path))
@@ -408,8 +414,7 @@ def save_profile(path: str, profile: Mapping[str, Any]) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".drift_profile.", suffix=".json", dir=d)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(profile, fh, indent=1, sort_keys=True, allow_nan=False)
-            fh.write("\n")
+            fh.write(profile_text(profile))
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -57,6 +57,16 @@ def check_version_free(repository: Path, name: str, version: int | None) -> None
         )
 
 
+def next_version(repository: Path, name: str, requested: int | None = None) -> int:
+    """The number a version published now takes: the requested one, else the next free number
+    (chosen before the version is described so its metadata can record it; checked again under the
+    repository lock when it is published)."""
+    if requested is not None:
+        return requested
+    taken = existing_versions(model_dir(Path(repository).resolve(), name))
+    return max(taken) + 1 if taken else 1
+
+
 @dataclass
 class Draft:
     name: str
@@ -84,10 +94,8 @@ def publish_version(repository: Path, name: str, version: int | None = None) -> 
     root.mkdir(parents=True, exist_ok=True)
     # staging sits beside the repository (same filesystem: rename is atomic) so Triton never sees it
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}-staging-{name}-", dir=root.parent))
-    taken = existing_versions(target_model)
     # the number is chosen now so metadata can record it; it is checked again under the lock
-    draft = Draft(name=name, folder=staging / "version",
-                  version=version if version is not None else (max(taken) + 1 if taken else 1))
+    draft = Draft(name=name, folder=staging / "version", version=next_version(root, name, version))
     draft.folder.mkdir()
     created_model_dir = False
     try:

@@ -2,13 +2,14 @@
 
 Usage::
 
-    write_reference(folder / "reference.npz", cases, outputs)
+    write_reference(folder / "reference.npz", cases, outputs)   # or reference_bytes(cases, outputs)
     cases, outputs = read_reference(folder / "reference.npz")
     write_metadata(folder / "metadata.yaml", {...}); read_metadata(folder / "metadata.yaml")
 """
 
 from __future__ import annotations
 
+import io
 import platform
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,11 @@ def library_versions() -> dict[str, str]:
 
 
 def write_reference(path: Path, cases: list[dict[str, Any]], outputs: list[dict[str, np.ndarray]]) -> None:
+    path.write_bytes(reference_bytes(cases, outputs))
+
+
+def reference_bytes(cases: list[dict[str, Any]], outputs: list[dict[str, np.ndarray]]) -> bytes:
+    """The reference cases as the bytes of reference.npz."""
     arrays = {}
     for index, (case, out) in enumerate(zip(cases, outputs)):
         prefix = f"{index:03d}_{case['id']}"
@@ -41,7 +47,9 @@ def write_reference(path: Path, cases: list[dict[str, Any]], outputs: list[dict[
             arrays[f"input/{prefix}/{name}"] = value
         for name, value in out.items():
             arrays[f"output/{prefix}/{name}"] = value
-    np.savez_compressed(path, **arrays)
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    return buffer.getvalue()
 
 
 def read_reference(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, np.ndarray]]]:

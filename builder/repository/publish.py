@@ -5,20 +5,24 @@ Usage::
 
     config = config_for(spec, variant_format="onnx", target="embedded", name="digits_cnn",
                         output_signature={"logits": ("float32", [10])})
-    published = publish_model(repository, config, files=[...], extra={...}, version=None)
+    published = publish_model(repository, VersionDescription(name=..., config=config, ...))
+
+builder/repository/description.py says what a description holds and how it is written.
 """
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from builder import assets
 from builder.repository.config import (DynamicBatching, InstanceGroup, ModelConfig, TensorConfig, Warmup,
                                        WarmupInput, backend_for, backend_info, render_config)
 from builder.tensorrt.gpu_config import gpu_optimization
+from builder.repository.description import FileContent, VersionDescription
 from builder.repository.layout import publish_version
+from builder.repository.metadata import write_metadata
 from builder.files import sha256_file
 from builder.spec import TRITON_DTYPES, ModelSpec
 
@@ -55,22 +59,43 @@ def _model_file_for(variant_format: str) -> str:
     return {"onnx": "model.onnx", "torchscript": "model.pt", "plan": "model.plan"}[variant_format]
 
 
-def publish_model(repository: Path, config: ModelConfig, model_files: list[Path], variant_format: str,
-                  fill: Callable[[Path, int, dict[str, str]], None], version: int | None = None) -> dict[str, Any]:
-    """Publish one version. ``fill(folder, version, file_hashes)`` writes metadata/reference/report
-    into the staging folder after the model files are in place (``file_hashes``: name -> sha256)."""
-    with publish_version(repository, config.name, version) as draft:
-        model_name = _model_file_for(variant_format)
+def python_backend_files(config: ModelConfig) -> dict[str, Path]:
+    """The files a python-backend version carries beside its model: model.py and drift.py (drift.py is
+    self-contained, numpy only: it travels with the python-backend model.py)."""
+    if config.backend != "python":
+        return {}
+    return {"model.py": assets.python_backend_model(), "drift.py": assets.drift_module()}
+
+
+def publish_model(repository: Path, description: VersionDescription) -> dict[str, Any]:
+    """Publish one described version atomically: model files, runtime files, metadata.yaml (version
+    and file hashes filled in here), the extra files and config.pbtxt; nothing is visible until all
+    of them are written."""
+    config = description.config
+    with publish_version(repository, description.name, description.version) as draft:
+        model_files = description.model_files
+        model_name = _model_file_for(description.model_format)
         for source in model_files:
             # the main file takes the backend's default name; companions keep their suffix (.data)
             suffix = source.name[len(model_files[0].name):]
             shutil.copyfile(source, draft.folder / (model_name + suffix))
-        if config.backend == "python":
-            shutil.copyfile(assets.python_backend_model(), draft.folder / "model.py")
-            # drift.py is self-contained (numpy only): it travels with the python-backend model.py
-            shutil.copyfile(assets.drift_module(), draft.folder / "drift.py")
+        for name, source in description.runtime_files.items():
+            shutil.copyfile(source, draft.folder / name)
         hashes = {p.name: sha256_file(p) for p in sorted(draft.folder.iterdir()) if p.is_file()}
-        fill(draft.folder, draft.version, hashes)
+        for name, content in description.extra_files.items():
+            _write_extra(draft.folder, name, content)
+        if description.metadata is not None:
+            record = dict(description.metadata)
+            record["version"] = draft.version
+            record["files_sha256"] = hashes
+            write_metadata(draft.folder / "metadata.yaml", record)
         draft.config_text = render_config(config)
     return {"name": config.name, "version": draft.version, "path": str(draft.path), "backend": config.backend,
             "platform": backend_info(config.backend).name}
+
+
+def _write_extra(folder: Path, name: str, content: FileContent) -> None:
+    path = (folder / name).resolve()
+    if path.parent != folder.resolve():
+        raise ValueError(f"extra file {name!r} must be a plain name inside the version folder")
+    path.write_bytes(content if isinstance(content, bytes) else content())

@@ -105,6 +105,19 @@ class Reference:
 
 
 @dataclass
+class TensorRTOutput:
+    """Stage tensorrt's hand-off to stage publish (its result's outputs show the same records)."""
+
+    plans: dict[str, dict[str, Any]] = field(default_factory=dict)  # plan variant -> compatibility record
+    deferred: dict[str, Any] | None = None  # the plan deferred to the GPU host (plan_recipe.json), if any
+
+    def recipe_published(self, location: str) -> None:
+        """Record where the deferred plan's recipe was published (``<model>/<version>/plan_recipe.json``)."""
+        if self.deferred is not None:
+            self.deferred["recipe"] = location
+
+
+@dataclass
 class BuildOptions:
     repository: Path
     variants: list[str] | None = None  # overrides spec.variants
@@ -127,6 +140,7 @@ class BuildContext:
     requested_variants: list[str] = field(default_factory=list)
     base_only: dict[str, list[str]] = field(default_factory=dict)  # base export -> derived variants it serves
     selected: Variant | None = None
+    tensorrt: TensorRTOutput | None = None  # set by stage tensorrt when it built or deferred plans
     notes: list[str] = field(default_factory=list)
     source_hashes: dict[str, str] = field(default_factory=dict)
     results: list[StageResult] = field(default_factory=list)

@@ -1,24 +1,27 @@
 """Stage `publish`: the selected variant becomes model `<name>` (and, when asked, every other
-eligible variant becomes `<name>__<variant>`), each published atomically with its config,
-metadata.yaml, reference.npz and build report."""
+eligible variant becomes `<name>__<variant>`). For each, this stage builds one typed description of
+the version (builder/repository/description.py: config, model files, metadata, reference.npz,
+build report, drift profile, plan recipe) and builder/repository/ writes it atomically; nothing here
+writes into the repository."""
 
 from __future__ import annotations
 
 import datetime as dt
-from pathlib import Path
 
-from builder.monitoring.drift import build_profile, save_profile
-from builder.repository.layout import check_version_free
-from builder.repository.metadata import library_versions, write_metadata, write_reference
-from builder.tensorrt.plan_recipe import add_tensorrt_records
-from builder.repository.publish import config_for, publish_model
-from builder.report import write_reports
+from builder.monitoring.drift import build_profile, profile_text
+from builder.repository.description import VersionDescription
+from builder.repository.layout import check_version_free, next_version
+from builder.repository.metadata import library_versions, reference_bytes
+from builder.repository.publish import config_for, publish_model, python_backend_files
+from builder.report import report_files
 from builder.stages.base import BuildContext, StageResult, Variant
+from builder.tensorrt.plan_build import BUILD_PLANS, RECIPE_FILE
+from builder.tensorrt.plan_recipe import tensorrt_parts
 
 STAGE = "publish"
 
 
-def _metadata(ctx: BuildContext, variant: Variant, name: str, version: int, hashes: dict[str, str],
+def _metadata(ctx: BuildContext, variant: Variant, name: str, version: int, hashes: dict[str, str] | None,
               backend: str) -> dict:
     spec = ctx.spec
     return {
@@ -58,21 +61,39 @@ def _profile_data(ctx: BuildContext):
     return ref.cases[index]["inputs"], ref.outputs[index]
 
 
-def _publish_one(ctx: BuildContext, variant: Variant, name: str, version: int | None) -> dict:
+def _describe(ctx: BuildContext, variant: Variant, name: str, version: int) -> tuple[VersionDescription, str]:
+    """The version's description, and a progress line for what it carries beyond the model ("" if nothing)."""
     signature = {o.name: (ctx.reference.output_dtypes[o.name], ctx.reference.output_shapes[o.name])
                  for o in ctx.spec.outputs}
     config = config_for(ctx.spec, variant.format, ctx.target, name, signature)
+    extra: dict[str, bytes] = {"reference.npz": reference_bytes(ctx.reference.cases, ctx.reference.outputs)}
+    if config.backend == "python":
+        extra["drift_profile.json"] = profile_text(build_profile(*_profile_data(ctx))).encode()
+    record = _metadata(ctx, variant, name, version, None, config.backend)  # version + files_sha256: on publish
+    trt = tensorrt_parts(ctx, variant, name, version, record)
+    said = ""
+    if trt.metadata is not None:
+        record["tensorrt"] = trt.metadata  # the plan's compatibility record
+    if trt.recipe is not None:
+        extra[RECIPE_FILE] = trt.recipe
+        ctx.tensorrt.recipe_published(trt.recipe_location)
+        record.setdefault("notes", []).append(trt.note)
+        plan_model = ctx.tensorrt.deferred["plan_model"]
+        said = (f"  {name} version {version}: {RECIPE_FILE} written ({plan_model} is built on the GPU host: "
+                f"{BUILD_PLANS})")
+    extra.update(report_files(ctx))
+    return VersionDescription(name=name, version=version, config=config, model_format=variant.format,
+                              model_files=variant.files, runtime_files=python_backend_files(config),
+                              extra_files=extra, metadata=record), said
 
-    def fill(folder: Path, version: int, hashes: dict[str, str]) -> None:
-        write_reference(folder / "reference.npz", ctx.reference.cases, ctx.reference.outputs)
-        if config.backend == "python":
-            save_profile(str(folder / "drift_profile.json"), build_profile(*_profile_data(ctx)))
-        record = _metadata(ctx, variant, name, version, hashes, config.backend)
-        add_tensorrt_records(ctx, variant, name, folder, record)  # plan compatibility record / plan_recipe.json
-        write_metadata(folder / "metadata.yaml", record)
-        write_reports(folder, ctx)
 
-    return publish_model(ctx.options.repository, config, variant.files, variant.format, fill, version)
+def _publish_one(ctx: BuildContext, variant: Variant, name: str, version: int | None) -> dict:
+    version = next_version(ctx.options.repository, name, version)  # checked again when it is published
+    description, said = _describe(ctx, variant, name, version)
+    published = publish_model(ctx.options.repository, description)
+    if said:
+        ctx.progress(said)
+    return published
 
 
 def run(ctx: BuildContext) -> StageResult:

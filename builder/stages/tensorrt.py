@@ -29,7 +29,7 @@ import numpy as np
 
 from builder.runtime import tensorrt_unavailable_reason
 from builder.spec import NAME_PATTERN
-from builder.stages.base import BuildContext, StageResult, Variant
+from builder.stages.base import BuildContext, StageResult, TensorRTOutput, Variant
 from builder.tensorrt.profiles import (InputProfile, derive_profiles, is_static, opt_batch_size, profiles_as_dict,
                                        tensorrt_api_shapes)
 from builder.variants import register_variant, variants_of_stage
@@ -92,7 +92,8 @@ def run(ctx: BuildContext) -> StageResult:
         ctx.add_variant(variant)
         built.append(name)
         records[name] = record
-    # outputs["plans"]: the compatibility records stage publish puts into each plan's metadata.yaml
+    # the compatibility records stage publish puts into each plan's metadata.yaml
+    ctx.tensorrt = TensorRTOutput(plans=records)
     outputs: dict[str, Any] = {"plans": records, "failed": failed, "profiles": profiles_as_dict(profiles)}
     if not built:
         return StageResult.fail(STAGE, "; ".join(f"{k}: {v}" for k, v in failed.items()), **outputs)
@@ -121,6 +122,7 @@ def _defer(ctx: BuildContext, wanted: list[str], profiles: list[InputProfile], m
         parts.append("tensorrt_int8 is not built: its calibration needs the TensorRT Python API on a CUDA GPU "
                      "(pip install 'triton-builder[gpu]' there and build again).")
     ctx.notes.append("TensorRT: " + " ".join(parts))
+    ctx.tensorrt = TensorRTOutput(deferred=deferred)
     return StageResult.skipped(STAGE, " ".join(parts), missing=missing, deferred=deferred,
                                profiles=profiles_as_dict(profiles))
 

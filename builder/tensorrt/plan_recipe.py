@@ -1,7 +1,9 @@
 """The builder's half of the TensorRT plan path: what a published version carries for TensorRT.
 
-Stage publish calls ``add_tensorrt_records(ctx, variant, name, folder, record)`` for every version it
-publishes, after the metadata record is made and before it is written:
+Stage publish calls ``tensorrt_parts(ctx, variant, name, version, record)`` for every
+version it describes, after the metadata record is made; what it returns goes into the version's
+description (builder/repository/description.py). It reads stage tensorrt's typed hand-off
+``ctx.tensorrt`` (never another stage's result):
 
 - a plan built here by stage tensorrt (GPU + TensorRT present): its compatibility record (GPU name,
   compute capability, TensorRT version, profiles, precision) becomes metadata key ``tensorrt``;
@@ -19,36 +21,42 @@ Triton ignores the extra file in the ONNX version folder; the ONNX model serves 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
+from builder.files import sha256_file
 from builder.repository.metadata import _plain
 from builder.tensorrt.plan_build import BUILD_PLANS, RECIPE_FILE, RECIPE_SCHEMA
 from builder.tensorrt.profiles import LEVELS, derive_profiles, is_static, profiles_as_dict, shape_string, trtexec_shape_args
 
-TENSORRT_STAGE = "tensorrt"
+
+@dataclass(frozen=True)
+class TensorRTParts:
+    """What a published version carries for TensorRT: a metadata key and/or plan_recipe.json."""
+
+    metadata: dict[str, Any] | None = None  # metadata key "tensorrt": the plan's compatibility record
+    recipe: bytes | None = None  # the text of plan_recipe.json
+    recipe_location: str | None = None  # <model>/<version>/plan_recipe.json
+    note: str | None = None  # for metadata.yaml's notes
 
 
-def add_tensorrt_records(ctx, variant, name: str, folder: Path, record: dict[str, Any]) -> None:
-    result = next((r for r in ctx.results if r.stage == TENSORRT_STAGE), None)
-    if result is None:
-        return
+def tensorrt_parts(ctx, variant, name: str, version: int, record: dict[str, Any]) -> TensorRTParts:
+    """The TensorRT parts of version ``version`` of model ``name`` (``record``: its metadata so far),
+    from stage tensorrt's hand-off ``ctx.tensorrt`` (a :class:`builder.stages.base.TensorRTOutput`)."""
+    handoff = ctx.tensorrt
+    if handoff is None:
+        return TensorRTParts()
     if variant.format == "plan":
-        plan_record = (result.outputs.get("plans") or {}).get(variant.name)
-        if plan_record:
-            record["tensorrt"] = plan_record
-        return
-    deferred = result.outputs.get("deferred")
+        return TensorRTParts(metadata=handoff.plans.get(variant.name) or None)
+    deferred = handoff.deferred
     if not deferred or deferred.get("recipe") or not recipe_source_ok(variant):
-        return
-    recipe = make_recipe(ctx, variant, name, record, deferred)
-    (folder / RECIPE_FILE).write_text(json.dumps(recipe, indent=2) + "\n")
-    deferred["recipe"] = f"{name}/{record['version']}/{RECIPE_FILE}"
-    record.setdefault("notes", []).append(
-        f"{RECIPE_FILE}: the recipe for TensorRT model {deferred['plan_model']} ({deferred['precision']}); build it on "
-        f"the GPU host that serves it: {BUILD_PLANS}")
-    ctx.progress(f"  {name} version {record['version']}: {RECIPE_FILE} written ({deferred['plan_model']} is built on "
-                 f"the GPU host: {BUILD_PLANS})")
+        return TensorRTParts()
+    recipe = make_recipe(ctx, variant, name, version, record, deferred, sha256_file(variant.path))
+    return TensorRTParts(
+        recipe=(json.dumps(recipe, indent=2) + "\n").encode(),
+        recipe_location=f"{name}/{version}/{RECIPE_FILE}",
+        note=f"{RECIPE_FILE}: the recipe for TensorRT model {deferred['plan_model']} ({deferred['precision']}); "
+             f"build it on the GPU host that serves it: {BUILD_PLANS}")
 
 
 def recipe_source_ok(variant) -> bool:
@@ -61,20 +69,20 @@ def recipe_source_ok(variant) -> bool:
     return all(node.domain in ("", "ai.onnx") for node in model.graph.node) and not model.functions
 
 
-def make_recipe(ctx, variant, name: str, record: dict[str, Any], deferred: dict[str, Any]) -> dict[str, Any]:
+def make_recipe(ctx, variant, name: str, version: int, record: dict[str, Any], deferred: dict[str, Any],
+                onnx_sha256: str) -> dict[str, Any]:
     from builder.repository.config import render_config
     from builder.repository.publish import config_for
 
     spec = ctx.spec
     plan_model = deferred["plan_model"]
-    version = record["version"]
     profiles = derive_profiles(spec)
     signature = {o.name: (ctx.reference.output_dtypes[o.name], ctx.reference.output_shapes[o.name])
                  for o in spec.outputs}
     config_text = render_config(config_for(spec, "plan", "gpu", plan_model, signature))
     onnx_file = record["artifact"]["file"]
     source = {"model": name, "version": version, "variant": variant.name, "file": onnx_file,
-              "sha256": record["files_sha256"][onnx_file], "opset": variant.opset}
+              "sha256": onnx_sha256, "opset": variant.opset}
     precision = deferred["precision"]
     metadata = {
         "model_name": plan_model,

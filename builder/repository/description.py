@@ -1,0 +1,44 @@
+"""The one typed description of a model version: what stage publish hands to the repository.
+
+Usage::
+
+    version = next_version(repository, "digits_cnn", requested=None)
+    description = VersionDescription(name="digits_cnn", version=version, config=config,
+                                     model_format="onnx", model_files=[work / "model.onnx"],
+                                     runtime_files={}, extra_files={"reference.npz": npz_bytes},
+                                     metadata={"model_name": "digits_cnn", "version": None, ...})
+    published = publish_model(repository, description)   # builder/repository/publish.py
+
+The description is plain data: nothing in it writes into a repository or calls back into the
+version folder. builder/repository/ alone writes it, atomically (builder/repository/layout.py):
+
+- ``model_files`` are copied under the backend's file name (``model.onnx``/``model.pt``/``model.plan``;
+  companions such as ONNX external data keep their suffix), then ``runtime_files`` (the python
+  backend's ``model.py`` and ``drift.py``) under their names;
+- ``metadata.yaml`` is rendered by the repository from ``metadata`` with ``version`` and
+  ``files_sha256`` (name -> sha256 of the copied model and runtime files) filled in;
+- ``extra_files`` are written as given: bytes, or a writer that returns bytes (called while the
+  version is staged, so a failing writer leaves the repository as it was).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Union
+
+from builder.repository.config import ModelConfig
+
+FileContent = Union[bytes, Callable[[], bytes]]
+
+
+@dataclass(frozen=True)
+class VersionDescription:
+    name: str  # the model's name in the repository
+    config: ModelConfig  # rendered into config.pbtxt
+    model_format: str  # onnx | torchscript | plan: decides the model file's name
+    model_files: list[Path]  # the main model file first, then its companions
+    version: int | None = None  # None: the next free number
+    runtime_files: dict[str, Path] = field(default_factory=dict)  # copied beside the model and hashed
+    extra_files: dict[str, FileContent] = field(default_factory=dict)  # relative name -> content
+    metadata: dict[str, Any] | None = None  # metadata.yaml; "version" and "files_sha256" filled in on publish
