@@ -12,6 +12,9 @@ in [0, 1), integers zero, dynamic dims 16). Each user sends one request at a tim
 SLOs: when the test ends, p99 and the failure ratio over the whole run are checked against
 ``--slo-p99-ms`` and ``--slo-max-failure-ratio``; the exit code is 1 and the reason printed if
 either is broken, 0 otherwise. Bad settings or an unreachable model exit with 2 before any load.
+A server that dies during the run: users back off on connection errors, and once no request has
+reached it for ``--triton-unreachable-s`` seconds the run stops and exits 2 with "server at URL
+unreachable since ...". The console summary names the top failure reasons with their counts.
 
 Distributed: workers get these settings from the master, and read ``--payload`` from their own disk;
 a worker that has no file at that path asks the master for its bytes. See loadtest/README.md.
@@ -59,6 +62,8 @@ def _arguments(parser):
     group.add_argument("--load-shape", choices=SHAPES, default="constant", help="constant | ramp | steps")
     group.add_argument("--load-steps", type=int, default=4, help="number of steps of --load-shape steps")
     group.add_argument("--result-json", default="", help="write the run's final numbers and SLO verdict here")
+    group.add_argument("--triton-unreachable-s", type=float, default=3.0,
+                       help="stop the run (exit 2) when the server refuses connections for this long")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,6 +232,14 @@ def _on_init(environment, runner, **_kwargs):
         runner.register_message("triton_payload", lambda environment, msg, **kw: _payload_reply.set(msg.data))
         return
     if isinstance(runner, MasterRunner):
+        def worker_gave_up(environment, msg, **kw):
+            if not _reachability.given_up:
+                _reachability.given_up = msg.data
+                print(f"triton-locust: error: {msg.data}; stopping the run", file=sys.stderr, flush=True)
+                environment.runner.quit()
+
+        runner.register_message("triton_unreachable", worker_gave_up)
+
         def send_payload(environment, msg, **kw):
             path = environment.parsed_options.payload
             try:
@@ -254,6 +267,72 @@ def _on_init(environment, runner, **_kwargs):
 def _fail(message):
     print(f"triton-locust: error: {message}", file=sys.stderr, flush=True)
     sys.exit(2)
+
+
+# ---------------------------------------------------------------------------------------------
+# A server that stops answering: back off per user, stop the run once it stays unreachable
+
+BACKOFF_MIN_S, BACKOFF_MAX_S = 0.05, 0.5
+
+
+class Reachability:
+    """When requests last reached the server, and since when none has (None: reachable)."""
+
+    def __init__(self):
+        self.unreachable_since = None  # wall-clock time of the first connection error in a row
+        self.reason = ""
+        self.given_up = ""  # the message once the run was stopped for it
+
+    def failed(self, exc):
+        if self.unreachable_since is None:
+            self.unreachable_since, self.reason = time.time(), " ".join(str(exc).split())[:200]
+
+    def reached(self):
+        self.unreachable_since = None
+
+    def down_for(self):
+        return 0.0 if self.unreachable_since is None else time.time() - self.unreachable_since
+
+
+_reachability = Reachability()
+
+
+def is_connection_error(exc):
+    """Refused/reset connections (HTTP) and UNAVAILABLE (gRPC): the server is not there, as opposed
+    to a request it answered with an error."""
+    if isinstance(exc, (ConnectionError, OSError)) and not isinstance(exc, TimeoutError):
+        return True
+    status = exc.status() if callable(getattr(exc, "status", None)) else ""
+    text = f"{status} {exc}".lower()
+    return "unavailable" in text or "connection refused" in text or "failed to connect" in text
+
+
+def unreachable_message(host, reachability):
+    since = time.strftime("%H:%M:%S", time.localtime(reachability.unreachable_since))
+    return (f"server at {host} unreachable since {since} ({reachability.down_for():.1f} s; "
+            f"last error: {reachability.reason})")
+
+
+def _watch_reachability(environment):
+    """Local or worker process: stop the run (worker: tell the master) once the server stayed down."""
+    limit = float(environment.parsed_options.triton_unreachable_s)
+    while True:
+        gevent.sleep(0.25)
+        if _reachability.given_up or _reachability.down_for() < limit:
+            continue
+        _reachability.given_up = unreachable_message(_address(environment.host), _reachability)
+        if isinstance(environment.runner, WorkerRunner):
+            environment.runner.send_message("triton_unreachable", _reachability.given_up)
+        else:
+            print(f"triton-locust: error: {_reachability.given_up}; stopping the run", file=sys.stderr, flush=True)
+            environment.runner.quit()
+        return
+
+
+@events.test_start.add_listener
+def _on_test_start(environment, **_kwargs):
+    if not isinstance(environment.runner, MasterRunner):
+        gevent.spawn(_watch_reachability, environment)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,11 +364,18 @@ class TritonUser(User):
             result = self.client.infer(self.target.model, inputs, model_version=self.target.version,
                                        outputs=outputs, **extra)
             size = sum(result.as_numpy(o).nbytes for o in self.target.outputs)
+            _reachability.reached()
+            self.backoff = 0.0
         except Exception as exc:  # noqa: BLE001 - every error is a failed request in the report
             exception = exc
         self.environment.events.request.fire(
             request_type=self.kind, name=self.name, response_time=(time.perf_counter() - start) * 1000.0,
             response_length=size, exception=exception, context={})
+        if exception is not None and is_connection_error(exception):
+            # no retry storm against a dead server: wait, doubling up to BACKOFF_MAX_S
+            _reachability.failed(exception)
+            self.backoff = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, 2 * getattr(self, "backoff", 0.0)))
+            gevent.sleep(self.backoff)
 
     def on_stop(self):
         # a gRPC channel left open keeps the process alive after "Shutting down", deaf to SIGTERM
@@ -334,8 +420,13 @@ def _finish(environment, **_kwargs):
                           f"> --slo-max-failure-ratio {options.slo_max_failure_ratio:g}")
     if environment.runner is not None and environment.runner.exceptions:
         broken.append(f"{len(environment.runner.exceptions)} error(s) in the locustfile (see the exceptions report)")
+    if _reachability.given_up:
+        broken.insert(0, _reachability.given_up)
+        result["unreachable"] = _reachability.given_up
     print(f"triton-locust: {result['requests']} requests, {result['failures']} failures, {result['rps']:.1f} req/s, "
           f"p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms", file=sys.stderr, flush=True)
+    for text, count in list(result["errors"].items())[:3]:
+        print(f"triton-locust: failure x{count}: {text}", file=sys.stderr, flush=True)
     for reason in broken:
         print(f"triton-locust: SLO broken: {reason}", file=sys.stderr, flush=True)
     if not broken:
@@ -347,4 +438,4 @@ def _finish(environment, **_kwargs):
 
         with open(options.result_json, "w", encoding="utf-8") as handle:
             json.dump(result, handle, indent=2)
-    environment.process_exit_code = 1 if broken else 0
+    environment.process_exit_code = 2 if _reachability.given_up else 1 if broken else 0

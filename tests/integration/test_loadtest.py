@@ -94,21 +94,30 @@ def test_bad_arguments_and_unreachable_server_exit_2(tmp_path):
     assert no_budget.returncode == 2 and "--p99-budget-ms" in no_budget.stderr
 
 
-def test_run_ends_with_errors_reported_when_the_server_is_killed(built_repository, tmp_path):
+@pytest.mark.parametrize("protocol, workers", [("grpc", 0), ("http", 1)])
+def test_a_server_killed_mid_run_stops_the_load_test_with_exit_2(built_repository, tmp_path, protocol, workers):
     repo = _copy_repository(built_repository, tmp_path / "repo")
     with EmbeddedServer(repo) as server:
-        killer = threading.Timer(2.5, lambda: os.killpg(server.pid, signal.SIGKILL))
+        url = server.grpc_url if protocol == "grpc" else server.http_url
+        killed_at = []
+        killer = threading.Timer(6 if workers else 2.5,
+                                 lambda: (killed_at.append(time.monotonic()), os.killpg(server.pid, signal.SIGKILL)))
         killer.start()
-        started = time.monotonic()
-        summary = run_loadtest(MODEL, server.grpc_url, "grpc", users=4, run_time_s=6, out_dir=tmp_path / "out",
-                               timeout_s=40)
-        elapsed = time.monotonic() - started
+        summary = run_loadtest(MODEL, url, protocol, users=4, run_time_s=60, out_dir=tmp_path / "out",
+                               timeout_s=120, workers=workers)
+        ended_at = time.monotonic()
         killer.join()
-    assert elapsed < 40
-    assert summary["exit_code"] == 1 and not summary["timed_out"]
+    assert ended_at - killed_at[0] < 10, f"the run went on {ended_at - killed_at[0]:.1f} s after the kill"
+    assert summary["exit_code"] == 2 and not summary["timed_out"], format_summary(summary)
+    unreachable = summary["client"]["unreachable"]
+    assert re.match(rf"server at {re.escape(url)} unreachable since \d\d:\d\d:\d\d", unreachable), unreachable
+    assert summary["slo"]["broken"][0] == unreachable
     assert summary["client"]["failures"] > 0 and summary["client"]["errors"]
-    assert any("failure ratio" in reason for reason in summary["slo"]["broken"])
+    # backed off, no retry storm: a few failed requests per user and second, not thousands
+    assert summary["client"]["failures"] < 4 * 25 * 10, summary["client"]["failures"]
     assert summary["server"]["error"], "statistics of a dead server cannot be read"
+    log = (tmp_path / "out" / "locust.log").read_text()
+    assert "triton-locust: failure x" in log  # the console summary names the top failure reasons
 
 
 def test_hard_timeout_kills_a_locust_that_hangs(own_server, tmp_path):
