@@ -7,6 +7,9 @@ A stage module registers what it makes with a decorator::
                       description="static INT8 (QDQ, per-channel) calibrated on the spec's data")
     def make_int8_static(ctx, base): ...
 
+This module holds only the registry and imports no stage: importing ``builder.stages`` (as
+builder/pipeline.py does) imports every stage module, and so registers every variant.
+
 ``resolve_variants(["onnx", "nope"], "cpu")`` raises a UserInputError that names 'nope', lists the
 supported variants and says how to add one.
 """
@@ -45,12 +48,9 @@ def register_variant(name: str, *, format: str, precision: str, stage: str, desc
     return decorate
 
 
-def _ensure_loaded() -> None:
-    import builder.stages  # noqa: F401  (importing the stages registers their variants)
-
-
 def registered() -> dict[str, VariantInfo]:
-    _ensure_loaded()
+    """Every variant registered so far: import ``builder.stages`` first (it imports every stage module,
+    which registers its variants; builder/pipeline.py does)."""
     return dict(_REGISTRY)
 
 

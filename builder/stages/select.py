@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from builder.measure import human
 from builder.stages.base import BuildContext, StageResult, Variant
+from builder.stages.common import accuracy_drop_failure
 
 STAGE = "select"
 NOISE = 0.05  # a winning margin below this is reported as within measurement noise
@@ -39,11 +40,11 @@ def _mark_constraints(ctx: BuildContext) -> None:
         variant = ctx.variant(base)
         if variant is not None and not variant.rejected:
             variant.rejected = f"not requested; base for {', '.join(derived)}"
-    limit = ctx.spec.verify.max_accuracy_drop
+    # verify enforces the same constraint (stages/common.py); this covers variants verified elsewhere
     for v in ctx.variants:
-        drop = (v.accuracy or {}).get("drop")
-        if v.verified and not v.rejected and drop is not None and drop > limit:
-            v.rejected = f"accuracy drop {drop:.2f} points > {limit} allowed"
+        over = accuracy_drop_failure(v.accuracy, ctx.spec.verify.max_accuracy_drop)
+        if v.verified and not v.rejected and over:
+            v.rejected = f"accuracy {over}"
 
 
 def _measured_text(v: Variant, objective: str) -> str:

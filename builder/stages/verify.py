@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from builder.runtime import open_runner, tensorrt_unavailable_reason
 from builder.stages.base import BuildContext, StageResult, Variant
+from builder.stages.common import accuracy_drop_failure
 from builder.tensors import (compare_outputs, merge_case_metrics, run_batched, tolerance_failures,
                              top1_accuracy)
 
@@ -43,9 +44,9 @@ def verify_variant(ctx: BuildContext, variant: Variant) -> list[str]:
             drop = ref_top1 - var_top1
             variant.accuracy.update({"metric": "top1", "output": first, "reference": ref_top1,
                                      "variant": var_top1, "drop": drop})
-            if drop > spec.verify.max_accuracy_drop:
-                failures.append(f"{first}: top-1 accuracy {var_top1:.2f}% vs reference {ref_top1:.2f}%: "
-                                f"drop {drop:.2f} points > {spec.verify.max_accuracy_drop} allowed")
+            over = accuracy_drop_failure(variant.accuracy, spec.verify.max_accuracy_drop)
+            if over:
+                failures.append(f"{first}: top-1 accuracy {var_top1:.2f}% vs reference {ref_top1:.2f}%: {over}")
     return failures
 
 
