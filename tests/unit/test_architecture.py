@@ -1,0 +1,83 @@
+"""The house rules on builder/ (scripts/check-architecture.py; ../shared/ARCHITECTURE.md), and the
+checker itself on a small made-up package."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "check-architecture.py"
+
+
+def _checker():
+    spec = importlib.util.spec_from_file_location("check_architecture", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+checker = _checker()
+
+STILL_BEING_FINISHED = {
+    "size": "builder/monitoring/drift.py (one self-contained file copied into python-backend versions) and "
+            "builder/spec.py are over 500 lines; serving/embedded.py and monitoring/prometheus.py are being split",
+    "subprocess": "processes are moving onto builder/processes.py (LocalService)",
+    "tritonclient": "the Triton client facade builder/serving/client.py is being wired in",
+}
+
+
+@pytest.mark.parametrize("rule", [
+    pytest.param(rule, marks=pytest.mark.xfail(strict=False, reason=STILL_BEING_FINISHED[rule]))
+    if rule in STILL_BEING_FINISHED else rule
+    for rule in checker.RULES])
+def test_house_rule(rule):
+    problems = checker.check(ROOT, {rule})[rule]
+    assert not problems, f"{rule}:\n" + "\n".join(problems)
+
+
+def test_the_script_runs_and_prints_every_rule():
+    done = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120)
+    assert done.returncode in (0, 1), done.stderr
+    for rule in checker.RULES:
+        assert f"{rule}: " in done.stdout
+
+
+def _write(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_checker_finds_what_it_should_on_a_made_up_package(tmp_path):
+    root = _write(tmp_path, {
+        "builder/__init__.py": "",
+        "builder/a.py": "from builder import b\n",
+        "builder/b.py": "import builder.a\n",
+        "builder/c.py": "def f():\n    from builder import d\n",  # inside a function: not a circle
+        "builder/d.py": "from builder.c import f\nimport subprocess\nsubprocess.run(['true'])\n",
+        "builder/processes.py": "import subprocess\nsubprocess.Popen(['true'])\n",
+        "builder/stages/__init__.py": "from builder.stages import one, two\n",
+        "builder/stages/base.py": "",
+        "builder/stages/common.py": "",
+        "builder/stages/one.py": "from builder.stages.base import x\nfrom builder.stages.common import y\n",
+        "builder/stages/two.py": "def g():\n    from builder.stages import one\n",
+        "builder/big.py": "x = 1\n" * 501,
+        "builder/assets_old.py": "from pathlib import Path\nP = Path(__file__).resolve().parents[1]\n",
+        "builder/talk.py": "import tritonclient.http\n",
+        "builder/schema.py": "from tritonclient.grpc import model_config_pb2\n",
+    })
+    found = checker.check(root)
+    assert found["cycles"] == ["module-level import circle: builder.a <-> builder.b"]
+    assert found["stages"] == ["builder/stages/two.py: imports builder.stages.one "
+                               "(shared helpers go to builder/stages/common.py)"]
+    assert found["subprocess"] == ["builder/d.py:3: subprocess.run (processes start in builder.processes)"]
+    assert found["size"] == ["builder/big.py: 501 lines (max 500)"]
+    assert [p.split(":")[0] for p in found["parents"]] == ["builder/assets_old.py"]
+    assert [p.split(":")[0] for p in found["tritonclient"]] == ["builder/talk.py"]
