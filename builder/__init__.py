@@ -32,5 +32,5 @@ def check(*args, **kwargs):
 
 
 def serve(*args, **kwargs):
-    from builder.serving.embedded import serve_forever
+    from builder.serving.serve import serve_forever
     return serve_forever(*args, **kwargs)

@@ -13,7 +13,7 @@ Usage::
             super().__init__(ready_timeout=10)
             self.log_path, self.port = Path("echo.log"), None
         def _auto_ports(self): return True
-        def _choose_ports(self): self.port = free_port(self.host)
+        def _pick_ports(self): self.port = free_port(self.host)
         def _command(self): return [sys.executable, "-m", "http.server", "-b", self.host, str(self.port)]
         def _ready(self): return port_open(self.host, self.port)
 
@@ -207,7 +207,7 @@ class LocalService:
     process group, stop and clean-up. Each concrete service is a small subclass.
 
     Subclasses provide ``_command()`` and usually ``_ready()``; optional hooks: ``_prepare()``
-    (once per start, before any launch: temp dirs, config files), ``_choose_ports()`` +
+    (once per start, before any launch: temp dirs, config files), ``_pick_ports()`` +
     ``_auto_ports()`` (retry on new ports when ``_address_in_use()`` says so), ``_env()``,
     ``_cwd()``, ``_exit_error(code)`` / ``_timeout_error()`` / ``_ports_error(busy, attempts)``
     (the errors raised, of type ``error``), ``_cleanup()`` (after every stop). ``log_path`` is an
@@ -252,7 +252,7 @@ class LocalService:
     def _auto_ports(self) -> bool:
         return False
 
-    def _choose_ports(self) -> None:
+    def _pick_ports(self) -> None:
         pass
 
     def _env(self) -> Mapping[str, str] | None:
@@ -298,7 +298,7 @@ class LocalService:
                 self._prepare()
                 attempts = self.port_attempts if self._auto_ports() else 1
                 for attempt in range(1, attempts + 1):
-                    self._choose_ports()
+                    self._pick_ports()
                     self._launch()
                     try:
                         self._wait_ready()

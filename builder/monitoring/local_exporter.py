@@ -100,7 +100,7 @@ class LocalExporter(LocalService):
     def _auto_ports(self) -> bool:
         return self._requested_port is None
 
-    def _choose_ports(self) -> None:
+    def _pick_ports(self) -> None:
         self._port = self._requested_port or free_port(self.host)
         if self.log_path is None:
             handle, name = tempfile.mkstemp(prefix="triton-builder-exporter-", suffix=".log")

@@ -259,7 +259,7 @@ class LocalPrometheus(LocalService):
     def _auto_ports(self) -> bool:
         return self._requested_port is None
 
-    def _choose_ports(self) -> None:
+    def _pick_ports(self) -> None:
         self._port = self._requested_port or free_port(self.host)
 
     def _command(self) -> list[str]:

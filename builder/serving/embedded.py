@@ -8,9 +8,7 @@ are left out, each with a reason (``EmbeddedServer.left_out``), and the rest are
 Usage::
 
     from pathlib import Path
-    from builder.serving.embedded import EmbeddedServer, serve_forever, unsupported_models
-
-    unsupported_models(Path("model_repository"))   # {"resnet_onnx": "platform onnxruntime_onnx needs ..."}
+    from builder.serving.embedded import EmbeddedServer
 
     with EmbeddedServer(Path("model_repository")) as server:   # start(): returns once ready
         print(server.http_url, server.grpc_url, server.metrics_url, server.log_path)
@@ -20,9 +18,9 @@ Usage::
         server.check_alive()                       # ServerDiedError if the process has ended
     # stopped here: SIGTERM to its process group, SIGKILL after 15 s (also at interpreter exit)
 
-    # What ``triton-builder serve`` runs: announces the URLs, blocks until SIGINT/SIGTERM,
-    # stops the server and returns an exit code (non-zero if the server died on its own).
-    code = serve_forever(Path("model_repository"))
+Beside it: install.py (finding the binary), backends.py (``unsupported_models``), server_log.py
+(log excerpts), serve.py (``serve_forever``, what ``triton-builder serve`` runs); the process
+itself is a ``builder.processes.LocalService``.
 
 How it runs the binary (facts measured with nvidia-pytriton 0.7.0):
 
@@ -44,235 +42,33 @@ How it runs the binary (facts measured with nvidia-pytriton 0.7.0):
 The server runs in its own process group (it does not get the terminal's Ctrl-C); ``stop()`` ends
 the whole group, python-backend stub processes included. ``stop()`` is registered with ``atexit``,
 which runs on normal interpreter exit and on KeyboardInterrupt, not on SIGKILL or an unhandled
-SIGTERM: callers that must survive those install handlers, as ``serve_forever`` does.
+SIGTERM: callers that must survive those install handlers, as ``serve.serve_forever`` does.
 """
 
 from __future__ import annotations
 
-import atexit
-import importlib.util
-import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
-import sysconfig
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 from builder.errors import ServerDiedError, ServerError, UserInputError
-from builder.repository.config import parse_config
-from builder.processes import free_ports, group_alive, killpg, stop_signals
+from builder.processes import LocalService, free_ports
+from builder.serving.backends import EMBEDDED_BACKENDS, PLATFORM_BACKENDS, model_dirs, unsupported_models
+from builder.serving.install import TritonInstall, build_backend_dir, find_tritonserver, server_environment
+from builder.serving.server_log import describe_exit as _describe_exit, readable as _readable
+from builder.serving import server_log
 
-__all__ = [
-    "EMBEDDED_BACKENDS",
-    "PLATFORM_BACKENDS",
-    "TritonInstall",
-    "find_tritonserver",
-    "unsupported_models",
-    "EmbeddedServer",
-    "serve_forever",
-]
+__all__ = ["EMBEDDED_BACKENDS", "PLATFORM_BACKENDS", "TritonInstall", "find_tritonserver", "unsupported_models",
+           "EmbeddedServer"]
 
-#: Backends the embedded server has. Ensembles are run by the server core and need no backend.
-EMBEDDED_BACKENDS: tuple[str, ...] = ("python",)
-
-#: The backend Triton needs for each ``platform:`` value.
-PLATFORM_BACKENDS: dict[str, str] = {
-    "onnxruntime_onnx": "onnxruntime",
-    "tensorrt_plan": "tensorrt",
-    "pytorch_libtorch": "pytorch",
-    "tensorflow_graphdef": "tensorflow",
-    "tensorflow_savedmodel": "tensorflow",
-    "openvino": "openvino",
-}
-
-INSTALL_HINT = "pip install nvidia-pytriton==0.7.0"
-_ALTERNATIVE = "serve its python-backend variant or use docker compose on a GPU host"
 _MODEL_CONTROL_MODES = ("explicit", "none", "poll")
 _STOP_TIMEOUT_S = 15.0
 _PORT_ATTEMPTS = 5
-# Expected on machines without a GPU; never the reason anything failed.
-_NOISE = ("NVML", "DCGM", "CudaDriverHelper", "pinned memory", "pinned_memory")
-
-
-# --------------------------------------------------------------------------------------------
-# Locating the binary
-
-
-@dataclass(frozen=True)
-class TritonInstall:
-    """Where the pieces of the wheel's Triton server are."""
-
-    binary: Path  #: ``pytriton/tritonserver/bin/tritonserver``
-    python_backend_dir: Path  #: holds ``libtriton_python.so`` and ``triton_python_backend_utils.py``
-    stub: Path  #: ``triton_python_backend_stub`` for the running Python version
-    libs_dir: Path  #: ``site-packages/nvidia_pytriton.libs`` (the binary's bundled shared libraries)
-    python_libdir: Path | None  #: this interpreter's LIBDIR (``libpython3.X.so``), if it exists
-
-    @property
-    def backend_library(self) -> Path:
-        return self.python_backend_dir / "libtriton_python.so"
-
-    @property
-    def backend_utils(self) -> Path:
-        return self.python_backend_dir / "triton_python_backend_utils.py"
-
-
-def find_tritonserver() -> TritonInstall:
-    """Find the ``tritonserver`` binary and python backend in the installed nvidia-pytriton wheel.
-
-    Raises ``ServerError`` naming every missing piece and how to install it.
-    """
-    if not sys.platform.startswith("linux"):
-        raise ServerError(
-            f"the embedded Triton server runs on Linux only (this is {sys.platform}); "
-            "use docker compose on a Linux host instead"
-        )
-    spec = importlib.util.find_spec("pytriton")
-    if spec is None or not spec.submodule_search_locations:
-        raise ServerError(f"the embedded Triton server needs the nvidia-pytriton wheel, which is not installed: {INSTALL_HINT}")
-    package = Path(list(spec.submodule_search_locations)[0])
-    root = package / "tritonserver"
-    binary = root / "bin" / "tritonserver"
-    backend = root / "backends" / "python"
-    pyver = f"{sys.version_info.major}.{sys.version_info.minor}"
-    stubs_root = root / "python_backend_stubs"
-    stub = stubs_root / pyver / "triton_python_backend_stub"
-    libs = package.parent / "nvidia_pytriton.libs"
-
-    missing = []
-    if not binary.is_file():
-        missing.append(f"the server binary {binary}")
-    elif not os.access(binary, os.X_OK):
-        missing.append(f"execute permission on {binary}")
-    for piece in (backend / "libtriton_python.so", backend / "triton_python_backend_utils.py"):
-        if not piece.is_file():
-            missing.append(f"the python backend file {piece}")
-    if not stub.is_file():
-        have = sorted(p.name for p in stubs_root.iterdir() if (p / "triton_python_backend_stub").is_file()) if stubs_root.is_dir() else []
-        missing.append(
-            f"the python backend stub for Python {pyver} ({stub}; stubs found for: {', '.join(have) or 'none'})"
-        )
-    if not libs.is_dir():
-        missing.append(f"the bundled libraries folder {libs}")
-    if missing:
-        raise ServerError(
-            "the embedded Triton server from nvidia-pytriton is incomplete; missing "
-            + "; ".join(missing)
-            + f". Reinstall it with: {INSTALL_HINT}"
-        )
-    libdir = sysconfig.get_config_var("LIBDIR")
-    python_libdir = Path(libdir) if libdir and Path(libdir).is_dir() else None
-    return TritonInstall(binary, backend, stub, libs, python_libdir)
-
-
-# --------------------------------------------------------------------------------------------
-# Which models the embedded server can serve
-
-
-def _model_dirs(repository: Path) -> list[Path]:
-    """Model folders of a repository, as Triton sees them (hidden entries skipped)."""
-    return sorted(p for p in Path(repository).iterdir() if p.is_dir() and not p.name.startswith("."))
-
-
-def unsupported_models(repository: Path) -> dict[str, str]:
-    """``{model_name: reason}`` for every model in ``repository`` the embedded server cannot serve.
-
-    Reads each ``<repository>/<model>/config.pbtxt`` into ``ModelConfig``. A model is left out when
-    its platform or backend is not in ``EMBEDDED_BACKENDS``, when its config is missing or does not
-    parse, when its ``name:`` differs from its folder, or when it is an ensemble with a step that
-    is left out or not in the repository.
-    """
-    repository = Path(repository)
-    if not repository.is_dir():
-        raise UserInputError(f"model repository {repository} is not a directory; pass the folder holding one sub-folder per model")
-    reasons: dict[str, str] = {}
-    ensembles: dict[str, list[str]] = {}
-    names = []
-    for folder in _model_dirs(repository):
-        name = folder.name
-        names.append(name)
-        cfg_path = folder / "config.pbtxt"
-        if not cfg_path.is_file():
-            reasons[name] = f"no config.pbtxt in {folder}; the embedded server needs one that says backend: \"python\""
-            continue
-        try:
-            config = parse_config(cfg_path.read_text(encoding="utf-8"), str(cfg_path))
-        except (UserInputError, UnicodeDecodeError, OSError) as err:
-            reasons[name] = str(err)
-            continue
-        if config.name and config.name != name:
-            reasons[name] = f"{cfg_path} says name: \"{config.name}\" but the folder is '{name}'; Triton needs them equal"
-            continue
-        platform, backend = config.platform, config.backend
-        if platform == "ensemble":
-            ensembles[name] = [step.model_name for step in config.ensemble_scheduling.step]
-            continue
-        needed = backend or PLATFORM_BACKENDS.get(platform, "")
-        if needed in EMBEDDED_BACKENDS:
-            continue
-        if not platform and not backend:
-            reasons[name] = f"{cfg_path} names neither backend nor platform; the embedded server only runs backend: \"python\" models"
-        elif platform and not backend and platform not in PLATFORM_BACKENDS:
-            reasons[name] = f"platform {platform} needs a backend the embedded server does not have; {_ALTERNATIVE}"
-        elif platform:
-            reasons[name] = f"platform {platform} needs the '{needed}' backend, which the embedded server does not have; {_ALTERNATIVE}"
-        else:
-            reasons[name] = f"backend '{backend}' is not in the embedded server (it has only {', '.join(EMBEDDED_BACKENDS)}); {_ALTERNATIVE}"
-
-    # Ensembles: left out if any step is; repeat until nothing changes (ensembles of ensembles).
-    changed = True
-    while changed:
-        changed = False
-        for name, steps in ensembles.items():
-            if name in reasons:
-                continue
-            for step in steps:
-                if step not in names:
-                    reasons[name] = f"ensemble step model '{step}' is not in the repository"
-                elif step in reasons:
-                    reasons[name] = f"ensemble step model '{step}' is left out ({reasons[step]})"
-                else:
-                    continue
-                changed = True
-                break
-    return {name: reasons[name] for name in names if name in reasons}
-
-
-# --------------------------------------------------------------------------------------------
-# Helpers
-
-
-def _is_noise(line: str) -> bool:
-    stripped = line.strip()
-    if not stripped or stripped[0] in "+|" or any(word in line for word in _NOISE):
-        return True
-    return stripped.endswith("]") and stripped[0] in "IW"  # a header line whose table was dropped
-
-
-def _readable(line: str) -> str:
-    """Triton quotes messages with literal ``\\n``; show them as indented lines."""
-    parts = [part.rstrip() for part in line.replace("\\n", "\n").splitlines() if part.strip()]
-    return "\n    ".join(parts)
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "is still running"
-    if code < 0:
-        try:
-            return f"exited with code {code} (killed by {signal.Signals(-code).name})"
-        except ValueError:
-            return f"exited with code {code}"
-    return f"exited with code {code}"
 
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -289,15 +85,11 @@ def _http_status(url: str, timeout: float = 1.0) -> int | None:
         return None
 
 
-class _AddressInUse(Exception):
-    pass
-
-
 # --------------------------------------------------------------------------------------------
 # The server
 
 
-class EmbeddedServer:
+class EmbeddedServer(LocalService):
     """A real ``tritonserver`` process serving ``repository``; use as a context manager or start/stop.
 
     Arguments:
@@ -319,6 +111,14 @@ class EmbeddedServer:
     After ``start()``: ``models`` lists the models it loaded at start, ``left_out`` maps each model
     it cannot serve to the reason.
     """
+
+    label = "tritonserver"
+    error = ServerError
+    stop_timeout = _STOP_TIMEOUT_S
+    port_attempts = _PORT_ATTEMPTS
+    leftover_grace = 3.0  # python-backend stubs left behind (e.g. the server was SIGKILLed)
+    die_with_parent = False  # replicas start servers from short-lived pool threads
+    log_header = True
 
     def __init__(
         self,
@@ -347,7 +147,7 @@ class EmbeddedServer:
         from builder.storage.s3 import is_s3_url, parse_s3_url
         self.remote = parse_s3_url(repository, "repository") if is_s3_url(repository) else None
         self.repository = self.remote if self.remote is not None else Path(repository).expanduser().resolve()
-        self.host = host
+        super().__init__(host, ready_timeout)
         self.model_control = model_control
         self.load_models = list(load_models) if load_models is not None else None
         self.extra_args = tuple(str(a) for a in extra_args)
@@ -358,19 +158,11 @@ class EmbeddedServer:
         self.install: TritonInstall | None = None
         self._requested_ports = (http_port, grpc_port, metrics_port)
         self._ports: tuple[int, int, int] | None = None
-        self._proc: subprocess.Popen | None = None
         self._workdir: Path | None = None
-        self._log_offset = 0
-        self._lock = threading.RLock()
-        self._atexit_registered = False
+        self._backend_dir: Path | None = None
+        self._environ: dict[str, str] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
-
-    def __enter__(self) -> "EmbeddedServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def start(self) -> "EmbeddedServer":
         """Start the server and return once it and every model it loads at start are ready.
@@ -391,7 +183,7 @@ class EmbeddedServer:
                     raise UserInputError(f"model repository {self.repository} is not a directory")
                 install = find_tritonserver()
                 self.left_out = unsupported_models(self.repository)
-                available = [p.name for p in _model_dirs(self.repository)]
+                available = [p.name for p in model_dirs(self.repository)]
             supported = [name for name in available if name not in self.left_out]
             if self.load_models is None:
                 self.models = supported
@@ -405,84 +197,51 @@ class EmbeddedServer:
                         raise UserInputError(f"model '{name}' cannot be served by the embedded server: {self.left_out[name]}")
                 self.models = list(dict.fromkeys(self.load_models))
             self.install = install
+            return super().start()
 
-            self._workdir = Path(tempfile.mkdtemp(prefix="triton-embedded-"))
-            if self.log_path is None:
-                self.log_path = self._workdir / "tritonserver.log"
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            backend_dir = self._build_backend_dir(install, self._workdir / "backends")
-            env = self._environment(install)
-            auto_ports = any(p is None for p in self._requested_ports)
-            attempts = _PORT_ATTEMPTS if auto_ports else 1
-            try:
-                for attempt in range(1, attempts + 1):
-                    self._ports = self._choose_ports()
-                    self._launch(install, backend_dir, env)
-                    try:
-                        self._wait_started()
-                        break
-                    except _AddressInUse as busy:
-                        if attempt == attempts:
-                            raise ServerError(
-                                f"tritonserver could not bind its ports after {attempts} tries: {busy}; log: {self.log_path}"
-                            ) from None
-                        self._terminate()
-            except BaseException:
-                self.stop()
-                raise
-            if not self._atexit_registered:
-                atexit.register(self.stop)
-                self._atexit_registered = True
-            return self
+    def _prepare(self) -> None:
+        self._workdir = Path(tempfile.mkdtemp(prefix="triton-embedded-"))
+        if self.log_path is None:
+            self.log_path = self._workdir / "tritonserver.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._backend_dir = build_backend_dir(self.install, self._workdir / "backends")
+        self._environ = server_environment(self.install)
 
-    def stop(self, timeout: float = _STOP_TIMEOUT_S) -> int | None:
-        """Stop the server: SIGTERM to its process group, SIGKILL after ``timeout`` s. Idempotent.
+    def _cleanup(self) -> None:
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir / "backends", ignore_errors=True)
 
-        Returns the server's exit code (None if it was never started).
-        """
-        with self._lock:
-            code = self._terminate(timeout)
-            if self._atexit_registered:
-                atexit.unregister(self.stop)
-                self._atexit_registered = False
-            if self._workdir is not None:
-                shutil.rmtree(self._workdir / "backends", ignore_errors=True)
-            return code
+    def _env(self) -> dict[str, str] | None:
+        return self._environ
 
-    def _terminate(self, timeout: float = _STOP_TIMEOUT_S) -> int | None:
-        proc = self._proc
-        if proc is None:
-            return None
-        pgid = proc.pid  # start_new_session=True: the server leads its own process group
-        if proc.poll() is None:
-            killpg(pgid, signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                killpg(pgid, signal.SIGKILL)
-                proc.wait(5)
-        # python-backend stubs left behind (e.g. the server was SIGKILLed): give them a moment, then kill
-        deadline = time.monotonic() + 3.0
-        while group_alive(pgid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if group_alive(pgid):
-            killpg(pgid, signal.SIGKILL)
-        return proc.returncode
+    def _cwd(self) -> Path | None:
+        return self._workdir
+
+    def _auto_ports(self) -> bool:
+        return any(p is None for p in self._requested_ports)
+
+    def _ready(self) -> bool:
+        return _http_status(f"http://{self.http_url}/v2/health/live") == 200
+
+    def _address_in_use(self, code: int) -> str | None:
+        busy = [l.strip() for l in self.read_log().splitlines() if "already in use" in l]
+        return busy[0] if busy and self._port_was_chosen(busy[0]) else None
+
+    def _exit_error(self, code: int) -> Exception:
+        return ServerError(
+            f"tritonserver {_describe_exit(code)} while starting:\n{self._startup_error_lines()}\nfull log: {self.log_path}"
+        )
+
+    def _timeout_error(self) -> Exception:
+        return ServerError(
+            f"tritonserver was not live on {self.http_url} within {self.ready_timeout:g} s; "
+            f"last log lines:\n{self.log_tail()}\nfull log: {self.log_path}"
+        )
+
+    def _ports_error(self, busy, attempts: int) -> Exception:
+        return ServerError(f"tritonserver could not bind its ports after {attempts} tries: {busy}; log: {self.log_path}")
 
     # -- process state -----------------------------------------------------------------------
-
-    @property
-    def pid(self) -> int | None:
-        """The server's process id (also its process group id), or None before ``start()``."""
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def returncode(self) -> int | None:
-        """The exit code once the process has ended, else None."""
-        return self._proc.poll() if self._proc is not None else None
-
-    def is_running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
 
     def check_alive(self) -> None:
         """Raise ``ServerDiedError`` (exit code and last log lines) if the server process has ended."""
@@ -538,76 +297,21 @@ class EmbeddedServer:
 
     # -- log ---------------------------------------------------------------------------------
 
-    def _log_size(self) -> int:
-        try:
-            return self.log_path.stat().st_size if self.log_path else 0
-        except OSError:
-            return 0
-
-    def read_log(self, since: int | None = None) -> str:
-        """The server's log text from byte ``since`` (default: the start of the current run)."""
-        if self.log_path is None:
-            return ""
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(self._log_offset if since is None else since)
-                return f.read().decode("utf-8", errors="replace")
-        except OSError:
-            return ""
-
     def log_tail(self, lines: int = 20, since: int | None = None) -> str:
         """The last ``lines`` meaningful log lines (GPU-less noise and tables dropped), indented."""
-        kept = [_readable(line) for line in self.read_log(since).splitlines() if not _is_noise(line)]
-        return "\n".join("  " + line for line in kept[-lines:]) or "  (log is empty)"
+        return server_log.meaningful_tail(self.read_log(since), lines)
 
     def _model_log_lines(self, name: str, since: int | None = None) -> list[str]:
         """Log lines about model ``name`` that say it failed."""
-        found = []
-        for line in self.read_log(since).splitlines():
-            if _is_noise(line):
-                continue
-            about = f"'{name}'" in line or f"/{name}/" in line
-            if about and ("fail" in line.lower() or "error" in line.lower()):
-                found.append(_readable(line))
-        return found
+        return server_log.model_log_lines(self.read_log(since), name)
 
     def _startup_error_lines(self) -> str:
-        text = self.read_log()
-        errors = [_readable(l) for l in text.splitlines() if not _is_noise(l) and (l.startswith("E") or l.lower().startswith("error"))]
-        if errors:
-            return "\n".join("  " + line for line in errors[-15:])
-        return self.log_tail()
+        return server_log.startup_error_lines(self.read_log())
 
     # -- start-up internals ------------------------------------------------------------------
 
-    @staticmethod
-    def _build_backend_dir(install: TritonInstall, backends: Path) -> Path:
-        target = backends / "python"
-        target.mkdir(parents=True, exist_ok=True)
-        for src, name in (
-            (install.backend_library, "libtriton_python.so"),
-            (install.backend_utils, "triton_python_backend_utils.py"),
-            (install.stub, "triton_python_backend_stub"),
-        ):
-            dst = target / name
-            try:
-                dst.symlink_to(src)
-            except OSError:
-                shutil.copy2(src, dst)
-        return backends
-
-    @staticmethod
-    def _environment(install: TritonInstall) -> dict[str, str]:
-        env = dict(os.environ)
-        lib_dirs = [str(install.libs_dir)]
-        if install.python_libdir is not None:
-            lib_dirs.append(str(install.python_libdir))
-        if env.get("LD_LIBRARY_PATH"):
-            lib_dirs.append(env["LD_LIBRARY_PATH"])
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(lib_dirs)
-        bin_dir = os.path.dirname(sys.executable)
-        env["PATH"] = os.pathsep.join([bin_dir] + ([env["PATH"]] if env.get("PATH") else []))
-        return env
+    def _pick_ports(self) -> None:
+        self._ports = self._choose_ports()
 
     def _choose_ports(self) -> tuple[int, int, int]:
         wanted = list(self._requested_ports)
@@ -622,10 +326,11 @@ class EmbeddedServer:
             return len(chosen) == 3
         return int(found.group(1)) in chosen
 
-    def _command(self, install: TritonInstall, backend_dir: Path) -> list[str]:
+    def _command(self) -> list[str]:
         http, grpc, metrics = self._ports_or_raise()
+        backend_dir = self._backend_dir
         cmd = [
-            str(install.binary),
+            str(self.install.binary),
             f"--model-repository={self.remote.triton_url() if self.remote is not None else self.repository}",
             f"--backend-directory={backend_dir}",
             f"--http-port={http}",
@@ -646,43 +351,10 @@ class EmbeddedServer:
                 cmd.append("--repository-poll-secs=5")
         return cmd + list(self.extra_args)
 
-    def _launch(self, install: TritonInstall, backend_dir: Path, env: dict[str, str]) -> None:
-        cmd = self._command(install, backend_dir)
-        self._log_offset = self._log_size()
-        with open(self.log_path, "ab") as log:
-            log.write(("# triton-builder: " + " ".join(cmd) + "\n").encode())
-            log.flush()
-            self._proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=str(self._workdir),
-                start_new_session=True,
-            )
-
-    def _wait_started(self) -> None:
+    def _wait_ready(self) -> None:
         """Wait for live, check the start-up models, then wait for ready; all within ready_timeout."""
-        deadline = time.monotonic() + self.ready_timeout
-        live_url = f"http://{self.http_url}/v2/health/live"
-        while True:
-            code = self._proc.poll()
-            if code is not None:
-                busy = [l.strip() for l in self.read_log().splitlines() if "already in use" in l]
-                if busy and self._port_was_chosen(busy[0]):
-                    raise _AddressInUse(busy[0])
-                raise ServerError(
-                    f"tritonserver {_describe_exit(code)} while starting:\n{self._startup_error_lines()}\nfull log: {self.log_path}"
-                )
-            if _http_status(live_url) == 200:
-                break
-            if time.monotonic() > deadline:
-                raise ServerError(
-                    f"tritonserver was not live on {self.http_url} within {self.ready_timeout:g} s; "
-                    f"last log lines:\n{self.log_tail()}\nfull log: {self.log_path}"
-                )
-            time.sleep(0.1)
+        super()._wait_ready()  # live (``_ready``), or the exit / address-in-use / timeout errors
+        deadline = self._ready_deadline
 
         # Models loaded at start: Triton opens HTTP only after trying them all.
         while True:
@@ -823,77 +495,3 @@ class EmbeddedServer:
             if time.monotonic() > deadline:
                 raise ServerError(f"model '{name}' was not ready within {timeout:g} s (state: {state or 'not in the index'})")
             time.sleep(0.1)
-
-
-# --------------------------------------------------------------------------------------------
-# The ``triton-builder serve`` loop
-
-
-def _print_flush(*args, **kwargs) -> None:
-    print(*args, **kwargs, flush=True)
-
-
-def serve_forever(
-    repository: Path | str,
-    http_port: int | None = None,
-    grpc_port: int | None = None,
-    metrics_port: int | None = None,
-    host: str = "127.0.0.1",
-    log_path: Path | str | None = None,
-    model_control: str = "explicit",
-    load_models: Sequence[str] | None = None,
-    extra_args: Sequence[str] = (),
-    ready_timeout: float = 60.0,
-    announce: Callable[[str], object] = _print_flush,
-    poll_interval: float = 0.2,
-) -> int:
-    """Start an ``EmbeddedServer``, announce it, block until SIGINT/SIGTERM, stop it; return an exit code.
-
-    Returns 0 after a clean stop on a signal, and ``ServerDiedError.exit_code`` (2) if the server
-    process ended on its own (after announcing its exit code and last log lines). Start-up failures
-    raise ``UserInputError``/``ServerError`` as ``EmbeddedServer.start`` does. ``announce`` gets one
-    line at a time (the default prints and flushes). Signal handlers are installed only when
-    called from the main thread, and the previous ones are restored on return.
-    """
-    server = EmbeddedServer(
-        repository,
-        http_port=http_port,
-        grpc_port=grpc_port,
-        metrics_port=metrics_port,
-        host=host,
-        log_path=log_path,
-        model_control=model_control,
-        load_models=load_models,
-        extra_args=extra_args,
-        ready_timeout=ready_timeout,
-    )
-    with stop_signals() as received:
-        try:
-            server.start()
-            _announce_started(server, announce)
-            while not received:
-                if not server.is_running():
-                    announce(
-                        f"tritonserver {_describe_exit(server.returncode)} on its own; last log lines:\n"
-                        f"{server.log_tail()}\nfull log: {server.log_path}"
-                    )
-                    return ServerDiedError.exit_code
-                time.sleep(poll_interval)
-            announce(f"received {signal.Signals(received[0]).name}; stopping tritonserver (pid {server.pid}) ...")
-            code = server.stop()
-            announce(f"tritonserver stopped (exit code {code})")
-            return 0
-        finally:
-            server.stop()
-
-
-def _announce_started(server: EmbeddedServer, announce: Callable[[str], object]) -> None:
-    announce(f"Triton server (embedded, backends: {', '.join(EMBEDDED_BACKENDS)}) is ready, pid {server.pid}")
-    announce(f"  HTTP     {server.http_url}   (http://{server.http_url}/v2/health/ready)")
-    announce(f"  gRPC     {server.grpc_url}")
-    announce(f"  metrics  {server.metrics_url}")
-    announce(f"  log      {server.log_path}")
-    announce(f"  serving  {', '.join(server.models) if server.models else '(no models)'}")
-    for name, reason in server.left_out.items():
-        announce(f"  left out {name}: {reason}")
-    announce("Stop with Ctrl-C (SIGINT) or SIGTERM.")

@@ -43,7 +43,7 @@ def served_versions(store: S3Store, model: str) -> tuple[list[int], list[int]]:
 def inspect_repository(location: S3Location | str, client: Any = None
                        ) -> tuple[list[str], dict[str, str], dict[str, list[int]]]:
     """``(model names, {left-out name: reason}, {served name: versions})`` of an object-store repository."""
-    from builder.serving.embedded import unsupported_models
+    from builder.serving.backends import unsupported_models
 
     store = S3Store(location, client=client)
     store.check_bucket()

@@ -24,7 +24,9 @@ import psutil
 import pytest
 
 from builder.errors import ServerDiedError, ServerError, UserInputError
-from builder.serving.embedded import EmbeddedServer, find_tritonserver, unsupported_models
+from builder.serving.backends import unsupported_models
+from builder.serving.embedded import EmbeddedServer
+from builder.serving.install import find_tritonserver
 
 pytestmark = pytest.mark.integration
 
@@ -353,7 +355,7 @@ def test_chosen_port_taken_is_retried(small_repo):
 
 
 def _serve_in_subprocess(repo: Path) -> tuple[subprocess.Popen, "queue.Queue[str]"]:
-    code = f"import sys; from builder.serving.embedded import serve_forever; sys.exit(serve_forever({str(repo)!r}))"
+    code = f"import sys; from builder.serving.serve import serve_forever; sys.exit(serve_forever({str(repo)!r}))"
     proc = subprocess.Popen(
         [sys.executable, "-c", code],
         cwd=ROOT,

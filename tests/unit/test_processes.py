@@ -29,7 +29,7 @@ class HttpServer(LocalService):
     def _auto_ports(self) -> bool:
         return self.requested is None
 
-    def _choose_ports(self) -> None:
+    def _pick_ports(self) -> None:
         self.port = self.requested or free_port(self.host)
 
     def _command(self) -> list[str]:
@@ -109,7 +109,7 @@ def test_retries_on_new_ports_when_the_address_is_in_use(tmp_path):
             first.append(server.port)
 
         server._auto_ports = lambda: True
-        server._choose_ports = choose
+        server._pick_ports = choose
         with server:
             assert first[0] == taken.port and server.port != taken.port
         fixed = HttpServer(tmp_path, port=taken.port)

@@ -1,0 +1,124 @@
+"""Where the embedded Triton server's pieces are: the ``tritonserver`` binary and python backend of
+the nvidia-pytriton wheel, the backend directory built from them, and the environment to run it in.
+
+Usage::
+
+    install = find_tritonserver()          # ServerError naming every missing piece otherwise
+    backends = build_backend_dir(install, workdir / "backends")
+    env = server_environment(install)      # LD_LIBRARY_PATH and PATH for the binary and the stub
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder.errors import ServerError
+
+__all__ = ["INSTALL_HINT", "TritonInstall", "find_tritonserver", "build_backend_dir", "server_environment"]
+
+INSTALL_HINT = "pip install nvidia-pytriton==0.7.0"
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    """Where the pieces of the wheel's Triton server are."""
+
+    binary: Path  #: ``pytriton/tritonserver/bin/tritonserver``
+    python_backend_dir: Path  #: holds ``libtriton_python.so`` and ``triton_python_backend_utils.py``
+    stub: Path  #: ``triton_python_backend_stub`` for the running Python version
+    libs_dir: Path  #: ``site-packages/nvidia_pytriton.libs`` (the binary's bundled shared libraries)
+    python_libdir: Path | None  #: this interpreter's LIBDIR (``libpython3.X.so``), if it exists
+
+    @property
+    def backend_library(self) -> Path:
+        return self.python_backend_dir / "libtriton_python.so"
+
+    @property
+    def backend_utils(self) -> Path:
+        return self.python_backend_dir / "triton_python_backend_utils.py"
+
+
+def find_tritonserver() -> TritonInstall:
+    """Find the ``tritonserver`` binary and python backend in the installed nvidia-pytriton wheel.
+
+    Raises ``ServerError`` naming every missing piece and how to install it.
+    """
+    if not sys.platform.startswith("linux"):
+        raise ServerError(
+            f"the embedded Triton server runs on Linux only (this is {sys.platform}); "
+            "use docker compose on a Linux host instead"
+        )
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise ServerError(f"the embedded Triton server needs the nvidia-pytriton wheel, which is not installed: {INSTALL_HINT}")
+    package = Path(list(spec.submodule_search_locations)[0])
+    root = package / "tritonserver"
+    binary = root / "bin" / "tritonserver"
+    backend = root / "backends" / "python"
+    pyver = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stubs_root = root / "python_backend_stubs"
+    stub = stubs_root / pyver / "triton_python_backend_stub"
+    libs = package.parent / "nvidia_pytriton.libs"
+
+    missing = []
+    if not binary.is_file():
+        missing.append(f"the server binary {binary}")
+    elif not os.access(binary, os.X_OK):
+        missing.append(f"execute permission on {binary}")
+    for piece in (backend / "libtriton_python.so", backend / "triton_python_backend_utils.py"):
+        if not piece.is_file():
+            missing.append(f"the python backend file {piece}")
+    if not stub.is_file():
+        have = sorted(p.name for p in stubs_root.iterdir() if (p / "triton_python_backend_stub").is_file()) if stubs_root.is_dir() else []
+        missing.append(
+            f"the python backend stub for Python {pyver} ({stub}; stubs found for: {', '.join(have) or 'none'})"
+        )
+    if not libs.is_dir():
+        missing.append(f"the bundled libraries folder {libs}")
+    if missing:
+        raise ServerError(
+            "the embedded Triton server from nvidia-pytriton is incomplete; missing "
+            + "; ".join(missing)
+            + f". Reinstall it with: {INSTALL_HINT}"
+        )
+    libdir = sysconfig.get_config_var("LIBDIR")
+    python_libdir = Path(libdir) if libdir and Path(libdir).is_dir() else None
+    return TritonInstall(binary, backend, stub, libs, python_libdir)
+
+
+def build_backend_dir(install: TritonInstall, backends: Path) -> Path:
+    """``<backends>/python/`` linking (or copying) the backend library, its utils and the stub."""
+    target = backends / "python"
+    target.mkdir(parents=True, exist_ok=True)
+    for src, name in (
+        (install.backend_library, "libtriton_python.so"),
+        (install.backend_utils, "triton_python_backend_utils.py"),
+        (install.stub, "triton_python_backend_stub"),
+    ):
+        dst = target / name
+        try:
+            dst.symlink_to(src)
+        except OSError:
+            shutil.copy2(src, dst)
+    return backends
+
+
+def server_environment(install: TritonInstall) -> dict[str, str]:
+    """This environment with the wheel's libraries and this interpreter's LIBDIR first on
+    ``LD_LIBRARY_PATH`` and its bin folder first on ``PATH`` (the stub imports this environment's packages)."""
+    env = dict(os.environ)
+    lib_dirs = [str(install.libs_dir)]
+    if install.python_libdir is not None:
+        lib_dirs.append(str(install.python_libdir))
+    if env.get("LD_LIBRARY_PATH"):
+        lib_dirs.append(env["LD_LIBRARY_PATH"])
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(lib_dirs)
+    bin_dir = os.path.dirname(sys.executable)
+    env["PATH"] = os.pathsep.join([bin_dir] + ([env["PATH"]] if env.get("PATH") else []))
+    return env

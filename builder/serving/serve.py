@@ -1,0 +1,93 @@
+"""``triton-builder serve``: start an ``EmbeddedServer``, announce its URLs, block until SIGINT/SIGTERM,
+stop it and return an exit code (non-zero if the server died on its own).
+
+Usage::
+
+    from builder.serving.serve import serve_forever
+    code = serve_forever(Path("model_repository"))
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from builder.errors import ServerDiedError
+from builder.processes import stop_signals
+from builder.serving.backends import EMBEDDED_BACKENDS
+from builder.serving.embedded import EmbeddedServer
+from builder.serving.server_log import describe_exit as _describe_exit
+
+__all__ = ["serve_forever"]
+
+
+def _print_flush(*args, **kwargs) -> None:
+    print(*args, **kwargs, flush=True)
+
+
+def serve_forever(
+    repository: Path | str,
+    http_port: int | None = None,
+    grpc_port: int | None = None,
+    metrics_port: int | None = None,
+    host: str = "127.0.0.1",
+    log_path: Path | str | None = None,
+    model_control: str = "explicit",
+    load_models: Sequence[str] | None = None,
+    extra_args: Sequence[str] = (),
+    ready_timeout: float = 60.0,
+    announce: Callable[[str], object] = _print_flush,
+    poll_interval: float = 0.2,
+) -> int:
+    """Start an ``EmbeddedServer``, announce it, block until SIGINT/SIGTERM, stop it; return an exit code.
+
+    Returns 0 after a clean stop on a signal, and ``ServerDiedError.exit_code`` (2) if the server
+    process ended on its own (after announcing its exit code and last log lines). Start-up failures
+    raise ``UserInputError``/``ServerError`` as ``EmbeddedServer.start`` does. ``announce`` gets one
+    line at a time (the default prints and flushes). Signal handlers are installed only when
+    called from the main thread, and the previous ones are restored on return.
+    """
+    server = EmbeddedServer(
+        repository,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        host=host,
+        log_path=log_path,
+        model_control=model_control,
+        load_models=load_models,
+        extra_args=extra_args,
+        ready_timeout=ready_timeout,
+    )
+    with stop_signals() as received:
+        try:
+            server.start()
+            _announce_started(server, announce)
+            while not received:
+                if not server.is_running():
+                    announce(
+                        f"tritonserver {_describe_exit(server.returncode)} on its own; last log lines:\n"
+                        f"{server.log_tail()}\nfull log: {server.log_path}"
+                    )
+                    return ServerDiedError.exit_code
+                time.sleep(poll_interval)
+            announce(f"received {signal.Signals(received[0]).name}; stopping tritonserver (pid {server.pid}) ...")
+            code = server.stop()
+            announce(f"tritonserver stopped (exit code {code})")
+            return 0
+        finally:
+            server.stop()
+
+
+def _announce_started(server: EmbeddedServer, announce: Callable[[str], object]) -> None:
+    announce(f"Triton server (embedded, backends: {', '.join(EMBEDDED_BACKENDS)}) is ready, pid {server.pid}")
+    announce(f"  HTTP     {server.http_url}   (http://{server.http_url}/v2/health/ready)")
+    announce(f"  gRPC     {server.grpc_url}")
+    announce(f"  metrics  {server.metrics_url}")
+    announce(f"  log      {server.log_path}")
+    announce(f"  serving  {', '.join(server.models) if server.models else '(no models)'}")
+    for name, reason in server.left_out.items():
+        announce(f"  left out {name}: {reason}")
+    announce("Stop with Ctrl-C (SIGINT) or SIGTERM.")

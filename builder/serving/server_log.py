@@ -1,0 +1,69 @@
+"""Reading tritonserver's log: drop what is expected without a GPU, make Triton's quoted messages
+readable, and pick the lines that explain a failure.
+
+Usage::
+
+    tail = meaningful_tail(log_text, 20)            # indented, GPU-less noise and tables dropped
+    errors = startup_error_lines(log_text)          # E... / error lines, else the tail
+    lines = model_log_lines(log_text, "resnet")     # lines about a model that say it failed
+    describe_exit(-9)                               # "exited with code -9 (killed by SIGKILL)"
+"""
+
+from __future__ import annotations
+
+import signal
+
+__all__ = ["is_noise", "readable", "describe_exit", "meaningful_tail", "startup_error_lines", "model_log_lines"]
+
+# Expected on machines without a GPU; never the reason anything failed.
+_NOISE = ("NVML", "DCGM", "CudaDriverHelper", "pinned memory", "pinned_memory")
+
+
+def is_noise(line: str) -> bool:
+    stripped = line.strip()
+    if not stripped or stripped[0] in "+|" or any(word in line for word in _NOISE):
+        return True
+    return stripped.endswith("]") and stripped[0] in "IW"  # a header line whose table was dropped
+
+
+def readable(line: str) -> str:
+    """Triton quotes messages with literal ``\\n``; show them as indented lines."""
+    parts = [part.rstrip() for part in line.replace("\\n", "\n").splitlines() if part.strip()]
+    return "\n    ".join(parts)
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "is still running"
+    if code < 0:
+        try:
+            return f"exited with code {code} (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            return f"exited with code {code}"
+    return f"exited with code {code}"
+
+
+def meaningful_tail(text: str, lines: int = 20) -> str:
+    """The last ``lines`` meaningful log lines (GPU-less noise and tables dropped), indented."""
+    kept = [readable(line) for line in text.splitlines() if not is_noise(line)]
+    return "\n".join("  " + line for line in kept[-lines:]) or "  (log is empty)"
+
+
+def model_log_lines(text: str, name: str) -> list[str]:
+    """Log lines about model ``name`` that say it failed."""
+    found = []
+    for line in text.splitlines():
+        if is_noise(line):
+            continue
+        about = f"'{name}'" in line or f"/{name}/" in line
+        if about and ("fail" in line.lower() or "error" in line.lower()):
+            found.append(readable(line))
+    return found
+
+
+def startup_error_lines(text: str) -> str:
+    """The error lines of a failed start (the last 15), else the meaningful tail."""
+    errors = [readable(l) for l in text.splitlines() if not is_noise(l) and (l.startswith("E") or l.lower().startswith("error"))]
+    if errors:
+        return "\n".join("  " + line for line in errors[-15:])
+    return meaningful_tail(text)
