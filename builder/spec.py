@@ -134,6 +134,9 @@ class DeploySpec:
     warmup: bool = True
     publish_variants: bool = False
     version_policy: str = "latest"  # latest | all
+    # NaN/Inf in a float input (python backend): count them on Triton's metrics endpoint and serve
+    # (count), or refuse the request with an error naming the input (reject)
+    non_finite_inputs: str = "count"
     onnx_tensorrt: dict[str, Any] | None = None  # target gpu: onnxruntime's TensorRT accelerator (see below)
 
 
@@ -274,8 +277,9 @@ _DATA_KEYS = ("calibration", "validation")
 _VERIFY_KEYS = ("batch_sizes", "dynamic_sizes", "tolerances", "max_accuracy_drop", "seed")
 _DEPLOY_KEYS = (
     "target", "instances", "dynamic_batching", "max_queue_delay_microseconds",
-    "preferred_batch_sizes", "warmup", "publish_variants", "version_policy", "onnx_tensorrt",
+    "preferred_batch_sizes", "warmup", "publish_variants", "version_policy", "onnx_tensorrt", "non_finite_inputs",
 )
+NON_FINITE_POLICIES = ("count", "reject")
 _ONNX_KEYS = ("exporter", "opset")
 _QUANTIZATION_KEYS = ("calibration_method", "calibration_samples")
 _TOLERANCE_KEYS = ("rel_l2", "max_abs", "min_cosine")
@@ -467,6 +471,7 @@ def _parse_deploy(raw: Any, origin: str, max_batch_size: int) -> DeploySpec:
         warmup=f.boolean("warmup", True),
         publish_variants=f.boolean("publish_variants", False),
         version_policy=f.choice("version_policy", "latest", ("latest", "all")),
+        non_finite_inputs=f.choice("non_finite_inputs", "count", NON_FINITE_POLICIES),
         onnx_tensorrt=_parse_onnx_tensorrt(f.get("onnx_tensorrt"), origin),
     )
 

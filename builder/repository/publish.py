@@ -47,7 +47,7 @@ def config_for(spec: ModelSpec, variant_format: str, target: str, name: str,
     parameters = {}
     if backend == "python":
         parameters = {"model_file": _model_file_for(variant_format), "runtime": RUNTIME_FOR_FORMAT[variant_format],
-                      "intra_op_threads": "1"}
+                      "intra_op_threads": "1", "non_finite_inputs": spec.deploy.non_finite_inputs}
     return ModelConfig(name=name, backend=backend, max_batch_size=spec.max_batch_size, inputs=inputs,
                        outputs=outputs, dynamic_batching=batching,
                        instance_groups=[InstanceGroup(kind, spec.deploy.instances)],

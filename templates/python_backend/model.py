@@ -7,6 +7,9 @@ folder. Settings come from config.pbtxt parameters:
   intra_op_threads  threads per model instance (default 1: Triton scales with instances)
 Requests that Triton's dynamic batcher groups together are run as one batch when their
 per-sample shapes agree, and one by one otherwise (dynamic dims of different sizes).
+NaN/Inf in float inputs (non_finite_inputs: count | reject, default count): every request holding
+one is counted per input on Triton's metrics endpoint (triton_builder_nonfinite_inputs_total); with
+reject it gets an INVALID_ARG error (HTTP 400) naming the input instead of an answer.
 If drift_profile.json and drift.py are present, a sample of the traffic feeds drift gauges on
 Triton's own metrics endpoint (see monitoring/README.md). Parameters: drift (on/off), drift_window
 (rows, default 512), drift_sample_every (default 1), drift_publish_every (sampled calls, default 64).
@@ -61,15 +64,27 @@ class TritonPythonModel:
         else:
             raise pb_utils.TritonModelException(f"unknown runtime '{runtime}' (use onnxruntime or torchscript)")
         self.drift = _DriftHook.create(folder, self.model_name, self.version, params)
+        self.non_finite = _NonFiniteGuard(self.model_name, self.version, params.get("non_finite_inputs", "count"),
+                                          [name for name, dtype in self.inputs if np.issubdtype(dtype, np.floating)])
 
     def execute(self, requests):
-        arrays = []
-        for request in requests:
-            arrays.append({name: pb_utils.get_input_tensor_by_name(request, name).as_numpy().astype(dtype, copy=False)
-                           for name, dtype in self.inputs})
-        results = self._run_grouped(arrays)
+        arrays, refused = [], {}
+        for index, request in enumerate(requests):
+            feeds = {name: pb_utils.get_input_tensor_by_name(request, name).as_numpy().astype(dtype, copy=False)
+                     for name, dtype in self.inputs}
+            problem = self.non_finite.check(feeds)
+            if problem:
+                refused[index] = problem
+            else:
+                arrays.append(feeds)
+        results = self._run_grouped(arrays) if arrays else []
+        for index in sorted(refused):  # back in request order
+            results.insert(index, refused[index])
         responses = []
         for result in results:
+            if isinstance(result, _Refused):
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=_invalid_argument(str(result))))
+                continue
             if isinstance(result, Exception):
                 responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(result))))
                 continue
@@ -107,6 +122,46 @@ class TritonPythonModel:
 
     def finalize(self):
         self.drift = None
+
+
+def _invalid_argument(message):
+    """A TritonError with code INVALID_ARG (HTTP 400); the stub binds the codes only once it runs."""
+    code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
+    return pb_utils.TritonError(message, code) if code is not None else pb_utils.TritonError(message)
+
+
+class _Refused(Exception):
+    """A request refused before running the model (its response carries this text)."""
+
+
+class _NonFiniteGuard:
+    """Counts (and with policy 'reject' refuses) requests whose float inputs hold NaN or Inf."""
+
+    def __init__(self, model_name, version, policy, float_inputs):
+        if policy not in ("count", "reject"):
+            raise pb_utils.TritonModelException(f"parameter non_finite_inputs '{policy}': use count or reject")
+        self.policy, self.model_name = policy, model_name
+        family = pb_utils.MetricFamily(name="triton_builder_nonfinite_inputs_total",
+                                       description="requests whose input held NaN or Inf values",
+                                       kind=pb_utils.MetricFamily.COUNTER)
+        self._family = family  # the metrics live as long as their family
+        self.counters = {name: family.Metric(labels={"model": model_name, "version": str(version), "input": name,
+                                                     "policy": policy})
+                         for name in float_inputs}
+
+    def check(self, feeds):
+        """None when every float input is finite; else a _Refused (policy reject) or None after counting."""
+        bad = []
+        for name, counter in self.counters.items():
+            values = feeds[name]
+            finite = np.isfinite(values)
+            if not finite.all():
+                counter.increment(1)
+                bad.append(f"{name} ({values.size - int(np.count_nonzero(finite))} of {values.size} values)")
+        if bad and self.policy == "reject":
+            return _Refused(f"model '{self.model_name}' refuses NaN/Inf inputs: {', '.join(bad)} "
+                            "(deploy.non_finite_inputs: reject; send finite values)")
+        return None
 
 
 class _DriftHook:

@@ -54,6 +54,7 @@ OUR_METRICS = {
     "triton_builder_formed_batch_size_average",
     "triton_builder_exporter_up",
     "triton_builder_model_ready",
+    "triton_builder_nonfinite_inputs_total",
 }
 PROMETHEUS_METRICS = {"up"}
 
@@ -166,6 +167,7 @@ def test_required_panels_present(dashboard):
         "triton_builder_drift_js",
         'triton_builder_drift_threshold{model=~"$model", metric="psi"}',
         'triton_builder_drift_threshold{model=~"$model", metric="js"}',
+        "triton_builder_nonfinite_inputs_total",
     ]:
         assert needle in exprs, needle
 
