@@ -250,7 +250,8 @@ class ReplicaSet:
 
     def statistics(self, index: int, model: str) -> dict[int, int]:
         """``{version: successful requests}`` of ``model`` on replica ``index`` (statistics API)."""
-        stats = self.replicas[index]._call(f"statistics of '{model}'", lambda c: c.get_inference_statistics(model))
+        with self.replicas[index].triton() as triton:
+            stats = triton.statistics(model)
         out: dict[int, int] = {}
         for entry in stats.get("model_stats", []):
             if entry.get("version", "").isdigit():
@@ -296,7 +297,8 @@ class ReplicaSet:
                 steps.append(ReplicaUpdate(index, model, "already", before, before))
                 continue
             started = time.monotonic()
-            previous = replica._call(f"config of '{model}'", lambda c: c.get_model_config(model))
+            with replica.triton() as triton:
+                previous = triton.model_config(model)
             say(f"replica {index}: loading {model} versions {_fmt(target)} (serving {_fmt(before)})")
             replica.load_model(model, timeout=timeout)
             deadline = time.monotonic() + timeout

@@ -20,9 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from builder.errors import ServerError, UserInputError
+from builder.serving.client import TritonClient, TritonError
 from builder.repository.config import config_as_dict
 from builder.repository.layout import latest_version, model_dir
 from builder.repository.metadata import read_metadata, read_reference
@@ -84,88 +83,52 @@ def check_served(name: str, *, repository: str | Path = "model_repository", url:
     if protocol not in ("http", "grpc", "both"):
         raise UserInputError(f"--protocol {protocol!r}: use http, grpc or both")
 
-    http_client = _http_client(url, timeout)
-    _require_ready(http_client, name, number, url)
-    intended = config_as_dict((folder / "config.pbtxt").read_text())
-    report.config_differences = config_differences(intended, http_client.get_model_config(name))
+    with TritonClient(url, "http", network_timeout=timeout) as http_client:
+        http_client.require_live("is it running? (triton-builder serve prints its address)")
+        _require_ready(http_client, name, number, url)
+        intended = config_as_dict((folder / "config.pbtxt").read_text())
+        report.config_differences = config_differences(intended, http_client.model_config(name))
 
-    for proto in protocols:
-        client = http_client if proto == "http" else _grpc_client(grpc_url, timeout)
-        try:
-            per_case = []
-            for case, ref in zip(cases, outputs):
-                got = infer(client, proto, name, str(number), case["inputs"], output_names)
-                per_case.append(compare_outputs(ref, got))
-        except ServerError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a failed request is a failed gate, with the server's words
-            report.failures.append(f"{proto}: request failed: {' '.join(str(exc).split())[:300]}")
-            continue
-        finally:
-            if proto == "grpc":
-                client.close()
-        metrics = merge_case_metrics(per_case)
-        report.metrics[proto] = metrics
-        report.failures += [f"{proto} {line}" for line in tolerance_failures(metrics, tolerance)]
-    http_client.close()
+        for proto in protocols:
+            client = http_client if proto == "http" else _grpc_client(grpc_url, timeout)
+            try:
+                per_case = []
+                for case, ref in zip(cases, outputs):
+                    got = client.infer(name, case["inputs"], output_names, version=number)
+                    per_case.append(compare_outputs(ref, got))
+            except TritonError as exc:  # a failed request is a failed gate, with the server's words
+                report.failures.append(f"{proto}: request failed: {' '.join(exc.reason.split())[:300]}")
+                continue
+            finally:
+                if proto == "grpc":
+                    client.close()
+            metrics = merge_case_metrics(per_case)
+            report.metrics[proto] = metrics
+            report.failures += [f"{proto} {line}" for line in tolerance_failures(metrics, tolerance)]
     return report
 
 
-def _http_client(url: str, timeout: float):
-    import tritonclient.http as httpclient
-
+def _grpc_client(url: str, timeout: float) -> TritonClient:
+    client = TritonClient(url, "grpc", network_timeout=timeout)
     try:
-        client = httpclient.InferenceServerClient(url, connection_timeout=timeout, network_timeout=timeout)
-        client.is_server_live()
-    except Exception as exc:  # noqa: BLE001
-        raise ServerError(f"cannot reach Triton at {url} over HTTP ({' '.join(str(exc).split())[:200]}); "
-                          "is it running? (triton-builder serve prints its address)") from None
-    return client
-
-
-def _grpc_client(url: str, timeout: float):
-    import tritonclient.grpc as grpcclient
-
-    client = grpcclient.InferenceServerClient(url)
-    try:
-        client.is_server_live(client_timeout=timeout)
-    except Exception as exc:  # noqa: BLE001
+        client.require_live("pass --grpc-url")
+    except ServerError:
         client.close()
-        raise ServerError(f"cannot reach Triton at {url} over gRPC ({' '.join(str(exc).split())[:200]}); "
-                          "pass --grpc-url") from None
+        raise
     return client
 
 
-def _require_ready(client, name: str, version: int, url: str) -> None:
-    if client.is_model_ready(name, str(version)):
+def _require_ready(client: TritonClient, name: str, version: int, url: str) -> None:
+    if client.model_ready(name, version):
         return
     reason = ""
     try:
-        for entry in client.get_model_repository_index():
+        for entry in client.repository_index():
             if entry.get("name") == name:
                 reason = f" (state {entry.get('state', '?')}: {entry.get('reason', '') or 'no reason given'})"
-    except Exception:  # noqa: BLE001 - the index is only used to explain
+    except ServerError:  # the index is only used to explain
         pass
     raise ServerError(f"model '{name}' version {version} is not ready on {url}{reason}")
-
-
-def infer(client, protocol: str, name: str, version: str, inputs: dict[str, np.ndarray],
-          output_names: list[str]) -> dict[str, np.ndarray]:
-    """One inference request with numpy inputs, over either client; returns numpy outputs."""
-    from tritonclient.utils import np_to_triton_dtype
-
-    if protocol == "http":
-        import tritonclient.http as module
-    else:
-        import tritonclient.grpc as module
-    request_inputs = []
-    for key, value in inputs.items():
-        item = module.InferInput(key, list(value.shape), np_to_triton_dtype(value.dtype))
-        item.set_data_from_numpy(np.ascontiguousarray(value))
-        request_inputs.append(item)
-    requested = [module.InferRequestedOutput(o) for o in output_names]
-    result = client.infer(name, request_inputs, model_version=version, outputs=requested)
-    return {o: result.as_numpy(o) for o in output_names}
 
 
 def _tensor_summary(items: list[dict[str, Any]]) -> list[tuple]:

@@ -54,7 +54,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from builder.errors import ServerDiedError, ServerError, UserInputError
 from builder.processes import LocalService, free_ports
@@ -62,6 +62,9 @@ from builder.serving.backends import EMBEDDED_BACKENDS, PLATFORM_BACKENDS, model
 from builder.serving.install import TritonInstall, build_backend_dir, find_tritonserver, server_environment
 from builder.serving.server_log import describe_exit as _describe_exit, readable as _readable
 from builder.serving import server_log
+
+if TYPE_CHECKING:
+    from builder.serving.client import TritonClient
 
 __all__ = ["EMBEDDED_BACKENDS", "PLATFORM_BACKENDS", "TritonInstall", "find_tritonserver", "unsupported_models",
            "EmbeddedServer"]
@@ -386,28 +389,24 @@ class EmbeddedServer(LocalService):
 
     # -- talking to the server ---------------------------------------------------------------
 
-    def client(self, network_timeout: float = 60.0):
-        """A new ``tritonclient.http.InferenceServerClient`` for this server (close it when done)."""
-        import tritonclient.http as httpclient
+    def triton(self, network_timeout: float = 60.0) -> TritonClient:
+        """A new ``TritonClient`` (HTTP) for this server (close it, or use ``with``); its errors
+        become ``ServerDiedError`` when the process has ended."""
+        from builder.serving.client import TritonClient
 
         self._ports_or_raise()
-        return httpclient.InferenceServerClient(self.http_url, connection_timeout=5.0, network_timeout=network_timeout)
+        return TritonClient(self.http_url, "http", network_timeout=network_timeout, connection_timeout=5.0,
+                            server="tritonserver", on_error=self.check_alive)
+
+    def client(self, network_timeout: float = 60.0):
+        """A new ``tritonclient.http.InferenceServerClient`` for this server (close it when done)."""
+        return self.triton(network_timeout).raw
 
     def _call(self, what: str, fn: Callable, network_timeout: float = 60.0):
-        from tritonclient.utils import InferenceServerException
-
+        """``fn(TritonClient)`` after checking the process is alive; the client is closed after."""
         self.check_alive()
-        client = self.client(network_timeout)
-        try:
-            return fn(client)
-        except InferenceServerException as err:
-            self.check_alive()
-            raise ServerError(f"tritonserver at {self.http_url}: {what} failed: {err.message()}") from None
-        except OSError as err:
-            self.check_alive()
-            raise ServerError(f"tritonserver at {self.http_url} did not answer ({what}): {err}") from None
-        finally:
-            client.close()
+        with self.triton(network_timeout) as triton:
+            return fn(triton)
 
     def is_ready(self) -> bool:
         """Whether ``/v2/health/ready`` answers 200."""
@@ -429,18 +428,15 @@ class EmbeddedServer(LocalService):
 
     def repository_index(self) -> list[dict]:
         """``/v2/repository/index``: one ``{"name", "version", "state", "reason"}`` dict per model."""
-        return self._call("repository index", lambda c: c.get_model_repository_index())
+        return self._call("repository index", lambda c: c.repository_index())
 
     def model_state(self, name: str) -> tuple[str | None, str]:
-        """``(state, reason)`` of a model from the repository index; state None if it is not there."""
-        for entry in self.repository_index():
-            if entry.get("name") == name:
-                return entry.get("state"), entry.get("reason", "")
-        return None, ""
+        """``(state, reason)`` of a model from the repository index (READY if any version is); None if absent."""
+        return self._call("repository index", lambda c: c.model_state(name))
 
     def model_ready(self, name: str) -> bool:
         """Whether model ``name`` is ready for inference."""
-        return self._call(f"readiness of model '{name}'", lambda c: c.is_model_ready(name))
+        return self._call(f"readiness of model '{name}'", lambda c: c.model_ready(name))
 
     def load_model(self, name: str, config_json: str | None = None, timeout: float = 120.0) -> None:
         """Load (or reload) model ``name``, optionally with a JSON config override; blocks until done.
@@ -448,50 +444,39 @@ class EmbeddedServer(LocalService):
         Raises ``ServerError`` quoting Triton's reason (and the log lines about the model) if it
         fails, ``ServerDiedError`` if the server died meanwhile.
         """
-        from tritonclient.utils import InferenceServerException
+        from builder.serving.client import TritonError
 
         if name in self.left_out:
             raise ServerError(f"model '{name}' cannot be served by the embedded server: {self.left_out[name]}")
-        self.check_alive()
         since = self._log_size()
-        client = self.client(network_timeout=timeout)
         try:
-            client.load_model(name, config=config_json)
-        except InferenceServerException as err:
-            self.check_alive()
-            reason = _readable((err.message() or "").strip().rstrip(";"))
+            self._call(f"load of model '{name}'", lambda c: c.load_model(name, config_json), network_timeout=timeout)
+        except TritonError as err:
+            if err.unreachable:
+                raise ServerError(f"tritonserver at {self.http_url} did not answer while loading '{name}': "
+                                  f"{err.reason}") from None
+            reason = _readable(err.reason.strip().rstrip(";"))
             if not reason:  # no reason in the answer: quote the log lines about the model
                 reason = "\n".join(self._model_log_lines(name, since)) or str(err)
             raise ServerError(f"tritonserver could not load model '{name}': {reason}\nfull log: {self.log_path}") from None
-        except OSError as err:
-            self.check_alive()
-            raise ServerError(f"tritonserver at {self.http_url} did not answer while loading '{name}': {err}") from None
-        finally:
-            client.close()
         if name not in self.models:
             self.models.append(name)
 
     def unload_model(self, name: str, wait: bool = True, timeout: float = 60.0, unload_dependents: bool = False) -> None:
         """Unload model ``name``; with ``wait``, return once Triton no longer lists it as ready."""
-        self._call(f"unload of model '{name}'", lambda c: c.unload_model(name, unload_dependents=unload_dependents))
+        self._call(f"unload of model '{name}'",
+                   lambda c: c.unload_model(name, wait=wait, timeout=timeout, unload_dependents=unload_dependents))
         if name in self.models:
             self.models.remove(name)
-        if wait:
-            deadline = time.monotonic() + timeout
-            while self.model_state(name)[0] in ("READY", "UNLOADING"):
-                if time.monotonic() > deadline:
-                    raise ServerError(f"model '{name}' was still loaded {timeout:g} s after the unload request")
-                time.sleep(0.05)
 
     def wait_for_model(self, name: str, timeout: float = 60.0) -> None:
         """Wait until model ``name`` is READY; ``ServerError`` with Triton's reason if it became UNAVAILABLE."""
-        deadline = time.monotonic() + timeout
-        while True:
-            state, reason = self.model_state(name)
-            if state == "READY":
-                return
-            if state == "UNAVAILABLE" and reason and reason != "unloaded":
-                raise ServerError(f"model '{name}' is UNAVAILABLE: {_readable(reason)}\nfull log: {self.log_path}")
-            if time.monotonic() > deadline:
-                raise ServerError(f"model '{name}' was not ready within {timeout:g} s (state: {state or 'not in the index'})")
-            time.sleep(0.1)
+        from builder.serving.client import TritonError
+
+        try:
+            self._call(f"load of model '{name}'", lambda c: c.wait_for_model(name, timeout))
+        except TritonError as err:
+            if err.state == "UNAVAILABLE":
+                raise ServerError(f"model '{name}' is UNAVAILABLE: {_readable(err.reason)}\n"
+                                  f"full log: {self.log_path}") from None
+            raise

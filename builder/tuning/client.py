@@ -108,31 +108,17 @@ class _Worker(threading.Thread):
 
 
 def _protocol_functions(url: str, protocol: str, model: str, outputs: list[str], timeout: float):
-    from tritonclient.utils import np_to_triton_dtype
+    """One ``TritonClient`` per worker; requests prepared once; ``send`` does no conversion of the answer."""
+    from builder.serving.client import TritonClient, prepare_request
 
-    if protocol == "grpc":
-        import tritonclient.grpc as module
-
-        make_client = lambda: module.InferenceServerClient(url)  # noqa: E731
-        extra = {"client_timeout": timeout}
-    else:
-        import tritonclient.http as module
-
-        make_client = lambda: module.InferenceServerClient(  # noqa: E731
-            url, connection_timeout=timeout, network_timeout=timeout)
-        extra = {}
+    def make_client() -> TritonClient:
+        return TritonClient(url, protocol, network_timeout=timeout)
 
     def prepare(sample: dict[str, np.ndarray]):
-        items = []
-        for name, value in sample.items():
-            item = module.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
-            item.set_data_from_numpy(np.ascontiguousarray(value))
-            items.append(item)
-        return items, [module.InferRequestedOutput(o) for o in outputs]
+        return prepare_request(protocol, sample, outputs)
 
-    def infer(client, prepared):
-        inputs, requested = prepared
-        client.infer(model, inputs, outputs=requested, **extra)
+    def infer(client: TritonClient, prepared):
+        client.send(model, prepared)
 
     return make_client, infer, prepare
 

@@ -55,41 +55,20 @@ def fetch_model(url: str, protocol: str, model: str, timeout: float = 10.0) -> M
 
     Raises ``ServerError`` (exit 2) if the server cannot be reached or the model is not ready.
     """
+    from builder.serving.client import TritonClient
+
     if protocol not in ("http", "grpc"):
         raise UserInputError(f"--protocol {protocol!r}: use http or grpc")
-    try:
-        if protocol == "http":
-            import tritonclient.http as module
-
-            client = module.InferenceServerClient(url, connection_timeout=timeout, network_timeout=timeout)
-            kwargs: dict[str, Any] = {}
-        else:
-            import tritonclient.grpc as module
-
-            client = module.InferenceServerClient(url)
-            kwargs = {"client_timeout": timeout}
-    except Exception as exc:  # noqa: BLE001 - a malformed address
-        raise UserInputError(f"--url {url!r}: {exc}; use HOST:PORT, e.g. 127.0.0.1:8001") from None
-    try:
+    with TritonClient(url, protocol, network_timeout=timeout) as client:
+        client.require_live("is it running, and is that its " + protocol.upper() + " port?")
         try:
-            client.is_server_live(**kwargs)
-        except Exception as exc:  # noqa: BLE001
-            raise ServerError(f"cannot reach Triton at {url} over {protocol} ({' '.join(str(exc).split())[:200]}); "
-                              "is it running, and is that its " + protocol.upper() + " port?") from None
-        try:
-            ready = client.is_model_ready(model, **kwargs)
-        except Exception:  # noqa: BLE001
+            ready = client.model_ready(model)
+        except ServerError:
             ready = False
         if not ready:
             raise ServerError(f"model '{model}' is not ready on Triton at {url}; load it first "
                               "(triton-builder serve loads every model of the repository)")
-        if protocol == "http":
-            meta, config = client.get_model_metadata(model), client.get_model_config(model)
-        else:
-            meta = client.get_model_metadata(model, as_json=True, **kwargs)
-            config = client.get_model_config(model, as_json=True, **kwargs)["config"]
-    finally:
-        client.close()
+        meta, config = client.model_metadata(model), client.model_config(model)
     max_batch = int(config.get("max_batch_size", 0))
     inputs = []
     for item in meta["inputs"]:

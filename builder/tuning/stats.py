@@ -38,7 +38,7 @@ class StatsSnapshot:
 
 
 def parse_stats(answer: dict[str, Any], model: str) -> StatsSnapshot:
-    """A snapshot from the statistics answer of either client (gRPC's JSON has int64s as strings)."""
+    """A snapshot from a statistics answer (``TritonClient.statistics``; int64s as strings are read too)."""
     snap = StatsSnapshot()
     for entry in answer.get("model_stats", []):
         if entry.get("name") != model:
@@ -60,32 +60,21 @@ class StatsReader:
     """Reads a model's statistics over HTTP or gRPC (whichever the measurement uses)."""
 
     def __init__(self, url: str, protocol: str, timeout: float = 10.0):
+        from builder.serving.client import TritonClient
+
         self.url, self.protocol, self.timeout = url, protocol, timeout
-        if protocol == "http":
-            import tritonclient.http as module
-
-            self._client = module.InferenceServerClient(url, connection_timeout=timeout, network_timeout=timeout)
-        else:
-            import tritonclient.grpc as module
-
-            self._client = module.InferenceServerClient(url)
+        self._client = TritonClient(url, protocol, network_timeout=timeout)
 
     def snapshot(self, model: str) -> StatsSnapshot:
         try:
-            if self.protocol == "http":
-                answer = self._client.get_inference_statistics(model)
-            else:
-                answer = self._client.get_inference_statistics(model, as_json=True, client_timeout=self.timeout)
-        except Exception as exc:  # noqa: BLE001 - tritonclient raises several kinds; all mean "no answer"
+            answer = self._client.statistics(model)
+        except ServerError as exc:
             raise ServerError(f"cannot read statistics of model '{model}' from Triton at {self.url} "
-                              f"over {self.protocol}: {' '.join(str(exc).split())[:200]}") from None
+                              f"over {self.protocol}: {' '.join(exc.reason.split())[:200]}") from None
         return parse_stats(answer, model)
 
     def close(self) -> None:
-        try:
-            self._client.close()
-        except Exception:  # noqa: BLE001
-            pass
+        self._client.close()
 
 
 def server_view(before: StatsSnapshot, after: StatsSnapshot) -> dict[str, Any]:

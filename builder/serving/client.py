@@ -1,0 +1,300 @@
+"""The one Triton client of the package: HTTP or gRPC behind the same methods, plain Python answers.
+
+Every module that talks to a running Triton (the served check, tuning, sweeps, load tests'
+statistics, the embedded server's model control, replicas) goes through ``TritonClient``; nothing
+else imports ``tritonclient.http``/``tritonclient.grpc`` (``tritonclient.grpc.model_config_pb2``,
+used to parse config text with Triton's schema, is not a client).
+
+- The protocol comes from the URL (``grpc://host:port``, ``http://host:port``) or from
+  ``protocol=`` for a bare ``host:port`` (the form the CLI's ``--url`` takes); default HTTP.
+- Answers are the same over both protocols: dicts, lists and numpy arrays, shaped as HTTP gives
+  them (gRPC's protobuf answers are turned into the same dicts: defaults filled in, int64s as ints).
+- Failures raise ``TritonError``, a ``builder.errors.ServerError`` naming the address and what was
+  asked, with ``.reason`` (Triton's own words) and ``.unreachable`` (no answer at all).
+
+Usage::
+
+    with TritonClient("grpc://127.0.0.1:8001") as triton:        # or ("127.0.0.1:8001", "grpc")
+        triton.require_live()                                     # "cannot reach Triton at ..."
+        out = triton.infer("digits_cnn", {"image": batch})       # {"logits": ndarray}
+        triton.model_config("digits_cnn")["max_batch_size"]
+        triton.statistics("digits_cnn")["model_stats"][0]["batch_stats"]
+        triton.load_model("digits_cnn", config_json=json.dumps(cfg))
+        triton.wait_for_model("digits_cnn")
+
+The hot path of a load generator prepares a request once and sends it many times::
+
+    request = prepare_request("grpc", sample, ["logits"])
+    triton.send("digits_cnn", request)                            # no conversion of the answer
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from builder.errors import ServerError, UserInputError
+
+PROTOCOLS = ("http", "grpc")
+_LABELS = {"http": "HTTP", "grpc": "gRPC"}
+#: gRPC status codes that mean "no answer" rather than "the server said no"
+_UNREACHABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "Connection refused", "Failed to connect")
+_TEXT_FIELDS = ("name", "version", "versions", "state", "reason", "platform", "backend", "string_value", "key")
+
+
+class TritonError(ServerError):
+    """A request to Triton failed; ``reason`` is Triton's own message, ``unreachable`` if nothing answered."""
+
+    def __init__(self, message: str, *, address: str = "", what: str = "", reason: str = "",
+                 unreachable: bool = False, state: str | None = None):
+        super().__init__(message)
+        self.address, self.what, self.reason, self.unreachable, self.state = address, what, reason, unreachable, state
+
+
+def split_url(url: str, protocol: str | None = None) -> tuple[str, str]:
+    """``(address, protocol)`` from ``grpc://h:p``, ``http://h:p`` or ``h:p`` (+ ``protocol``, default http)."""
+    scheme, sep, rest = url.partition("://")
+    if sep:
+        scheme = scheme.lower()
+        if scheme in ("https", "grpcs"):
+            raise UserInputError(f"--url {url!r}: TLS is not supported; use http:// or grpc://")
+        if scheme not in PROTOCOLS:
+            raise UserInputError(f"--url {url!r}: use http://HOST:PORT, grpc://HOST:PORT or HOST:PORT")
+        if protocol is not None and protocol != scheme:
+            raise UserInputError(f"--url {url!r} is {scheme} but --protocol is {protocol}")
+        return rest.rstrip("/"), scheme
+    protocol = protocol or "http"
+    if protocol not in PROTOCOLS:
+        raise UserInputError(f"--protocol {protocol!r}: use http or grpc")
+    return url, protocol
+
+
+def _module(protocol: str):
+    if protocol == "grpc":
+        import tritonclient.grpc as module
+    else:
+        import tritonclient.http as module
+    return module
+
+
+def prepare_request(protocol: str, inputs: dict[str, np.ndarray], outputs: list[str] | None = None):
+    """Inputs (and requested outputs) built once, for ``TritonClient.send`` on any client of ``protocol``."""
+    from tritonclient.utils import np_to_triton_dtype
+
+    module = _module(protocol)
+    items = []
+    for name, value in inputs.items():
+        item = module.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+        item.set_data_from_numpy(np.ascontiguousarray(value))
+        items.append(item)
+    return items, ([module.InferRequestedOutput(o) for o in outputs] if outputs else None)
+
+
+def _plain(value: Any, key: str = "") -> Any:
+    """gRPC JSON spells int64 as strings: ints again (names, versions and states stay text)."""
+    if isinstance(value, dict):
+        return {k: _plain(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v, key) for v in value]
+    if isinstance(value, str) and key not in _TEXT_FIELDS and not key.endswith(("filename", "filenames")) \
+            and value.lstrip("-").isdigit():
+        return int(value)
+    return value
+
+
+def _message(message) -> dict[str, Any]:
+    """A gRPC answer as HTTP has it: every field (defaults too), snake_case names, int64s as ints."""
+    from google.protobuf import json_format
+
+    try:
+        answer = json_format.MessageToDict(message, preserving_proto_field_name=True,
+                                           always_print_fields_with_no_presence=True)
+    except TypeError:  # protobuf < 5
+        answer = json_format.MessageToDict(message, preserving_proto_field_name=True,
+                                           including_default_value_fields=True)
+    return _plain(answer)
+
+
+class TritonClient:
+    """One connection to one Triton server over HTTP or gRPC; see the module doc.
+
+    ``server`` is how messages name it ("Triton", or "tritonserver" for the embedded one);
+    ``on_error`` runs before a ``TritonError`` is raised (the embedded server checks that its
+    process is still alive, and raises ``ServerDiedError`` instead). Not thread-safe: one per thread.
+    """
+
+    def __init__(self, url: str, protocol: str | None = None, *, network_timeout: float = 60.0,
+                 connection_timeout: float | None = None, server: str = "Triton",
+                 on_error: Callable[[], object] | None = None):
+        self.address, self.protocol = split_url(url, protocol)
+        self.network_timeout, self.server, self.on_error = network_timeout, server, on_error
+        module = _module(self.protocol)
+        try:
+            if self.protocol == "http":
+                self.raw = module.InferenceServerClient(
+                    self.address, connection_timeout=connection_timeout or network_timeout,
+                    network_timeout=network_timeout)
+                self._kw: dict[str, Any] = {}
+            else:
+                self.raw = module.InferenceServerClient(self.address)
+                self._kw = {"client_timeout": network_timeout}
+        except Exception as exc:  # noqa: BLE001 - a malformed address
+            raise UserInputError(f"--url {url!r}: {exc}; use HOST:PORT, e.g. 127.0.0.1:8001") from None
+
+    @property
+    def label(self) -> str:
+        """``HTTP`` or ``gRPC``."""
+        return _LABELS[self.protocol]
+
+    def __repr__(self) -> str:
+        return f"TritonClient({self.protocol}://{self.address})"
+
+    def __enter__(self) -> "TritonClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self.raw.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    # -- errors ------------------------------------------------------------------------------
+
+    def _error(self, what: str, exc: Exception) -> TritonError:
+        from tritonclient.utils import InferenceServerException
+
+        detail = " ".join(str(exc).split())
+        if isinstance(exc, InferenceServerException):
+            reason = (exc.message() or "").strip()
+            unreachable = any(mark in detail for mark in _UNREACHABLE)
+        else:  # socket errors, timeouts, greenlet errors: nothing answered
+            reason, unreachable = detail, True
+        if self.on_error is not None:
+            self.on_error()
+        if unreachable:
+            message = f"{self.server} at {self.address} did not answer ({what}): {detail}"
+        else:
+            message = f"{self.server} at {self.address}: {what} failed: {reason or detail}"
+        return TritonError(message, address=self.address, what=what, reason=reason or detail,
+                           unreachable=unreachable)
+
+    def _call(self, what: str, fn: Callable, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs, **self._kw)
+        except Exception as exc:  # noqa: BLE001 - tritonclient raises several kinds
+            raise self._error(what, exc) from None
+
+    # -- health ------------------------------------------------------------------------------
+
+    def server_live(self) -> bool:
+        return bool(self._call("liveness", self.raw.is_server_live))
+
+    def server_ready(self) -> bool:
+        return bool(self._call("readiness", self.raw.is_server_ready))
+
+    def require_live(self, hint: str = "is it running?") -> None:
+        """``TritonError`` "cannot reach Triton at ADDRESS over PROTOCOL (...); HINT" unless it answers."""
+        try:
+            if self.server_live():
+                return
+            detail = "not live"
+        except TritonError as err:
+            detail = err.reason
+        raise TritonError(f"cannot reach Triton at {self.address} over {self.label} ({detail[:200]}); {hint}",
+                          address=self.address, what="liveness", reason=detail, unreachable=True)
+
+    def model_ready(self, name: str, version: str | int = "") -> bool:
+        return bool(self._call(f"readiness of model '{name}'", self.raw.is_model_ready, name, str(version or "")))
+
+    # -- models ------------------------------------------------------------------------------
+
+    def model_config(self, name: str, version: str | int = "") -> dict[str, Any]:
+        """The config Triton loaded, as HTTP gives it: every field (defaults too), numbers as ints."""
+        answer = self._call(f"config of model '{name}'", self.raw.get_model_config, name, str(version or ""))
+        return answer if self.protocol == "http" else _message(answer.config)
+
+    def model_metadata(self, name: str, version: str | int = "") -> dict[str, Any]:
+        """``{"name", "versions", "platform", "inputs": [{"name", "datatype", "shape": [int]}], "outputs"}``."""
+        answer = self._call(f"metadata of model '{name}'", self.raw.get_model_metadata, name, str(version or ""))
+        return answer if self.protocol == "http" else _message(answer)
+
+    def statistics(self, name: str = "", version: str | int = "") -> dict[str, Any]:
+        """``{"model_stats": [...]}`` with every counter an int (``batch_stats`` included); all models without ``name``."""
+        answer = self._call(f"statistics of '{name}'" if name else "statistics", self.raw.get_inference_statistics,
+                            name, str(version or ""))
+        return answer if self.protocol == "http" else _message(answer)
+
+    def repository_index(self) -> list[dict[str, Any]]:
+        """One ``{"name", "version", "state", "reason"}`` dict per model (and version) in the repository."""
+        answer = self._call("repository index", self.raw.get_model_repository_index)
+        entries = answer if self.protocol == "http" else _message(answer).get("models", [])
+        return [{**entry, "reason": entry.get("reason", "")} for entry in entries]  # HTTP leaves out an empty one
+
+    def model_state(self, name: str) -> tuple[str | None, str]:
+        """``(state, reason)`` of a model: READY if any version is, else its first entry; state None if absent."""
+        entries = [e for e in self.repository_index() if e.get("name") == name]
+        for entry in entries:
+            if entry.get("state") == "READY":
+                return "READY", entry.get("reason", "")
+        return (entries[0].get("state"), entries[0].get("reason", "")) if entries else (None, "")
+
+    def load_model(self, name: str, config_json: str | None = None) -> None:
+        """Load (or reload) ``name``, with ``config_json`` replacing its config; blocks until Triton is done."""
+        self._call(f"load of model '{name}'", self.raw.load_model, name, config=config_json)
+
+    def unload_model(self, name: str, *, wait: bool = False, timeout: float = 60.0,
+                     unload_dependents: bool = False) -> None:
+        """Unload ``name``; with ``wait``, return once no version of it is READY or UNLOADING."""
+        self._call(f"unload of model '{name}'", self.raw.unload_model, name, unload_dependents=unload_dependents)
+        if wait:
+            deadline = time.monotonic() + timeout
+            while self.model_state(name)[0] in ("READY", "UNLOADING"):
+                if time.monotonic() > deadline:
+                    raise TritonError(f"model '{name}' was still loaded {timeout:g} s after the unload request",
+                                      address=self.address, what=f"unload of model '{name}'", state="READY")
+                time.sleep(0.05)
+
+    def wait_for_model(self, name: str, timeout: float = 60.0, poll: float = 0.1) -> None:
+        """Wait until ``name`` is READY; ``TritonError`` (``.state``, ``.reason``) if it became UNAVAILABLE."""
+        deadline = time.monotonic() + timeout
+        while True:
+            state, reason = self.model_state(name)
+            if state == "READY":
+                return
+            if state == "UNAVAILABLE" and reason and reason != "unloaded":
+                raise TritonError(f"model '{name}' is UNAVAILABLE: {reason}", address=self.address,
+                                  what=f"load of model '{name}'", reason=reason, state=state)
+            if time.monotonic() > deadline:
+                raise TritonError(f"model '{name}' was not ready within {timeout:g} s "
+                                  f"(state: {state or 'not in the index'})", address=self.address,
+                                  what=f"load of model '{name}'", reason=reason, state=state)
+            time.sleep(poll)
+
+    # -- inference ---------------------------------------------------------------------------
+
+    def prepare(self, inputs: dict[str, np.ndarray], outputs: list[str] | None = None):
+        """``prepare_request`` for this client's protocol."""
+        return prepare_request(self.protocol, inputs, outputs)
+
+    def send(self, model: str, request, version: str = ""):
+        """The hot path: one prepared request, tritonclient's result object back (no conversion)."""
+        inputs, outputs = request
+        try:
+            return self.raw.infer(model, inputs, model_version=version, outputs=outputs, **self._kw)
+        except Exception as exc:  # noqa: BLE001
+            raise self._error(f"inference of '{model}'", exc) from None
+
+    def infer(self, model: str, inputs: dict[str, np.ndarray], outputs: list[str] | None = None,
+              version: str | int | None = None) -> dict[str, np.ndarray]:
+        """One request with numpy inputs; ``{output name: ndarray}`` (every output without ``outputs``)."""
+        result = self.send(model, self.prepare(inputs, outputs), "" if version is None else str(version))
+        if outputs is None:
+            response = result.get_response()
+            outputs = [o["name"] for o in response["outputs"]] if isinstance(response, dict) else \
+                [o.name for o in response.outputs]
+        return {name: result.as_numpy(name) for name in outputs}
