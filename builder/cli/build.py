@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from builder.cli.output import print_json
 from builder.progress import Reporter
 
 DEFAULT_REPOSITORY = "model_repository"
@@ -29,6 +30,9 @@ def cmd_validate(args: argparse.Namespace, reporter: Reporter) -> int:
     from builder.repository.validate import validate_model
 
     report = validate_model(args.model, args.version, gpu=args.gpu, tensorrt_version=args.tensorrt_version)
+    if args.json:
+        print_json(report)
+        return 0 if report.ok else 1
     print(f"{report.model}: {'OK' if report.ok else 'FAIL'}")
     for line in report.lines():
         print(line)
@@ -59,6 +63,7 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--version", type=int, help="the version to check (default: the latest)")
     p.add_argument("--gpu", help="target GPU compute capability (e.g. 9.0) for TensorRT plans")
     p.add_argument("--tensorrt-version", help="target TensorRT version for TensorRT plans")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object (for CI pipelines)")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("run", parents=[common],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from builder.cli.output import print_json
 from builder.progress import Reporter
 
 
@@ -21,6 +22,9 @@ def cmd_check(args: argparse.Namespace, reporter: Reporter) -> int:
 
     report = check_served_at(args.name, args.repository, url=args.url, grpc_url=args.grpc_url,
                              protocol=args.protocol, version=args.version)
+    if args.json:
+        print_json(report)
+        return 0 if report.ok else 1
     for line in report.lines():
         print(line)
     return 0 if report.ok else 1
@@ -49,4 +53,5 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--protocol", choices=("http", "grpc", "both"), default="both",
                    help="which protocols to check (default: %(default)s)")
     p.add_argument("--version", type=int, help="the version to check (default: the latest)")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object (for CI pipelines)")
     p.set_defaults(func=cmd_check)

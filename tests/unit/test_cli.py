@@ -69,3 +69,22 @@ def test_unknown_verb_is_a_usage_error():
     with pytest.raises(SystemExit) as info:
         make_parser().parse_args(["frobnicate"])
     assert info.value.code == 2
+
+
+def test_validate_json_for_ci_pipelines(built_repository, tmp_path):
+    import json
+    import shutil
+
+    proc = run_cli("validate", str(built_repository / "digits_cnn"), "--json", "-q")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)  # stdout is exactly one JSON object
+    assert report["ok"] is True and report["model"] == "digits_cnn" and report["failures"] == []
+    assert report["versions"][0]["version"] == 1 and report["lines"]
+    # a tampered copy: exit 1, and the JSON names the file
+    copy = tmp_path / "repo"
+    shutil.copytree(built_repository / "digits_cnn", copy / "digits_cnn")
+    with open(copy / "digits_cnn" / "1" / "model.onnx", "ab") as handle:
+        handle.write(b"tampered")
+    bad = run_cli("validate", str(copy / "digits_cnn"), "--json")
+    assert bad.returncode == 1
+    assert "model.onnx" in json.dumps(json.loads(bad.stdout)["versions"])
