@@ -9,12 +9,43 @@ from builder.cli.output import print_json
 from builder.progress import Reporter
 
 
+# Triton's own defaults, which `check`, `loadtest`, `sweep` and `tune` assume too
+DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+
+
+def _bindable(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _ports(args: argparse.Namespace, reporter: Reporter) -> dict[str, int | None]:
+    """The ports asked for; unset ones get Triton's defaults when all three are free (so the other
+    verbs' defaults reach this server), else free ones, said plainly."""
+    asked = {"http": args.http_port, "grpc": args.grpc_port, "metrics": args.metrics_port}
+    unset = [kind for kind, port in asked.items() if port is None]
+    if not unset:
+        return asked
+    if all(_bindable(args.host, DEFAULT_PORTS[kind]) for kind in unset):
+        return {kind: DEFAULT_PORTS[kind] if port is None else port for kind, port in asked.items()}
+    busy = ", ".join(str(DEFAULT_PORTS[k]) for k in unset if not _bindable(args.host, DEFAULT_PORTS[k]))
+    reporter(f"note: port(s) {busy} in use here: serving on free ports instead; pass the printed addresses to "
+             "check/loadtest with --url (or choose ports with --http-port/--grpc-port/--metrics-port)")
+    return asked
+
+
 def cmd_serve(args: argparse.Namespace, reporter: Reporter) -> int:
     from builder import serve
 
     extra = ["--metrics-config=summary_latencies=true"] if args.latency_summaries else []
-    return serve(args.repository, http_port=args.http_port, grpc_port=args.grpc_port,
-                 metrics_port=args.metrics_port, host=args.host, extra_args=extra)
+    ports = _ports(args, reporter)
+    return serve(args.repository, http_port=ports["http"], grpc_port=ports["grpc"],
+                 metrics_port=ports["metrics"], host=args.host, extra_args=extra)
 
 
 def cmd_check(args: argparse.Namespace, reporter: Reporter) -> int:
@@ -34,9 +65,9 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("serve", parents=[common], help="serve a repository on the embedded tritonserver until Ctrl-C")
     p.add_argument("--repository", default="model_repository",
                    help="model repository folder or s3:// URL (default: %(default)s)")
-    p.add_argument("--http-port", type=int, help="HTTP port (default: a free one)")
-    p.add_argument("--grpc-port", type=int, help="gRPC port (default: a free one)")
-    p.add_argument("--metrics-port", type=int, help="metrics port (default: a free one)")
+    p.add_argument("--http-port", type=int, help="HTTP port (default: 8000, as check/loadtest assume; a free one if busy)")
+    p.add_argument("--grpc-port", type=int, help="gRPC port (default: 8001; a free one if busy)")
+    p.add_argument("--metrics-port", type=int, help="metrics port (default: 8002; a free one if busy)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     p.add_argument("--latency-summaries", action="store_true",
                    help="publish p50/p95/p99 latency summaries (the dashboards' percentile panels need them; "

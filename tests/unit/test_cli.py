@@ -88,3 +88,23 @@ def test_validate_json_for_ci_pipelines(built_repository, tmp_path):
     bad = run_cli("validate", str(copy / "digits_cnn"), "--json")
     assert bad.returncode == 1
     assert "model.onnx" in json.dumps(json.loads(bad.stdout)["versions"])
+
+
+def test_serve_takes_tritons_default_ports_or_says_why_not(monkeypatch):
+    import socket
+
+    from builder.cli import serving
+    from builder.processes import free_ports
+
+    args = make_parser().parse_args(["serve"])
+    defaults = dict(zip(("http", "grpc", "metrics"), free_ports("127.0.0.1", 3)))
+    monkeypatch.setattr(serving, "DEFAULT_PORTS", defaults)  # stand-ins for 8000-8002, free right now
+    lines = []
+    assert serving._ports(args, lines.append) == defaults and lines == []
+    with socket.socket() as holder:  # one of them taken: free ports, and the user is told
+        holder.bind(("127.0.0.1", defaults["grpc"]))
+        holder.listen()
+        assert serving._ports(args, lines.append) == {"http": None, "grpc": None, "metrics": None}
+    assert len(lines) == 1 and f"port(s) {defaults['grpc']} in use" in lines[0] and "--url" in lines[0]
+    explicit = make_parser().parse_args(["serve", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"])
+    assert serving._ports(explicit, lines.append) == {"http": 0, "grpc": 0, "metrics": 0}
