@@ -3,6 +3,8 @@
 #   - prometheus      (Debian package: provides /usr/bin/prometheus and /usr/bin/promtool)
 #   - docker-compose  (Debian package, v1: validates docker-compose.yml without an engine)
 #   - nginx           (Debian package: the local balancer in front of Triton replicas, HTTP + gRPC)
+#   - prometheus-alertmanager (Debian package: /usr/bin/prometheus-alertmanager and amtool; the
+#                     alerting test routes a real alert to a local webhook)
 #
 # Idempotent: packages whose command is already on PATH are left alone and the
 # script exits 0.  Installs with `apt-get install -y --no-install-recommends`;
@@ -16,8 +18,9 @@ set -euo pipefail
 log() { printf 'install-system-deps: %s\n' "$*"; }
 
 # command-on-PATH -> Debian package
-declare -a WANT_CMDS=(promtool prometheus docker-compose nginx)
-declare -A PKG_OF=([promtool]=prometheus [prometheus]=prometheus [docker-compose]=docker-compose [nginx]=nginx)
+declare -a WANT_CMDS=(promtool prometheus docker-compose nginx prometheus-alertmanager amtool)
+declare -A PKG_OF=([promtool]=prometheus [prometheus]=prometheus [docker-compose]=docker-compose [nginx]=nginx
+                   [prometheus-alertmanager]=prometheus-alertmanager [amtool]=prometheus-alertmanager)
 
 # on PATH, or in an sbin folder a non-root PATH may leave out (nginx lives in /usr/sbin)
 have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]; }

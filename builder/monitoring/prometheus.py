@@ -36,6 +36,8 @@ Details:
   dropped (so nothing scrapes a default port another process may own); names the template does not
   have become new jobs. ``scrape_targets=None`` keeps the template's jobs as they are.
 - ``rule_files=None`` loads the template's rule files (absolute paths); ``[]`` loads none.
+- ``alertmanager_url`` (``http://host:port``, e.g. ``LocalAlertmanager.url``) is where firing alerts
+  go; None drops the template's ``alerting:`` block, so nothing is sent to a default port.
 - ``scrape_interval`` / ``evaluation_interval`` override the template's (1 s by default: tests see
   rates quickly); the scrape timeout is capped at the scrape interval.
 - Processes started here run in their own session, get SIGTERM if this process dies (Linux
@@ -140,6 +142,7 @@ def render_config(
     rule_files: Sequence[Path | str] | None = None,
     scrape_interval: str | None = "1s",
     evaluation_interval: str | None = "1s",
+    alertmanager_url: str | None = None,
 ) -> dict[str, Any]:
     """The Prometheus configuration ``LocalPrometheus`` writes, as a dict (see the module doc)."""
     template = Path(template)
@@ -160,6 +163,14 @@ def render_config(
         config["rule_files"] = [str((template.parent / f).resolve()) for f in config.get("rule_files") or []]
     else:
         config["rule_files"] = [str(Path(f).expanduser().resolve()) for f in rule_files]
+
+    config.pop("alerting", None)  # the template's Alertmanager address may be another process's port
+    if alertmanager_url is not None:
+        address, scheme, path = _split_target(alertmanager_url)
+        manager = {"static_configs": [{"targets": [address]}], "scheme": scheme or "http", "api_version": "v2"}
+        if path and path != "/":
+            manager["path_prefix"] = path
+        config["alerting"] = {"alertmanagers": [manager]}
 
     if scrape_targets is not None:
         jobs = {job["job_name"]: job for job in config.get("scrape_configs") or []}
@@ -202,6 +213,7 @@ class LocalPrometheus(LocalService):
         config_template: the configuration to derive from (default ``monitoring/prometheus/prometheus.yml``).
         binary: the ``prometheus`` executable (default: ``$PROMETHEUS_BINARY`` or PATH).
         ready_timeout: seconds to wait for ``/-/ready``.
+        alertmanager_url: the Alertmanager firing alerts go to (None: none).
         extra_args: more ``prometheus`` flags, passed last.
         keep_data: keep the temp dir (config, tsdb, log) after ``stop()``.
     """
@@ -224,6 +236,7 @@ class LocalPrometheus(LocalService):
         ready_timeout: float = 30.0,
         extra_args: Sequence[str] = (),
         keep_data: bool = False,
+        alertmanager_url: str | None = None,
     ):
         if ready_timeout <= 0:
             raise UserInputError(f"ready_timeout must be positive, got {ready_timeout}")
@@ -236,6 +249,7 @@ class LocalPrometheus(LocalService):
         self.binary = binary
         self.extra_args = tuple(str(a) for a in extra_args)
         self.keep_data = keep_data
+        self.alertmanager_url = alertmanager_url
         self.config: dict[str, Any] | None = None
         self.workdir: Path | None = None
         self._binary: str | None = None
@@ -250,7 +264,7 @@ class LocalPrometheus(LocalService):
     def _prepare(self) -> None:
         self._binary = find_prometheus(self.binary)
         self.config = render_config(self.config_template, self.scrape_targets, self.rule_files,
-                                    self.scrape_interval, self.evaluation_interval)
+                                    self.scrape_interval, self.evaluation_interval, self.alertmanager_url)
         self.workdir = Path(tempfile.mkdtemp(prefix="triton-builder-prometheus-"))
         self.config_path.write_text(
             "# written by builder.monitoring.prometheus from " + str(self.config_template) + "\n"
