@@ -79,3 +79,118 @@ def test_grafana_password_has_no_default():
     grafana = yaml.safe_load(COMPOSE.read_text())["services"]["grafana"]
     value = str(grafana["environment"]["GF_SECURITY_ADMIN_PASSWORD"])
     assert value.startswith("${" + PASSWORD_VAR + ":?"), f"GF_SECURITY_ADMIN_PASSWORD must be required: {value}"
+
+
+# --------------------------------------------------------------------------------------------
+# Derived images: every image compose builds parses, starts FROM a pinned tag, and nothing pip-installs
+# at container start; the Triton image is the pinned NGC image plus the python-backend model's packages.
+
+DOCKERFILE_INSTRUCTIONS = {"FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT", "VOLUME",
+                           "USER", "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL"}
+
+
+def parse_dockerfile(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) per instruction: comments dropped, backslash continuations joined.
+    ValueError naming the file and line for an unknown instruction."""
+    out, pending, start = [], "", 0
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        stripped = line.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if pending and stripped.startswith("#"):
+            continue
+        start = start or number
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        text, pending = pending + stripped, ""
+        word, _, args = text.partition(" ")
+        if word.upper() not in DOCKERFILE_INSTRUCTIONS:
+            raise ValueError(f"{path}:{start}: unknown Dockerfile instruction {word!r}")
+        out.append((word.upper(), args.strip()))
+        start = 0
+    if pending:
+        raise ValueError(f"{path}: ends inside a continued line")
+    return out
+
+
+def _compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def test_dockerfile_parser_rejects_unknown_instructions(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:3.11-slim\nRUN echo a \\\n  && echo b\nINSTALL numpy\n")
+    with pytest.raises(ValueError, match=r"Dockerfile:4: unknown Dockerfile instruction 'INSTALL'"):
+        parse_dockerfile(bad)
+    bad.write_text("FROM python:3.11-slim\nRUN echo a \\\n  && echo b\n")
+    assert parse_dockerfile(bad) == [("FROM", "python:3.11-slim"), ("RUN", "echo a  && echo b")]
+
+
+def test_every_built_image_parses_and_is_pinned():
+    built = {name: s["build"] for name, s in _compose()["services"].items() if "build" in s}
+    assert set(built) == {"triton", "exporter"}
+    for name, build in built.items():
+        dockerfile = ROOT / build["context"] / build["dockerfile"]
+        instructions = parse_dockerfile(dockerfile)
+        froms = [args for word, args in instructions if word == "FROM"]
+        assert len(froms) == 1, f"{dockerfile}: one FROM expected, got {froms}"
+        assert ":" in froms[0] and not froms[0].endswith(":latest"), f"{dockerfile}: FROM {froms[0]} is not pinned"
+        # compose copies what the image needs; nothing is mounted over it or installed at start
+        service = _compose()["services"][name]
+        start = " ".join(map(str, (service.get("entrypoint") or []) + (service.get("command") or [])))
+        assert "pip install" not in start, f"service {name} installs packages at start: {start}"
+    assert parse_dockerfile(ROOT / "docker" / "locust" / "Dockerfile")[0] == ("FROM", "locustio/locust:2.47.0")
+
+
+def test_triton_image_is_the_pinned_ngc_image_plus_the_python_backend_packages():
+    from builder.scaleout.k8s import DEFAULT_IMAGE
+
+    doc = _compose()
+    pin = doc["x-triton-image"]
+    assert pin == DEFAULT_IMAGE == "nvcr.io/nvidia/tritonserver:24.10-py3"
+    assert doc["services"]["build-plans"]["image"] == pin  # trtexec of the same TensorRT
+    instructions = parse_dockerfile(ROOT / doc["services"]["triton"]["build"]["dockerfile"])
+    assert instructions[0] == ("FROM", pin)
+    args = dict(a.split("=", 1) for word, a in instructions if word == "ARG" and "=" in a)
+    # a cp310 wheel (the image's Python) that reads ONNX IR 10 / opset 20, what the exporter writes
+    major, minor, _ = (int(x) for x in args["ONNXRUNTIME_VERSION"].split("."))
+    assert (major, minor) >= (1, 17), args
+    run = " ".join(a for word, a in instructions if word == "RUN")
+    assert '"onnxruntime==${ONNXRUNTIME_VERSION}"' in run and "numpy" in run
+    assert "import onnxruntime" in run  # the build fails if the module does not import
+
+
+def test_exporter_image_copies_the_exporter_and_its_client_version():
+    instructions = parse_dockerfile(ROOT / "docker" / "exporter" / "Dockerfile")
+    copied = [a for word, a in instructions if word == "COPY"]
+    assert copied == ["monitoring/__init__.py monitoring/exporter.py /app/monitoring/"]
+    assert all((ROOT / p).is_file() for p in copied[0].split()[:-1])
+    assert any('"prometheus-client==0.26.*"' in a for word, a in instructions if word == "RUN")
+    assert "volumes" not in _compose()["services"]["exporter"]
+
+
+def test_prometheus_compose_config_is_the_local_one_with_service_targets():
+    prom = ROOT / "monitoring" / "prometheus"
+    local = yaml.safe_load((prom / "prometheus.yml").read_text())
+    compose = yaml.safe_load((prom / "prometheus.compose.yml").read_text())
+    rename = {"127.0.0.1:8002": "triton:8002", "127.0.0.1:9102": "exporter:9102",
+              "127.0.0.1:9093": "alertmanager:9093"}
+    renamed = yaml.safe_load(yaml.safe_dump(local))
+    for block in [*renamed["scrape_configs"], *renamed["alerting"]["alertmanagers"]]:
+        for static in block["static_configs"]:
+            static["targets"] = [rename[t] for t in static["targets"]]
+    assert compose == renamed
+    service = _compose()["services"]["prometheus"]
+    assert "./monitoring/prometheus/prometheus.compose.yml:/etc/prometheus/prometheus.yml:ro" in service["volumes"]
+    assert "./monitoring/prometheus/rules:/etc/prometheus/rules:ro" in service["volumes"]  # rules/*.yml resolves
+    assert "sed" not in " ".join(map(str, (service.get("entrypoint") or []) + service["command"]))
+
+
+def test_alertmanager_service_mounts_the_shipped_config():
+    service = _compose()["services"]["alertmanager"]
+    assert service["image"] == "prom/alertmanager:v0.25.0"
+    mount = "${ALERTMANAGER_CONFIG:-./monitoring/alertmanager/alertmanager.yml}:/etc/alertmanager/alertmanager.yml:ro"
+    assert mount in service["volumes"]
+    assert "--cluster.listen-address=" in service["command"]  # no gossip port on every interface
+    assert "alertmanager" in _compose()["services"]["prometheus"]["depends_on"]
