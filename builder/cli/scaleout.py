@@ -42,7 +42,8 @@ def cmd_k8s(args: argparse.Namespace, reporter: Reporter) -> int:
                               max_replicas=args.max_replicas, metric=args.metric, target=args.target,
                               namespace=args.namespace, image=args.image, secret_name=args.secret, region=args.region,
                               gpus=args.gpus, model=args.model, locust_workers=args.locust_workers,
-                              model_control=args.model_control, poll_seconds=args.poll_seconds)
+                              model_control=args.model_control, poll_seconds=args.poll_seconds,
+                              release=args.release, locust_image=args.locust_image)
     for line in result.lines():
         print(line)
     if args.no_validate:
@@ -105,5 +106,10 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--model-control", choices=("poll", "explicit"), default="poll",
                    help="how Triton picks up new versions from the bucket (default: %(default)s)")
     p.add_argument("--poll-seconds", type=int, default=30, help="--repository-poll-secs in poll mode")
+    p.add_argument("--release", help="kube-prometheus-stack's Helm release: the `release` label its Prometheus "
+                                     "selects PodMonitors and PrometheusRules by (default: no label)")
+    p.add_argument("--locust-image", default="triton-builder-locust:2.47.0",
+                   help="Locust image with its packages baked in, built from docker/locust/Dockerfile and pushed "
+                        "where the cluster pulls (default: %(default)s)")
     p.add_argument("--no-validate", action="store_true", help="skip the offline validation")
     p.set_defaults(func=cmd_k8s)

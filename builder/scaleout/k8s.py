@@ -21,10 +21,14 @@ What is rendered (``<out>/base/``):
   ``triton_queue_compute_ratio`` (queue time over compute time) or ``triton_pending_requests``.
 - ``prometheus-adapter-config.yaml``: the prometheus-adapter rules that serve those two metrics.
 - ``triton-podmonitor.yaml``: a Prometheus Operator PodMonitor for every Triton pod.
-- ``prometheus-rules.yaml`` / ``grafana-dashboards.yaml``: ConfigMaps generated from
-  monitoring/prometheus/rules/*.yml and monitoring/grafana/dashboards/*.json.
+- ``prometheus-rules.yaml``: a Prometheus Operator PrometheusRule whose groups are those of
+  monitoring/prometheus/rules/*.yml; ``release`` (kube-prometheus-stack's Helm release) labels it and
+  the PodMonitor so that stack's Prometheus selects them.
+- ``grafana-dashboards.yaml``: monitoring/grafana/dashboards/*.json in a ConfigMap labelled
+  ``grafana_dashboard: "1"`` for Grafana's dashboard sidecar; the panels use the ``${datasource}`` variable.
 - ``locust.yaml``: loadtest/locustfile.py in a ConfigMap, a Locust master (Deployment + Service) and
-  worker Deployment.
+  worker Deployment running ``locust_image`` (docker/locust/Dockerfile: packages baked in, nothing
+  installed at start).
 - ``kustomization.yaml`` listing them.
 
 ``validate_manifests`` checks every core object against the Kubernetes OpenAPI schemas shipped by
@@ -49,7 +53,7 @@ from builder.processes import run_command
 __all__ = ["METRICS", "render_manifests", "validate_manifests", "require_validator", "RenderResult", "DEFAULT_IMAGE"]
 
 DEFAULT_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"  # the tag docker-compose.yml pins
-DEFAULT_LOCUST_IMAGE = "locustio/locust:2.47.0"
+DEFAULT_LOCUST_IMAGE = "triton-builder-locust:2.47.0"  # docker/locust/Dockerfile, pushed where the cluster pulls
 KUBERNETES_VERSION = "1.32.0"
 CRD_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
 
@@ -156,9 +160,12 @@ def render_manifests(repository_url: str, out: str | Path, *, replicas: int = 2,
                      locust_protocol: str = "http", locust_image: str = DEFAULT_LOCUST_IMAGE,
                      model_control: str = "poll", poll_seconds: int = 30, cpu: str = "2", memory: str = "8Gi",
                      memory_limit: str = "16Gi", monitor_labels: dict[str, str] | None = None,
-                     scrape_interval: str = "15s") -> RenderResult:
+                     scrape_interval: str = "15s", release: str | None = None) -> RenderResult:
     """Render the kustomize base into ``out/base``; see the module doc. ``UserInputError`` for bad arguments."""
+    import re
+
     import jinja2
+    import yaml
 
     from builder.storage.s3 import parse_s3_url
     from builder.spec import validate_model_name
@@ -170,6 +177,12 @@ def render_manifests(repository_url: str, out: str | Path, *, replicas: int = 2,
         validate_model_name(model, "--model")
     if locust_protocol not in ("http", "grpc"):
         raise UserInputError(f"--locust-protocol {locust_protocol!r}: use http or grpc")
+    monitor_labels = dict(monitor_labels or {})
+    if release is not None:
+        if not re.match(r"^[a-z0-9A-Z]([-a-zA-Z0-9_.]{0,61}[a-zA-Z0-9])?$", release):
+            raise UserInputError(f"--release {release!r}: not a valid label value (letters, digits, '-', '_', '.'; "
+                                 "the Helm release name of kube-prometheus-stack)")
+        monitor_labels["release"] = release
     metric_name, metric_help, default_target = METRICS[metric]
     target = default_target if target is None else float(target)
 
@@ -194,18 +207,20 @@ def render_manifests(repository_url: str, out: str | Path, *, replicas: int = 2,
                         "`kubectl rollout restart deployment/triton` (maxUnavailable 0, readiness-gated).")
 
     monitoring, loadtest = assets.monitoring_dir(), assets.loadtest_dir()
-    rules = {p.name: p.read_text(encoding="utf-8")
-             for p in sorted((monitoring / "prometheus" / "rules").glob("*.yml"))}
+    rule_groups = [group for p in sorted((monitoring / "prometheus" / "rules").glob("*.yml"))
+                   for group in (yaml.safe_load(p.read_text(encoding="utf-8")) or {}).get("groups") or []]
     dashboards = {p.name: p.read_text(encoding="utf-8")
                   for p in sorted((monitoring / "grafana" / "dashboards").glob("*.json"))}
     locust_files = {name: (loadtest / name).read_text(encoding="utf-8") for name in ("locustfile.py", "shapes.py")}
     notes = []
     host = "triton:8000" if locust_protocol == "http" else "triton:8001"
-    install = 'pip install --quiet --user "tritonclient[http,grpc]==2.73.*" "numpy<2"'
     files_arg = "-f /locust/locustfile.py,/locust/shapes.py"
-    master_command = (f"{install} && exec locust {files_arg} --master --host {host} "
+    master_command = (f"exec locust {files_arg} --master --host {host} "
                       f"--triton-protocol {locust_protocol} --web-host 0.0.0.0 --web-port 8089")
-    worker_command = f"{install} && exec locust {files_arg} --worker --master-host locust-master --master-port 5557"
+    worker_command = f"exec locust {files_arg} --worker --master-host locust-master --master-port 5557"
+    if not monitor_labels.get("release"):
+        notes.append("note: no --release given: kube-prometheus-stack's Prometheus selects PodMonitors and "
+                     "PrometheusRules labelled release=<its Helm release>; render with --release NAME")
     if model is None:
         locust_note = ("No --model was given: the Locust Deployments have 0 replicas; set TRITON_MODEL and scale "
                        "them up (or render again with --model NAME).")
@@ -222,9 +237,9 @@ def render_manifests(repository_url: str, out: str | Path, *, replicas: int = 2,
         max_replicas=max_replicas, metric_name=metric_name, metric_help=metric_help, target=target,
         target_quantity=_quantity(target), image=image, secret_name=secret_name, region=region, gpus=gpus,
         triton_args=triton_args, control_note=control_note, cpu=cpu, memory=memory, memory_limit=memory_limit,
-        monitor_labels=dict(monitor_labels or {}), scrape_interval=scrape_interval,
+        monitor_labels=monitor_labels, scrape_interval=scrape_interval,
         adapter_data=_yaml_block({"config.yaml": _yaml_dump({"rules": _ADAPTER_RULES})}),
-        rules_data=_yaml_block(rules), dashboards_data=_yaml_block(dashboards),
+        rules_spec=_yaml_block({"groups": rule_groups}), dashboards_data=_yaml_block(dashboards),
         locust_data=_yaml_block(locust_files), model=model or "", locust_image=locust_image,
         locust_protocol=locust_protocol, locust_workers=locust_workers, locust_note=locust_note,
         locust_master_replicas=1 if model else 0, locust_worker_replicas=locust_workers if model else 0,
@@ -281,6 +296,18 @@ def _structural_crd(where: str, doc: dict, pod_labels: dict[str, str], ports: se
         for endpoint in endpoints:
             if endpoint.get("port") not in ports:
                 problems.append(f"{where}: {kind} scrapes port {endpoint.get('port')!r}, not one of {sorted(ports)}")
+    if kind == "PrometheusRule":
+        groups = spec.get("groups") or []
+        if not groups:
+            problems.append(f"{where}: PrometheusRule has no spec.groups")
+        for group in groups:
+            rules = group.get("rules") or []
+            if not group.get("name") or not rules:
+                problems.append(f"{where}: PrometheusRule group {group.get('name')!r} needs a name and rules")
+            for rule in rules:
+                if not rule.get("expr") or bool(rule.get("alert")) == bool(rule.get("record")):
+                    problems.append(f"{where}: group {group.get('name')!r}: rule {rule} needs expr and exactly "
+                                    "one of alert / record")
     return problems
 
 

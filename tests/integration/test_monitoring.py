@@ -106,6 +106,8 @@ def dashboard_variable_queries() -> list[tuple[str, str, str]]:
     """(variable, metric selector, label) of every ``label_values(selector, label)`` variable."""
     out = []
     for var in json.loads(DASHBOARD.read_text())["templating"]["list"]:
+        if var["type"] == "datasource":  # picks the Prometheus datasource (${datasource}), queries nothing
+            continue
         query = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
         found = re.fullmatch(r"\s*label_values\((.*),\s*(\w+)\)\s*", query)
         assert found, f"variable {var['name']}: only label_values(selector, label) is supported here: {query}"

@@ -187,17 +187,27 @@ def test_model_variable(dashboard):
                 assert m.group(2) == "=~", (p["title"], t["expr"])
 
 
-def test_datasource_uid_matches_provisioning(dashboard):
+def test_datasource_is_a_template_variable_defaulting_to_the_provisioned_one(dashboard):
+    """Every panel, target and query variable uses ``${datasource}`` (so the dashboard works on an existing
+    Grafana, e.g. kube-prometheus-stack's sidecar); the variable defaults to compose's provisioned uid."""
     ds = yaml.safe_load(DATASOURCE.read_text())["datasources"]
     assert len(ds) == 1
     assert ds[0]["url"] == "http://prometheus:9090" and ds[0]["type"] == "prometheus"
-    uid = ds[0]["uid"]
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    variable = variables["datasource"]
+    assert (variable["type"], variable["query"]) == ("datasource", "prometheus")
+    assert variable["current"]["value"] == ds[0]["uid"]
+    assert dashboard["templating"]["list"][0] is variable  # defined before the variables that use it
+    wanted = {"type": "prometheus", "uid": "${datasource}"}
     for p in _panels(dashboard):
         if "datasource" in p:
-            assert p["datasource"]["uid"] == uid, p["title"]
+            assert p["datasource"] == wanted, p["title"]
         for t in p.get("targets", []):
-            assert t["datasource"]["uid"] == uid, p["title"]
+            assert t["datasource"] == wanted, p["title"]
     for v in dashboard["templating"]["list"]:
-        assert v["datasource"]["uid"] == uid
+        if v["type"] != "datasource":
+            assert v["datasource"] == wanted, v["name"]
+    text = DASHBOARD.read_text()
+    assert ds[0]["uid"] not in text.replace(f'"value": "{ds[0]["uid"]}"', ""), "a hard-coded datasource uid is left"
     providers = yaml.safe_load(PROVIDERS.read_text())["providers"]
     assert providers[0]["type"] == "file" and providers[0]["options"]["path"]

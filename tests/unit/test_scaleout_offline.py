@@ -323,7 +323,8 @@ def manifests(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("k8s")
     render_manifests("s3://models-bucket/prod", out, replicas=2, min_replicas=1, max_replicas=6,
-                     metric="queue_compute_ratio", target=0.5, model="digits_cnn", namespace="inference")
+                     metric="queue_compute_ratio", target=0.5, model="digits_cnn", namespace="inference",
+                     release="kube-prom")
     return out
 
 
@@ -342,7 +343,7 @@ def test_manifests_render_and_validate(manifests):
     assert validate_manifests(manifests) == []
     docs = _docs(manifests)
     assert {"Deployment/triton", "Service/triton", "HorizontalPodAutoscaler/triton", "PodMonitor/triton",
-            "ConfigMap/triton-prometheus-adapter-rules", "ConfigMap/triton-prometheus-rules",
+            "ConfigMap/triton-prometheus-adapter-rules", "PrometheusRule/triton-rules",
             "ConfigMap/triton-grafana-dashboards", "Deployment/locust-master", "Deployment/locust-worker",
             "Service/locust-master", "ConfigMap/locust-files"} <= set(docs)
     assert not any(key.startswith("Secret/") for key in docs)
@@ -364,15 +365,26 @@ def test_manifests_render_and_validate(manifests):
     adapter = yaml.safe_load(docs["ConfigMap/triton-prometheus-adapter-rules"]["data"]["config.yaml"])
     assert {r["name"]["as"] for r in adapter["rules"]} == {"triton_queue_compute_ratio", "triton_pending_requests"}
 
-    # generated from monitoring/, byte for byte
-    rules = docs["ConfigMap/triton-prometheus-rules"]["data"]
-    for path in (ROOT / "monitoring" / "prometheus" / "rules").glob("*.yml"):
-        assert rules[path.name] == path.read_text()
+    # generated from monitoring/: the PrometheusRule (a CRD: kubernetes-validate does not know it) holds the
+    # rule files' groups, labelled for kube-prometheus-stack's ruleSelector like the PodMonitor
+    rule = docs["PrometheusRule/triton-rules"]
+    assert (rule["apiVersion"], rule["kind"]) == ("monitoring.coreos.com/v1", "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "kube-prom"
+    assert docs["PodMonitor/triton"]["metadata"]["labels"]["release"] == "kube-prom"
+    groups = [g for path in sorted((ROOT / "monitoring" / "prometheus" / "rules").glob("*.yml"))
+              for g in yaml.safe_load(path.read_text())["groups"]]
+    assert rule["spec"]["groups"] == groups and len(groups) >= 2
     dashboards = docs["ConfigMap/triton-grafana-dashboards"]
     assert dashboards["metadata"]["labels"]["grafana_dashboard"] == "1"
     dashboard = dashboards["data"]["triton.json"]
     assert dashboard == (ROOT / "monitoring" / "grafana" / "dashboards" / "triton.json").read_text()
-    json.loads(dashboard)
+    panels = json.loads(dashboard)["panels"]
+    assert {t["datasource"]["uid"] for p in panels for t in p.get("targets", [])} == {"${datasource}"}
+    # Locust runs an image with its packages baked in: nothing is installed when a pod starts
+    for name in ("locust-master", "locust-worker"):
+        container = docs[f"Deployment/{name}"]["spec"]["template"]["spec"]["containers"][0]
+        assert container["image"] == "triton-builder-locust:2.47.0"
+        assert "pip" not in " ".join(container["args"]), container["args"]
     assert docs["ConfigMap/locust-files"]["data"]["locustfile.py"] == (ROOT / "loadtest" / "locustfile.py").read_text()
     kustomization = yaml.safe_load((manifests / "base" / "kustomization.yaml").read_text())
     assert kustomization["namespace"] == "inference"
@@ -401,10 +413,13 @@ def test_validation_catches_broken_manifests(manifests, tmp_path):
     hpa.write_text(hpa.read_text().replace("name: triton_queue_compute_ratio", "name: made_up_metric"))
     monitor = broken / "base" / "triton-podmonitor.yaml"
     monitor.write_text(monitor.read_text().replace("- port: metrics", "- port: nope"))
+    rules = broken / "base" / "prometheus-rules.yaml"
+    rules.write_text(rules.read_text().replace("- alert: TritonTargetDown", "- alarm: TritonTargetDown", 1))
     problems = "\n".join(validate_manifests(broken, use_kubectl=False))
     assert "Additional properties are not allowed ('typo' was unexpected)" in problems
     assert "made_up_metric has no prometheus-adapter rule" in problems
     assert "scrapes port 'nope'" in problems
+    assert "group 'triton-builder-availability': rule" in problems and "exactly one of alert / record" in problems
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -414,6 +429,7 @@ def test_validation_catches_broken_manifests(manifests, tmp_path):
     (dict(target=0), "--target 0"),
     (dict(namespace="Bad_NS"), "--namespace 'Bad_NS'"),
     (dict(model="../x"), "--model"),
+    (dict(release="bad release"), "--release 'bad release': not a valid label value"),
 ])
 def test_k8s_argument_errors(tmp_path, kwargs, message):
     from builder.scaleout.k8s import render_manifests
@@ -438,6 +454,14 @@ def test_k8s_cli_renders_and_validates(tmp_path):
     assert docs["HorizontalPodAutoscaler/triton"]["spec"]["metrics"][0]["pods"]["metric"]["name"] == \
         "triton_pending_requests"
     assert docs["Deployment/locust-master"]["spec"]["replicas"] == 0
+    assert "no --release given" in result.stdout
+    result = run_cli("k8s", "--repository-url", "s3://models/prod", "--out", str(tmp_path / "r"), "--release",
+                     "monitoring", "--locust-image", "registry.local/locust:1", "--no-validate")
+    assert result.returncode == 0, result.stdout + result.stderr
+    docs = _docs(tmp_path / "r")
+    assert docs["PrometheusRule/triton-rules"]["metadata"]["labels"]["release"] == "monitoring"
+    assert docs["Deployment/locust-worker"]["spec"]["template"]["spec"]["containers"][0]["image"] == \
+        "registry.local/locust:1"
 
 
 def test_replica_set_argument_errors(tmp_path):
