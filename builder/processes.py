@@ -32,9 +32,27 @@ import signal
 import socket
 import subprocess
 import threading
+import urllib.error
+import urllib.request
 import time
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
+
+
+# local services on 127.0.0.1: a proxy from the environment must not intercept readiness probes
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int | None, bytes]:
+    """(status, body) of a GET, proxies ignored; (None, b"") if nothing answered. For readiness
+    probes and the small HTTP APIs of the services we start."""
+    try:
+        with _NO_PROXY.open(url, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read() if err.fp is not None else b""
+    except (urllib.error.URLError, OSError):
+        return None, b""
 
 
 def free_ports(host: str, count: int) -> list[int]:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +38,9 @@ import yaml
 
 from builder import assets
 from builder.errors import ServerError, UserInputError
-from builder.monitoring.prometheus import _http
-from builder.processes import LocalService, free_port, run_command
+from builder.monitoring.configured_service import ConfiguredService
+from builder.processes import http_get as _http
+from builder.processes import run_command
 
 __all__ = ["DEFAULT_CONFIG", "INSTALL_HINT", "find_alertmanager", "render_config", "check_config",
            "LocalAlertmanager"]
@@ -112,7 +112,7 @@ def check_config(path: Path | str = DEFAULT_CONFIG, timeout: float = 60) -> list
     return [f"{path}: {' '.join((done.stdout + done.stderr).split())}"]
 
 
-class LocalAlertmanager(LocalService):
+class LocalAlertmanager(ConfiguredService):
     """A real Alertmanager process; a context manager, or start/stop.
 
     Arguments:
@@ -126,8 +126,7 @@ class LocalAlertmanager(LocalService):
     """
 
     label = "alertmanager"
-    error = ServerError
-    log_header = True
+    config_name = "alertmanager.yml"
 
     def __init__(self, webhook_url: str | None = None, *, group_wait: str | None = None,
                  group_interval: str | None = None, repeat_interval: str | None = None, port: int | None = None,
@@ -135,30 +134,19 @@ class LocalAlertmanager(LocalService):
                  binary: str | os.PathLike | None = None, ready_timeout: float = 30.0, keep_data: bool = False):
         if ready_timeout <= 0:
             raise UserInputError(f"ready_timeout must be positive, got {ready_timeout}")
-        super().__init__(host, ready_timeout)
+        super().__init__(host, ready_timeout, port, keep_data)
         self.webhook_url = webhook_url
         self.timings = dict(group_wait=group_wait, group_interval=group_interval, repeat_interval=repeat_interval)
         self.config_template = Path(config_template)
         self.binary = binary
-        self.keep_data = keep_data
         self.config: dict[str, Any] | None = None
-        self.workdir: Path | None = None
-        self._binary: str | None = None
-        self._requested_port = port
-        self._port: int | None = None
 
     def _prepare(self) -> None:
         self._binary = find_alertmanager(self.binary)
         self.config = render_config(self.config_template, self.webhook_url, **self.timings)
-        self.workdir = Path(tempfile.mkdtemp(prefix="triton-builder-alertmanager-"))
+        self._make_workdir()
         self.config_path.write_text("# written by builder.monitoring.alertmanager from " + str(self.config_template)
                                     + "\n" + yaml.safe_dump(self.config, sort_keys=False))
-
-    def _auto_ports(self) -> bool:
-        return self._requested_port is None
-
-    def _pick_ports(self) -> None:
-        self._port = self._requested_port or free_port(self.host)
 
     def _command(self) -> list[str]:
         data = self.workdir / "data"
@@ -167,62 +155,10 @@ class LocalAlertmanager(LocalService):
                 f"--web.listen-address={self.host}:{self._port}", "--cluster.listen-address=",
                 "--log.level=info"]
 
-    def _cwd(self) -> Path:
-        return self.workdir
-
-    def _ready(self) -> bool:
-        return _http(self.url + "/-/ready", timeout=1.0)[0] == 200
-
-    def _address_in_use(self, code: int) -> str | None:
-        busy = [line for line in self.read_log().splitlines() if "address already in use" in line]
-        return busy[0] if busy and self._requested_port is None else None
-
-    def _exit_error(self, code: int) -> Exception:
-        return ServerError(f"alertmanager exited with code {code} while starting:\n{self.log_tail()}\n"
-                           f"config: {self.config_path} (from {self.config_template})")
-
-    def _timeout_error(self) -> Exception:
-        return ServerError(f"alertmanager was not ready on {self.url} within {self.ready_timeout:g} s; "
-                           f"last log lines:\n{self.log_tail()}")
-
-    def _ports_error(self, busy, attempts: int) -> Exception:
-        return ServerError(f"alertmanager could not bind {self.host}:{self._port}: {busy}")
-
-    def _cleanup(self) -> None:
-        if self.workdir is not None and not self.keep_data:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+    def _config_note(self) -> str:
+        return f"config: {self.config_path} (from {self.config_template})"
 
     # -- state -------------------------------------------------------------------------------
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise ServerError("alertmanager was not started; call start() first")
-        return self._port
-
-    @property
-    def url(self) -> str:
-        """``http://127.0.0.1:<port>``: what ``LocalPrometheus(alertmanager_url=...)`` takes."""
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        return f"http://{host}:{self.port}"
-
-    @property
-    def config_path(self) -> Path:
-        if self.workdir is None:
-            raise ServerError("alertmanager was not started; call start() first")
-        return self.workdir / "alertmanager.yml"
-
-    @property
-    def log_path(self) -> Path:
-        if self.workdir is None:
-            raise ServerError("alertmanager was not started; call start() first")
-        return self.workdir / "alertmanager.log"
-
-    def read_log(self, since: int | None = None) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except (OSError, ServerError):
-            return ""
 
     def alerts(self) -> list[dict]:
         """The alerts Alertmanager holds (``/api/v2/alerts``), each with ``labels`` and ``status``."""

@@ -54,7 +54,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -67,7 +66,9 @@ import yaml
 from builder import assets
 from builder.errors import ServerError, UserInputError
 from builder.monitoring.local_exporter import LocalExporter
-from builder.processes import LocalService, free_port, stop_signals
+from builder.monitoring.configured_service import ConfiguredService
+from builder.processes import http_get as _http
+from builder.processes import stop_signals
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -84,7 +85,6 @@ DEFAULT_CONFIG = assets.monitoring_dir() / "prometheus" / "prometheus.yml"
 INSTALL_HINT = "run scripts/install-system-deps.sh (or `make setup`): it installs Debian's `prometheus` package"
 
 _STOP_TIMEOUT_S = 10.0
-_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 _DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
 _DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
 _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
@@ -112,17 +112,6 @@ def _seconds(duration: str) -> float:
     if not _DURATION.match(duration):
         raise UserInputError(f"'{duration}' is not a Prometheus duration (e.g. 1s, 500ms, 15s, 1m)")
     return sum(int(n) * _UNIT_S[unit] for n, unit in _DURATION_PART.findall(duration))
-
-
-def _http(url: str, timeout: float = 5.0) -> tuple[int | None, bytes]:
-    """(status, body) of a GET, proxies ignored; (None, b"") if nothing answered."""
-    try:
-        with _NO_PROXY.open(url, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read() if err.fp is not None else b""
-    except (urllib.error.URLError, OSError):
-        return None, b""
 
 
 def _split_target(target: str) -> tuple[str, str | None, str | None]:
@@ -201,7 +190,7 @@ def render_config(
 # Prometheus
 
 
-class LocalPrometheus(LocalService):
+class LocalPrometheus(ConfiguredService):
     """A real ``prometheus`` process scraping ``scrape_targets``; a context manager, or start/stop.
 
     Arguments:
@@ -219,9 +208,8 @@ class LocalPrometheus(LocalService):
     """
 
     label = "prometheus"
-    error = ServerError
+    config_name = "prometheus.yml"
     stop_timeout = _STOP_TIMEOUT_S
-    log_header = True
 
     def __init__(
         self,
@@ -240,7 +228,7 @@ class LocalPrometheus(LocalService):
     ):
         if ready_timeout <= 0:
             raise UserInputError(f"ready_timeout must be positive, got {ready_timeout}")
-        super().__init__(host, ready_timeout)
+        super().__init__(host, ready_timeout, port, keep_data)
         self.scrape_targets = dict(scrape_targets) if scrape_targets is not None else None
         self.rule_files = list(rule_files) if rule_files is not None else None
         self.scrape_interval = scrape_interval
@@ -248,13 +236,8 @@ class LocalPrometheus(LocalService):
         self.config_template = Path(config_template)
         self.binary = binary
         self.extra_args = tuple(str(a) for a in extra_args)
-        self.keep_data = keep_data
         self.alertmanager_url = alertmanager_url
         self.config: dict[str, Any] | None = None
-        self.workdir: Path | None = None
-        self._binary: str | None = None
-        self._requested_port = port
-        self._port: int | None = None
 
     # -- lifecycle: start() writes the config, starts Prometheus and returns once ``/-/ready``
     # answers 200; ``ServerError`` if the binary is missing, the config is rejected, the port stays
@@ -265,16 +248,10 @@ class LocalPrometheus(LocalService):
         self._binary = find_prometheus(self.binary)
         self.config = render_config(self.config_template, self.scrape_targets, self.rule_files,
                                     self.scrape_interval, self.evaluation_interval, self.alertmanager_url)
-        self.workdir = Path(tempfile.mkdtemp(prefix="triton-builder-prometheus-"))
+        self._make_workdir()
         self.config_path.write_text(
             "# written by builder.monitoring.prometheus from " + str(self.config_template) + "\n"
             + yaml.safe_dump(self.config, sort_keys=False))
-
-    def _auto_ports(self) -> bool:
-        return self._requested_port is None
-
-    def _pick_ports(self) -> None:
-        self._port = self._requested_port or free_port(self.host)
 
     def _command(self) -> list[str]:
         data = self.workdir / "data"
@@ -283,63 +260,6 @@ class LocalPrometheus(LocalService):
         return [self._binary, f"--config.file={self.config_path}", f"--storage.tsdb.path={data}",
                 "--storage.tsdb.retention.time=1d", f"--web.listen-address={self.host}:{self._port}",
                 *self.extra_args]
-
-    def _cwd(self) -> Path:
-        return self.workdir
-
-    def _ready(self) -> bool:
-        return _http(self.url + "/-/ready", timeout=1.0)[0] == 200
-
-    def _address_in_use(self, code: int) -> str | None:
-        busy = [line for line in self.read_log().splitlines() if "address already in use" in line]
-        return busy[0] if busy and self._requested_port is None else None
-
-    def _exit_error(self, code: int) -> Exception:
-        return ServerError(f"prometheus exited with code {code} while starting:\n{self.log_tail()}\n"
-                           f"config: {self.config_path}")
-
-    def _timeout_error(self) -> Exception:
-        return ServerError(f"prometheus was not ready on {self.url} within {self.ready_timeout:g} s; "
-                           f"last log lines:\n{self.log_tail()}")
-
-    def _ports_error(self, busy, attempts: int) -> Exception:
-        return ServerError(f"prometheus could not bind {self.host}:{self._port}: {busy}")
-
-    def _cleanup(self) -> None:
-        if self.workdir is not None and not self.keep_data:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-    # -- state -------------------------------------------------------------------------------
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise ServerError("prometheus was not started; call start() first")
-        return self._port
-
-    @property
-    def url(self) -> str:
-        """``http://127.0.0.1:<port>``."""
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        return f"http://{host}:{self.port}"
-
-    @property
-    def config_path(self) -> Path:
-        if self.workdir is None:
-            raise ServerError("prometheus was not started; call start() first")
-        return self.workdir / "prometheus.yml"
-
-    @property
-    def log_path(self) -> Path:
-        if self.workdir is None:
-            raise ServerError("prometheus was not started; call start() first")
-        return self.workdir / "prometheus.log"
-
-    def read_log(self, since: int | None = None) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except (OSError, ServerError):
-            return ""
 
     # -- HTTP API ----------------------------------------------------------------------------
 

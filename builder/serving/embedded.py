@@ -51,13 +51,11 @@ import re
 import shutil
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from builder.errors import ServerDiedError, ServerError, UserInputError
-from builder.processes import LocalService, free_ports
+from builder.processes import LocalService, free_ports, http_get
 from builder.serving.backends import EMBEDDED_BACKENDS, PLATFORM_BACKENDS, model_dirs, unsupported_models
 from builder.serving.install import TritonInstall, build_backend_dir, find_tritonserver, server_environment
 from builder.serving.server_log import describe_exit as _describe_exit, readable as _readable
@@ -72,20 +70,6 @@ __all__ = ["EMBEDDED_BACKENDS", "PLATFORM_BACKENDS", "TritonInstall", "find_trit
 _MODEL_CONTROL_MODES = ("explicit", "none", "poll")
 _STOP_TIMEOUT_S = 15.0
 _PORT_ATTEMPTS = 5
-
-
-_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def _http_status(url: str, timeout: float = 1.0) -> int | None:
-    """HTTP status of a GET (proxies ignored), or None if nothing answered."""
-    try:
-        with _NO_PROXY.open(url, timeout=timeout) as response:
-            return response.status
-    except urllib.error.HTTPError as err:
-        return err.code
-    except (urllib.error.URLError, OSError):
-        return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -224,7 +208,7 @@ class EmbeddedServer(LocalService):
         return any(p is None for p in self._requested_ports)
 
     def _ready(self) -> bool:
-        return _http_status(f"http://{self.http_url}/v2/health/live") == 200
+        return http_get(f"http://{self.http_url}/v2/health/live", timeout=1.0)[0] == 200
 
     def _address_in_use(self, code: int) -> str | None:
         busy = [l.strip() for l in self.read_log().splitlines() if "already in use" in l]
@@ -410,7 +394,7 @@ class EmbeddedServer(LocalService):
 
     def is_ready(self) -> bool:
         """Whether ``/v2/health/ready`` answers 200."""
-        return self.is_running() and _http_status(f"http://{self.http_url}/v2/health/ready") == 200
+        return self.is_running() and http_get(f"http://{self.http_url}/v2/health/ready", timeout=1.0)[0] == 200
 
     def wait_until_ready(self, timeout: float = 60.0) -> None:
         """Wait for ``/v2/health/ready``; ``ServerDiedError`` if the process ends, ``ServerError`` on timeout."""

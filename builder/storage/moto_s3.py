@@ -21,16 +21,13 @@ import os
 import shutil
 import sys
 import tempfile
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from builder.errors import ServerError, UserInputError
-from builder.processes import LocalService, free_port
+from builder.processes import LocalService, free_port, http_get
 
 __all__ = ["MotoS3Server"]
 
-_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 INSTALL_HINT = "pip install 'moto[server]' (in triton-builder's dev extra: pip install -e '.[dev]')"
 
 
@@ -86,13 +83,8 @@ class MotoS3Server(LocalService):
         return dict(os.environ, PYTHONUNBUFFERED="1")
 
     def _ready(self) -> bool:
-        try:
-            with _NO_PROXY.open(f"{self.endpoint_url}/moto-api/", timeout=1) as response:
-                return response.status < 500
-        except urllib.error.HTTPError as err:
-            return err.code < 500
-        except (urllib.error.URLError, OSError):
-            return False
+        status, _ = http_get(f"{self.endpoint_url}/moto-api/", timeout=1)
+        return status is not None and status < 500
 
     def _exit_error(self, code: int) -> Exception:
         return ServerError(f"the moto S3 server exited with code {code} while starting: {self._log_tail()}")
