@@ -17,10 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
+from builder.monitoring import drift_profile
+
 
 def _load_drift():
     # load builder/monitoring/drift.py by path: it is self-contained, like in a model folder
-    path = Path(__file__).resolve().parent.parent / "builder" / "drift.py"
+    path = Path(__file__).resolve().parent.parent / "builder" / "monitoring" / "drift.py"
     spec = importlib.util.spec_from_file_location("drift", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -31,7 +33,7 @@ def bench(drift, shape, calls, sample_every, rng):
     ref_n = 512 if shape[0] == 1 else 32
     ref = {"image": rng.random((ref_n * shape[0],) + shape[1:], dtype=np.float32)}
     ref_out = {"logits": rng.normal(size=(ref_n * shape[0], 10)).astype(np.float32)}
-    profile = drift.build_profile(ref, ref_out)
+    profile = drift_profile.build_profile(ref, ref_out)
     win = drift.DriftWindow(profile, window=512, sample_every=sample_every)
     batches = [
         ({"image": rng.random(shape, dtype=np.float32)},

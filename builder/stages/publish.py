@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from builder.monitoring.drift import build_profile, profile_text
+from builder.monitoring.drift_profile import build_profile, profile_text
 from builder.repository.description import VersionDescription
 from builder.repository.layout import check_version_free, next_version
 from builder.repository.metadata import library_versions, reference_bytes

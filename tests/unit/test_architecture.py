@@ -23,18 +23,9 @@ def _checker():
 
 checker = _checker()
 
-STILL_BEING_FINISHED = {
-    "size": "builder/monitoring/drift.py (one self-contained file copied into python-backend versions) and "
-            "builder/spec.py are over 500 lines; serving/embedded.py and monitoring/prometheus.py are being split",
-    "subprocess": "processes are moving onto builder/processes.py (LocalService)",
-    "tritonclient": "the Triton client facade builder/serving/client.py is being wired in",
-}
 
 
-@pytest.mark.parametrize("rule", [
-    pytest.param(rule, marks=pytest.mark.xfail(strict=False, reason=STILL_BEING_FINISHED[rule]))
-    if rule in STILL_BEING_FINISHED else rule
-    for rule in checker.RULES])
+@pytest.mark.parametrize("rule", checker.RULES)
 def test_house_rule(rule):
     problems = checker.check(ROOT, {rule})[rule]
     assert not problems, f"{rule}:\n" + "\n".join(problems)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builder.monitoring import drift
+from builder.monitoring import drift, drift_profile
 
 N_REF = 4000
 WINDOW = 512
@@ -36,7 +36,7 @@ def _tabular(rng, n, scale=1.0, offset=0.0):
 @pytest.fixture(scope="module")
 def profile():
     rng = np.random.default_rng(123)
-    return drift.build_profile(
+    return drift_profile.build_profile(
         {"image": _images(rng, N_REF), "x": _tabular(rng, N_REF), "ids": rng.integers(0, 20, (N_REF, 16))},
         {"logits": _logits(rng, N_REF)},
         bins=10,
@@ -98,7 +98,7 @@ def test_profile_features(profile):
 
 def test_profile_other_shapes_and_skips():
     rng = np.random.default_rng(0)
-    p = drift.build_profile(
+    p = drift_profile.build_profile(
         {
             "nhwc": rng.random((50, 16, 16, 3)),
             "wide": rng.random((50, 100)),
@@ -244,7 +244,7 @@ def test_unprofilable_data_is_skipped_not_fatal(profile):
 
 def test_profile_json_roundtrip(profile, tmp_path):
     path = tmp_path / "sub" / "drift_profile.json"
-    drift.save_profile(str(path), profile)
+    drift_profile.save_profile(str(path), profile)
     loaded = drift.load_profile(str(path))
     assert loaded == json.loads(json.dumps(profile))
     # a window built from the loaded profile scores the same as one from the original
@@ -269,7 +269,7 @@ def test_large_rows_use_consistent_position_subset():
     def imgs(n):
         return (base[None, None] + rng.normal(0, 0.05, (n, 1, 64, 64))).astype(np.float32)
 
-    p = drift.build_profile({"img": imgs(300)}, {})
+    p = drift_profile.build_profile({"img": imgs(300)}, {})
     assert p["max_values_per_row"] == 256
     win = drift.DriftWindow(p, window=128)
     for _ in range(8):
