@@ -68,7 +68,13 @@ t=$(now)
 triton-builder build digits/spec.yaml --repository repo --benchmark-seconds 1
 log "build: $(since "$t") s"
 
-triton-builder serve --repository repo </dev/null >serve.log 2>&1 &
+# free ports (serve defaults to Triton's 8000-8002, which another process may hold)
+read -r p_http p_grpc p_metrics < <(python -c 'import socket
+socks = [socket.socket() for _ in range(3)]
+for s in socks: s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in socks))')
+triton-builder serve --repository repo --http-port "$p_http" --grpc-port "$p_grpc" --metrics-port "$p_metrics" \
+    </dev/null >serve.log 2>&1 &
 serve_pid=$!
 for _ in $(seq 1 240); do
     grep -q "is ready" serve.log && break
