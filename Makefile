@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps test test-unit demo wheel-smoke bench bench-tuning bench-drift bench-replicas clean
+.PHONY: setup system-deps test test-unit demo wheel-smoke bench bench-tuning bench-drift bench-replicas bench-faults clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	bash scripts/make-venv.sh "$(PYTHON)" $(VENV)
@@ -48,6 +48,9 @@ bench-drift: setup
 
 bench-replicas: setup
 	$(BIN)/python benchmarks/replicas_throughput.py
+
+bench-faults: setup
+	$(BIN)/python benchmarks/fault_kills.py
 
 clean:
 	rm -rf runs .pytest_cache

@@ -8,7 +8,6 @@ Usage::
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any, Callable
 from builder.errors import BuilderError, VerificationError
 from builder.progress import bar
 from builder.repository.layout import check_version_free
+from builder.scratch import WORK_PREFIX, OwnedFolder, sweep
 from builder.spec import ModelSpec, load_spec
 from builder.stages.base import BuildContext, BuildOptions, StageResult, Status, timed
 
@@ -57,12 +57,16 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = "model_reposito
         raise UserInputError(f"--benchmark-seconds: {benchmark_seconds} is negative; give seconds per variant, "
                              "or 0 to skip measuring")
     check_version_free(options.repository, model_spec.name, model_spec.version)
-    workdir = Path(tempfile.mkdtemp(prefix=f"triton-builder-{model_spec.name}-"))
+    scratch_root = Path(tempfile.gettempdir())
+    sweep(scratch_root, WORK_PREFIX)  # what killed builds left behind
     progress = progress or _silent
-    ctx = BuildContext(spec=model_spec, options=options, workdir=workdir, progress=progress)
-    ctx.requested_variants, ctx.base_only = add_bases(resolve_variants(variants or model_spec.variants, ctx.target))
-    progress(f"building {model_spec.name} (target {ctx.target}; variants: {', '.join(ctx.requested_variants)})")
+    requested, base_only = add_bases(resolve_variants(variants or model_spec.variants, options.target or
+                                                      model_spec.deploy.target))
+    work = OwnedFolder.create(scratch_root, WORK_PREFIX, model_spec.name)
     try:
+        ctx = BuildContext(spec=model_spec, options=options, workdir=work.path, progress=progress)
+        ctx.requested_variants, ctx.base_only = requested, base_only
+        progress(f"building {model_spec.name} (target {ctx.target}; variants: {', '.join(ctx.requested_variants)})")
         with bar(progress, f"building {model_spec.name}", total=len(PIPELINE)) as advance:
             for index, (name, module, required) in enumerate(PIPELINE, 1):
                 progress(f"[{index}/{len(PIPELINE)}] {name} ...")
@@ -78,7 +82,7 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = "model_reposito
         published = next(r.outputs["published"] for r in ctx.results if r.stage == "publish")
         return BuildResult(ctx, published, variant_rows(ctx))
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        work.release()
 
 
 def _silent(message: str) -> None:

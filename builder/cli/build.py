@@ -46,6 +46,16 @@ def cmd_run(args: argparse.Namespace, reporter: Reporter) -> int:
                         keep_serving=args.keep_serving, progress=reporter)
 
 
+def cmd_clean(args: argparse.Namespace, reporter: Reporter) -> int:
+    from builder.scratch import clean
+
+    removed = clean(args.repository)
+    for folder in removed:
+        print(f"removed {folder}")
+    print(f"{len(removed)} folder(s) left by dead builds removed" if removed else "nothing to clean")
+    return 0
+
+
 def register(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("build", parents=[common], help="export, verify, measure and publish a model spec")
     p.add_argument("spec", help="model spec YAML")
@@ -65,6 +75,12 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--tensorrt-version", help="target TensorRT version for TensorRT plans")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object (for CI pipelines)")
     p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("clean", parents=[common],
+                       help="remove the work and staging folders that killed builds left (never a live build's)")
+    p.add_argument("--repository", default=DEFAULT_REPOSITORY,
+                   help="also its staging folders, which sit beside it (default: %(default)s)")
+    p.set_defaults(func=cmd_clean)
 
     p = sub.add_parser("run", parents=[common],
                        help="the main job: build, serve, check, load-test and report, then stop")

@@ -2,12 +2,12 @@
 
 Usage::
 
-    version = next_version(repository, "digits_cnn", requested=None)
-    description = VersionDescription(name="digits_cnn", version=version, config=config,
-                                     model_format="onnx", model_files=[work / "model.onnx"],
-                                     runtime_files={}, extra_files={"reference.npz": npz_bytes},
-                                     metadata={"model_name": "digits_cnn", "version": None, ...})
-    published = publish_model(repository, description)   # builder/repository/publish.py
+    with reserve_version(repository, "digits_cnn", requested=None) as reservation:  # layout.py
+        description = VersionDescription(name="digits_cnn", version=reservation.version, config=config,
+                                         model_format="onnx", model_files=[work / "model.onnx"],
+                                         runtime_files={}, extra_files={"reference.npz": npz_bytes},
+                                         metadata={"model_name": "digits_cnn", "version": None, ...})
+        published = publish_model(repository, description, reservation)   # builder/repository/publish.py
 
 The description is plain data: nothing in it writes into a repository or calls back into the
 version folder. builder/repository/ alone writes it, atomically (builder/repository/layout.py):

@@ -3,14 +3,16 @@ publish of a version folder.
 
 Usage::
 
-    with publish_version(repo, "digits_cnn", version=None) as draft:
+    with publish_version(repo, "digits_cnn", version=None) as draft:   # or reservation=reserve_version(...)
         shutil.copy(model_file, draft.folder / "model.onnx")   # fill the staging folder
         draft.config_text = rendered_config
     draft.version, draft.path   # set once the version folder has been moved into place
 
-Nothing is visible in the repository until the with-block ends without error; then the finished
-version folder is renamed into place (it never replaces an existing version) and config.pbtxt is
-replaced atomically. On error the staging folder is removed and the repository is as it was.
+Nothing is visible in the repository until the with-block ends without error. A model's first
+version appears with its config.pbtxt in one rename of the whole staged model folder; a later
+version folder is renamed into place (it never replaces an existing version), then config.pbtxt is
+replaced atomically. On error the staging folder is removed and the repository is as it was; a
+staging folder a killed build left is owned by nobody and removed by the next publish (builder/scratch.py).
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ import contextlib
 import fcntl
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from builder.errors import UserInputError
+from builder.scratch import OwnedFolder, staging_parent, staging_prefix, sweep
+
+RESERVATION_FILE = "reserved-version"  # in a staging folder: the model name and version, a line each
 from builder.spec import validate_model_name
 
 
@@ -57,16 +61,6 @@ def check_version_free(repository: Path, name: str, version: int | None) -> None
         )
 
 
-def next_version(repository: Path, name: str, requested: int | None = None) -> int:
-    """The number a version published now takes: the requested one, else the next free number
-    (chosen before the version is described so its metadata can record it; checked again under the
-    repository lock when it is published)."""
-    if requested is not None:
-        return requested
-    taken = existing_versions(model_dir(Path(repository).resolve(), name))
-    return max(taken) + 1 if taken else 1
-
-
 @dataclass
 class Draft:
     name: str
@@ -87,36 +81,84 @@ def _repository_lock(root: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+@dataclass
+class Reservation:
+    """A version number held for one publish: its owned staging folder records it, so concurrent
+    builds into the same repository take distinct numbers; released (with the folder) when done."""
+    repository: Path
+    name: str
+    version: int
+    staging: OwnedFolder
+
+
+def _reserved(root: Path, name: str) -> set[int]:
+    """Versions of ``name`` held by live builds' staging folders (dead ones were swept)."""
+    held = set()
+    for folder in staging_parent(root).glob(staging_prefix(root) + "*"):
+        try:
+            owner, number = (folder / RESERVATION_FILE).read_text().split("\n")[:2]
+        except (OSError, ValueError):
+            continue
+        if owner == name and number.isdigit():
+            held.add(int(number))
+    return held
+
+
 @contextlib.contextmanager
-def publish_version(repository: Path, name: str, version: int | None = None) -> Iterator[Draft]:
+def reserve_version(repository: Path, name: str, requested: int | None = None) -> Iterator[Reservation]:
+    """Hold the version a publish will take (``requested``, else the next number neither published
+    nor held by a live build) and its staging folder, beside the repository (same file system:
+    renames are atomic; outside it: Triton never loads it), owned by this process: a build killed
+    now leaves a folder the next one removes."""
     root = Path(repository).resolve()
-    target_model = model_dir(root, name)
+    model_dir(root, name)
     root.mkdir(parents=True, exist_ok=True)
-    # staging sits beside the repository (same filesystem: rename is atomic) so Triton never sees it
-    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}-staging-{name}-", dir=root.parent))
-    # the number is chosen now so metadata can record it; it is checked again under the lock
-    draft = Draft(name=name, folder=staging / "version", version=next_version(root, name, version))
-    draft.folder.mkdir()
-    created_model_dir = False
+    with _repository_lock(root):
+        sweep(staging_parent(root), staging_prefix(root))
+        taken = set(existing_versions(root / name)) | _reserved(root, name)
+        if requested is not None and requested in taken:
+            raise UserInputError(f"version {requested} of model '{name}' already exists or is being published by "
+                                 "another build; versions are never overwritten: remove 'version:' from the spec "
+                                 "to take the next free number, or choose another")
+        version = requested if requested is not None else max(taken, default=0) + 1
+        staging = OwnedFolder.create(staging_parent(root), staging_prefix(root), name)
+        (staging.path / RESERVATION_FILE).write_text(f"{name}\n{version}\n")
+    try:
+        yield Reservation(root, name, version, staging)
+    finally:
+        staging.release()
+
+
+@contextlib.contextmanager
+def publish_version(repository: Path, name: str, version: int | None = None,
+                    reservation: Reservation | None = None) -> Iterator[Draft]:
+    if reservation is None:
+        with reserve_version(repository, name, version) as own, \
+                publish_version(repository, name, reservation=own) as draft:
+            yield draft
+        return
+    root = reservation.repository
+    target_model = model_dir(root, name)
+    # the whole model folder is staged: a model's first version appears with its config in one rename
+    staged_model = reservation.staging.path / "model"
+    draft = Draft(name=name, folder=staged_model / "version", version=reservation.version)
+    draft.folder.mkdir(parents=True)
     try:
         yield draft
         if draft.config_text is None:
             raise RuntimeError("publish_version: config_text was not set")
-        (staging / "config.pbtxt").write_text(draft.config_text)
+        (staged_model / "config.pbtxt").write_text(draft.config_text)
         with _repository_lock(root):
-            if not target_model.exists():
-                target_model.mkdir()
-                created_model_dir = True
             if draft.version in existing_versions(target_model):
                 raise UserInputError(f"version {draft.version} of model '{name}' already exists (published while "
                                      "this build ran?); versions are never overwritten: build again")
             destination = target_model / str(draft.version)
-            os.rename(draft.folder, destination)  # atomic: the version appears complete or not at all
-            os.replace(staging / "config.pbtxt", target_model / "config.pbtxt")
+            if not target_model.exists():
+                draft.folder.rename(staged_model / str(draft.version))
+                os.rename(staged_model, target_model)  # atomic: model, config and version at once
+            else:
+                os.rename(draft.folder, destination)  # atomic: the version appears complete or not at all
+                os.replace(staged_model / "config.pbtxt", target_model / "config.pbtxt")
             draft.path = destination
-    except BaseException:
-        if created_model_dir and not any(target_model.iterdir()):
-            target_model.rmdir()
-        raise
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(staged_model, ignore_errors=True)

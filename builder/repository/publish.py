@@ -12,16 +12,19 @@ builder/repository/description.py says what a description holds and how it is wr
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from builder import assets
+from builder.errors import BuilderError
 from builder.repository.config import (DynamicBatching, InstanceGroup, ModelConfig, TensorConfig, Warmup,
                                        WarmupInput, backend_for, backend_info, render_config)
 from builder.tensorrt.gpu_config import gpu_optimization
 from builder.repository.description import FileContent, VersionDescription
-from builder.repository.layout import publish_version
+from builder.repository.layout import Reservation, publish_version
 from builder.repository.metadata import write_metadata
 from builder.files import sha256_file
 from builder.spec import TRITON_DTYPES, ModelSpec
@@ -67,31 +70,50 @@ def python_backend_files(config: ModelConfig) -> dict[str, Path]:
     return {"model.py": assets.python_backend_model(), "drift.py": assets.drift_module()}
 
 
-def publish_model(repository: Path, description: VersionDescription) -> dict[str, Any]:
+def publish_model(repository: Path, description: VersionDescription,
+                  reservation: Reservation | None = None) -> dict[str, Any]:
     """Publish one described version atomically: model files, runtime files, metadata.yaml (version
     and file hashes filled in here), the extra files and config.pbtxt; nothing is visible until all
-    of them are written."""
+    of them are written. A failed write (a full disk) names the file and leaves earlier versions as
+    they were."""
     config = description.config
-    with publish_version(repository, description.name, description.version) as draft:
+    with publish_version(repository, description.name, description.version, reservation) as draft:
         model_files = description.model_files
         model_name = _model_file_for(description.model_format)
         for source in model_files:
             # the main file takes the backend's default name; companions keep their suffix (.data)
-            suffix = source.name[len(model_files[0].name):]
-            shutil.copyfile(source, draft.folder / (model_name + suffix))
+            target = draft.folder / (model_name + source.name[len(model_files[0].name):])
+            with _writing(target, description.name):
+                shutil.copyfile(source, target)
         for name, source in description.runtime_files.items():
-            shutil.copyfile(source, draft.folder / name)
+            with _writing(draft.folder / name, description.name):
+                shutil.copyfile(source, draft.folder / name)
         hashes = {p.name: sha256_file(p) for p in sorted(draft.folder.iterdir()) if p.is_file()}
         for name, content in description.extra_files.items():
-            _write_extra(draft.folder, name, content)
+            with _writing(draft.folder / name, description.name):
+                _write_extra(draft.folder, name, content)
         if description.metadata is not None:
             record = dict(description.metadata)
             record["version"] = draft.version
             record["files_sha256"] = hashes
-            write_metadata(draft.folder / "metadata.yaml", record)
+            with _writing(draft.folder / "metadata.yaml", description.name):
+                write_metadata(draft.folder / "metadata.yaml", record)
         draft.config_text = render_config(config)
     return {"name": config.name, "version": draft.version, "path": str(draft.path), "backend": config.backend,
             "platform": backend_info(config.backend).name}
+
+
+@contextlib.contextmanager
+def _writing(path: Path, model: str) -> Iterator[None]:
+    """An OSError while writing ``path`` into the staging folder, said with the file and the fix."""
+    try:
+        yield
+    except OSError as err:
+        hint = ("free space on that file system and build again" if err.errno == errno.ENOSPC
+                else "check that folder's permissions and free space, then build again")
+        raise BuilderError(f"publishing '{model}' failed writing {path.name} ({path.parent}): "
+                           f"{err.strerror or err}; nothing was published and earlier versions are intact; "
+                           f"{hint}") from None
 
 
 def _write_extra(folder: Path, name: str, content: FileContent) -> None:

@@ -10,7 +10,7 @@ import datetime as dt
 
 from builder.monitoring.drift_profile import build_profile, profile_text
 from builder.repository.description import VersionDescription
-from builder.repository.layout import check_version_free, next_version
+from builder.repository.layout import check_version_free, reserve_version
 from builder.repository.metadata import library_versions, reference_bytes
 from builder.repository.publish import config_for, publish_model, python_backend_files
 from builder.report import report_files
@@ -88,9 +88,10 @@ def _describe(ctx: BuildContext, variant: Variant, name: str, version: int) -> t
 
 
 def _publish_one(ctx: BuildContext, variant: Variant, name: str, version: int | None) -> dict:
-    version = next_version(ctx.options.repository, name, version)  # checked again when it is published
-    description, said = _describe(ctx, variant, name, version)
-    published = publish_model(ctx.options.repository, description)
+    # the number is held from now on (metadata and report record it); concurrent builds take others
+    with reserve_version(ctx.options.repository, name, version) as reservation:
+        description, said = _describe(ctx, variant, name, reservation.version)
+        published = publish_model(ctx.options.repository, description, reservation)
     if said:
         ctx.progress(said)
     return published
