@@ -81,6 +81,13 @@ def _repository_lock(root: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _readable_by_all(folder: Path) -> None:
+    """Files 0644, folders 0755 whatever the builder's umask: Triton often runs as another user."""
+    folder.chmod(0o755)
+    for path in folder.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
 @dataclass
 class Reservation:
     """A version number held for one publish: its owned staging folder records it, so concurrent
@@ -148,6 +155,7 @@ def publish_version(repository: Path, name: str, version: int | None = None,
         if draft.config_text is None:
             raise RuntimeError("publish_version: config_text was not set")
         (staged_model / "config.pbtxt").write_text(draft.config_text)
+        _readable_by_all(staged_model)
         with _repository_lock(root):
             if draft.version in existing_versions(target_model):
                 raise UserInputError(f"version {draft.version} of model '{name}' already exists (published while "

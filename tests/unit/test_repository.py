@@ -121,3 +121,26 @@ def test_validate_catches_drifted_reference_outputs(built_repository, tmp_path):
 def test_validate_missing_folder_exits_2(tmp_path):
     proc = run_cli("validate", str(tmp_path / "nope"))
     assert proc.returncode == 2 and "no such model folder" in proc.stderr
+
+
+def test_published_files_are_readable_by_the_serving_user(tmp_path):
+    # Triton often runs as another uid than the builder (a container's triton-server user)
+    import os
+    import stat
+
+    previous = os.umask(0o077)  # a builder whose own files are private
+    try:
+        with publish_version(tmp_path / "repo", "m") as draft:
+            (draft.folder / "model.onnx").write_text("x")
+            (draft.folder / "sub").mkdir()
+            (draft.folder / "sub" / "data").write_text("y")
+            draft.config_text = 'name: "m"\n'
+    finally:
+        os.umask(previous)
+    for path in [tmp_path / "repo" / "m", *(tmp_path / "repo" / "m").rglob("*")]:
+        mode = path.stat().st_mode
+        if "__pycache__" in path.parts:
+            continue
+        assert mode & stat.S_IROTH, f"{path} is not readable by others ({stat.filemode(mode)})"
+        if path.is_dir():
+            assert mode & stat.S_IXOTH, f"{path} cannot be entered by others ({stat.filemode(mode)})"
