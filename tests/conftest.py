@@ -40,6 +40,18 @@ def require(module: str, extra: str = "dev"):
         pytest.skip(message)
 
 
+def require_command(command: str, package: str) -> str:
+    """The path of a system command the tests need, or a skip - a failure in CI, whose setup
+    (scripts/install-system-deps.sh) installs the Debian ``package`` that provides it."""
+    path = shutil.which(command)
+    if path:
+        return path
+    message = f"{command} not found on PATH: run scripts/install-system-deps.sh (Debian package `{package}`)"
+    if in_ci():
+        pytest.fail(message + " -- CI is set, so this is a failure")
+    pytest.skip(message + "; set CI=true to make this a failure")
+
+
 def edit_spec(folder: Path, **changes) -> Path:
     """Rewrite folder/spec.yaml with top-level keys changed (None removes a key); returns its path."""
     path = folder / "spec.yaml"

@@ -8,30 +8,21 @@ are skipped locally, but FAIL when the CI environment variable is set.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.conftest import require_command
+
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 PASSWORD_VAR = "GRAFANA_ADMIN_PASSWORD"
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
 def _docker_compose() -> str:
-    path = shutil.which("docker-compose")
-    if path:
-        return path
-    if _in_ci():
-        pytest.fail("docker-compose not found on PATH but CI is set: run scripts/install-system-deps.sh "
-                    "(Debian package `docker-compose`) in the CI job before the tests")
-    pytest.skip("docker-compose not installed (run scripts/install-system-deps.sh); set CI=true to make this a failure")
+    return require_command("docker-compose", "docker-compose")
 
 
 def _config(tmp_path: Path, password: str | None) -> subprocess.CompletedProcess:

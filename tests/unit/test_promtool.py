@@ -8,13 +8,12 @@ variable is set: CI installs it, so a missing promtool there is a real error.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
+
+from tests.conftest import require_command
 
 ROOT = Path(__file__).resolve().parents[2]
 PROM = ROOT / "monitoring" / "prometheus"
@@ -24,18 +23,8 @@ RULE_TESTS = sorted((PROM / "tests").glob("*.yml"))
 DASHBOARD = ROOT / "monitoring" / "grafana" / "dashboards" / "triton.json"
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
 def _promtool() -> str:
-    path = shutil.which("promtool")
-    if path:
-        return path
-    if _in_ci():
-        pytest.fail("promtool not found on PATH but CI is set: run scripts/install-system-deps.sh "
-                    "(Debian package `prometheus`) in the CI job before the tests")
-    pytest.skip("promtool not installed (run scripts/install-system-deps.sh); set CI=true to make this a failure")
+    return require_command("promtool", "prometheus")
 
 
 def _run(cmd, cwd=PROM):
