@@ -49,6 +49,16 @@ class VerificationError(BuilderError):
         super().__init__(message)
 
 
+class InternalError(BuilderError):
+    """A bug in triton-builder (e.g. a config it generated that Triton's rules reject), never the
+    user's input nor a numerical failure. Exit code 3; the message says to report it."""
+
+    exit_code = 3
+
+    def __init__(self, message: str):
+        super().__init__(f"internal error (a triton-builder bug; please report it with the spec): {message}")
+
+
 class ServerError(BuilderError):
     """The server could not be started, reached, or made ready. Exit code 2."""
 

@@ -40,6 +40,25 @@ def random_tensor(tensor: TensorSpec, batch: int | None, dynamic_size: int, rng:
     return rng.standard_normal(shape).astype(dtype)
 
 
+def to_wire(array: np.ndarray, dims: list[int], batching: bool) -> np.ndarray:
+    """An array shaped as the model sees it, shaped as clients send/receive it: a scalar per sample
+    travels as dims [1] (config ``dims: [1]`` with ``reshape: {shape: []}``); others are unchanged."""
+    array = np.asarray(array)
+    if list(dims) == [1] and array.ndim == (1 if batching else 0):
+        return array.reshape((len(array), 1) if batching else (1,))
+    return array
+
+
+def from_wire(array: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """A served output back in the reference's shape when only the scalar convention differs."""
+    array = np.asarray(array)
+    ref_shape = np.shape(reference)
+    if array.shape != ref_shape and array.size == int(np.prod(ref_shape)) and \
+            [d for d in array.shape if d != 1] == [d for d in ref_shape if d != 1]:
+        return array.reshape(ref_shape)
+    return array
+
+
 def default_batch_sizes(spec: ModelSpec) -> list[int]:
     if spec.verify.batch_sizes:
         return list(spec.verify.batch_sizes)

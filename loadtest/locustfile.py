@@ -173,6 +173,13 @@ class Target:
             samples, self.source = _read_npz(options.payload, names, self.batching), options.payload
         else:
             samples, self.source = _generate(inputs, self.batching), "generated from the model metadata"
+        # a scalar per sample travels as dims [1] (config reshape []), as builder.tensors.to_wire does
+        dims = {name: shape for name, _, shape in inputs}
+        scalar = [n for n in names if dims[n] == [1]]
+        for sample in samples:
+            for n in scalar:
+                if sample[n].ndim == (1 if self.batching else 0):
+                    sample[n] = sample[n].reshape((len(sample[n]), 1) if self.batching else (1,))
         batch = max(1, int(options.triton_batch_size))
         if batch > max(1, int(config.get("max_batch_size", 0))):
             raise ValueError(f"--triton-batch-size {batch} > the model's max_batch_size "

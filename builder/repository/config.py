@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from builder import assets
-from builder.errors import BuilderError, UserInputError, unknown_choice
+from builder.errors import BuilderError, InternalError, UserInputError, unknown_choice
 from builder.spec import NAME_PATTERN, TRITON_DTYPES
 
 INSTANCE_KINDS = ("KIND_CPU", "KIND_GPU", "KIND_AUTO")
@@ -73,6 +73,15 @@ class TensorConfig:
     name: str
     data_type: str
     dims: list[int]
+    reshape: list[int] | None = None  # what the model sees; [] = a scalar per sample (dims [1])
+
+    @classmethod
+    def per_sample(cls, name: str, data_type: str, shape: list[int]) -> "TensorConfig":
+        """Triton's dims cannot be empty: a scalar per sample is dims [1] with reshape [] (Triton's
+        convention), so clients send and receive [batch, 1] while the model sees [batch]."""
+        if not shape:
+            return cls(name, data_type, [1], reshape=[])
+        return cls(name, data_type, list(shape))
 
 
 @dataclass
@@ -151,7 +160,7 @@ class ModelConfig:
             if any(d < 1 for i in w.inputs for d in i.dims):
                 problems.append(f"warmup {w.name}: dims must be concrete (no -1)")
         if problems:
-            raise BuilderError(f"invalid model config for '{self.name}': " + "; ".join(problems))
+            raise InternalError(f"invalid model config for '{self.name}': " + "; ".join(problems))
 
     @property
     def default_model_filename(self) -> str:

@@ -35,9 +35,9 @@ RUNTIME_FOR_FORMAT = {"onnx": "onnxruntime", "torchscript": "torchscript"}
 def config_for(spec: ModelSpec, variant_format: str, target: str, name: str,
                output_signature: dict[str, tuple[str, list[int]]], backend: str | None = None) -> ModelConfig:
     backend = backend or backend_for(target, variant_format)
-    inputs = [TensorConfig(t.name, t.triton_dtype, list(t.shape)) for t in spec.inputs]
-    outputs = [TensorConfig(o.name, TRITON_DTYPES[output_signature[o.name][0]], list(output_signature[o.name][1]))
-               for o in spec.outputs]
+    inputs = [TensorConfig.per_sample(t.name, t.triton_dtype, list(t.shape)) for t in spec.inputs]
+    outputs = [TensorConfig.per_sample(o.name, TRITON_DTYPES[output_signature[o.name][0]],
+                                       list(output_signature[o.name][1])) for o in spec.outputs]
     batching = None
     if spec.batching and spec.deploy.dynamic_batching:
         batching = DynamicBatching(spec.deploy.max_queue_delay_microseconds, list(spec.deploy.preferred_batch_sizes))
@@ -45,7 +45,7 @@ def config_for(spec: ModelSpec, variant_format: str, target: str, name: str,
     warmups = []
     if spec.deploy.warmup:
         warmups.append(Warmup("warmup_batch1", 1, [
-            WarmupInput(t.name, t.triton_dtype, t.profile_shapes()["opt"],
+            WarmupInput(t.name, t.triton_dtype, t.profile_shapes()["opt"] or [1],
                         zero=not t.dtype.startswith("float")) for t in spec.inputs]))
     parameters = {}
     if backend == "python":

@@ -25,7 +25,7 @@ from builder.serving.client import TritonClient, TritonError
 from builder.repository.config import config_as_dict
 from builder.repository.layout import latest_version, model_dir
 from builder.repository.metadata import read_metadata, read_reference
-from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures
+from builder.tensors import compare_outputs, from_wire, merge_case_metrics, to_wire, tolerance_failures
 
 
 @dataclass
@@ -88,14 +88,18 @@ def check_served(name: str, *, repository: str | Path = "model_repository", url:
         _require_ready(http_client, name, number, url)
         intended = config_as_dict((folder / "config.pbtxt").read_text())
         report.config_differences = config_differences(intended, http_client.model_config(name))
+        batching = int(intended.get("max_batch_size", 0)) > 0
+        wire_dims = {t["name"]: [int(d) for d in t.get("dims", [])] for t in intended.get("input", [])}
 
         for proto in protocols:
             client = http_client if proto == "http" else _grpc_client(grpc_url, timeout)
             try:
                 per_case = []
                 for case, ref in zip(cases, outputs):
-                    got = client.infer(name, case["inputs"], output_names, version=number)
-                    per_case.append(compare_outputs(ref, got))
+                    sent = {k: to_wire(v, wire_dims.get(k, []), batching) for k, v in case["inputs"].items()}
+                    got = client.infer(name, sent, output_names, version=number)
+                    per_case.append(compare_outputs(ref, {k: from_wire(v, ref[k]) if k in ref else v
+                                                          for k, v in got.items()}))
             except TritonError as exc:  # a failed request is a failed gate, with the server's words
                 report.failures.append(f"{proto}: request failed: {' '.join(exc.reason.split())[:300]}")
                 continue

@@ -157,7 +157,12 @@ def load_samples(model: ModelInterface, payload: str | Path | None = None,
     names = [name for name, _, _ in model.inputs]
     path = Path(payload) if payload is not None else default_payload(repository, model.name)
     if path is not None:
-        return read_npz_samples(path, names, model.batching), str(path)
+        from builder.tensors import to_wire
+        dims = {name: shape for name, _, shape in model.inputs}
+        samples = read_npz_samples(path, names, model.batching)
+        # a scalar per sample travels as dims [1] (config reshape []): shape the rows the way Triton wants
+        samples = [{n: to_wire(a, dims[n], model.batching) for n, a in sample.items()} for sample in samples]
+        return samples, str(path)
     return generated_samples(model), "generated from the model's metadata"
 
 

@@ -33,6 +33,11 @@ class TritonPythonModel:
         self.batching = int(config.get("max_batch_size", 0)) > 0
         self.inputs = [(i["name"], pb_utils.triton_string_to_numpy(i["data_type"])) for i in config["input"]]
         self.outputs = [(o["name"], pb_utils.triton_string_to_numpy(o["data_type"])) for o in config["output"]]
+        # reshape (Triton's convention for a scalar per sample: dims [1], reshape []): the model sees the
+        # reshape, clients send and receive dims
+        self.model_shapes = {i["name"]: [int(d) for d in i["reshape"].get("shape", [])]
+                             for i in config["input"] if "reshape" in i}
+        self.wire_dims = {o["name"]: [int(d) for d in o["dims"]] for o in config["output"] if "reshape" in o}
         path = os.path.join(folder, params.get("model_file", "model.onnx"))
         threads = int(params.get("intra_op_threads", "1") or 1)
         runtime = params.get("runtime", "onnxruntime")
@@ -72,6 +77,8 @@ class TritonPythonModel:
         for index, request in enumerate(requests):
             feeds = {name: pb_utils.get_input_tensor_by_name(request, name).as_numpy().astype(dtype, copy=False)
                      for name, dtype in self.inputs}
+            for name, shape in self.model_shapes.items():
+                feeds[name] = feeds[name].reshape(([len(feeds[name])] if self.batching else []) + shape)
             problem = self.non_finite.check(feeds)
             if problem:
                 refused[index] = problem
@@ -88,10 +95,16 @@ class TritonPythonModel:
             if isinstance(result, Exception):
                 responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(result))))
                 continue
-            tensors = [pb_utils.Tensor(name, np.ascontiguousarray(result[name]).astype(dtype, copy=False))
+            tensors = [pb_utils.Tensor(name, np.ascontiguousarray(self._wire(name, result[name])).astype(dtype, copy=False))
                        for name, dtype in self.outputs]
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
         return responses
+
+    def _wire(self, name, array):
+        dims = self.wire_dims.get(name)
+        if dims is None:
+            return array
+        return np.reshape(array, ([len(array)] if self.batching else []) + dims)
 
     def _run_grouped(self, arrays):
         same_shapes = self.batching and len(arrays) > 1 and all(
