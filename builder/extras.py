@@ -27,6 +27,8 @@ EXTRA_OF: dict[str, tuple[str, str]] = {
     "botocore": ("boto3", "s3"),
     "kubernetes_validate": ("kubernetes-validate", "k8s"),
     "tensorrt": ("tensorrt", "gpu"),
+    "model_signing": ("model-signing", "signing"),
+    "OpenSSL": ("pyopenssl", "signing"),
 }
 
 

@@ -35,8 +35,11 @@ class BuildResult:
 def build(spec: str | Path | ModelSpec, repository: str | Path = "model_repository", *,
           variants: list[str] | None = None, target: str | None = None, strict: bool = False,
           publish_variants: bool | None = None, benchmark_seconds: float | None = None,
-          progress: Callable[[str], object] | None = None) -> BuildResult:
+          progress: Callable[[str], object] | None = None, signing_key: str | Path | None = None) -> BuildResult:
     """Build, verify and publish one model spec into the repository. Raises BuilderError subclasses.
+
+    ``signing_key``: an elliptic-curve private key (PEM) that signs every published version (else
+    $TRITON_BUILDER_SIGNING_KEY; neither: unsigned, said in progress). builder/repository/signing.py.
 
     ``progress`` gets one line per stage (None: silent; the CLI passes a builder.progress.Reporter,
     which also draws a bar over the stages on a terminal)."""
@@ -47,6 +50,8 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = "model_reposito
     model_spec = spec if isinstance(spec, ModelSpec) else load_spec(spec)
     options = BuildOptions(repository=Path(repository).resolve(), variants=variants, target=target, strict=strict,
                            benchmark_seconds=benchmark_seconds, publish_variants=publish_variants)
+    from builder.repository.signing import KEY_ENV, signing_key as _signing_key
+    options.signing_key = _signing_key(signing_key, options.repository)
     if target is not None:
         from builder.spec import TARGETS
         if target not in TARGETS:
@@ -60,6 +65,8 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = "model_reposito
     scratch_root = Path(tempfile.gettempdir())
     sweep(scratch_root, WORK_PREFIX)  # what killed builds left behind
     progress = progress or _silent
+    if options.signing_key is None:
+        progress(f"note: versions are published unsigned (no --signing-key or ${KEY_ENV})")
     requested, base_only = add_bases(resolve_variants(variants or model_spec.variants, options.target or
                                                       model_spec.deploy.target))
     work = OwnedFolder.create(scratch_root, WORK_PREFIX, model_spec.name)

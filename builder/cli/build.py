@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from builder.cli.output import print_json
+from builder.cli.output import add_signature_arguments, print_json
 from builder.progress import Reporter
 
 DEFAULT_REPOSITORY = "model_repository"
@@ -18,7 +18,7 @@ def cmd_build(args: argparse.Namespace, reporter: Reporter) -> int:
     variants = args.variants.split(",") if args.variants else None
     result = build(args.spec, args.repository, variants=variants, target=args.target, strict=args.strict,
                    publish_variants=args.publish_variants or None, benchmark_seconds=args.benchmark_seconds,
-                   progress=reporter)
+                   progress=reporter, signing_key=args.signing_key)
     print()
     print(format_table(result.rows))
     for item in result.published:
@@ -29,7 +29,8 @@ def cmd_build(args: argparse.Namespace, reporter: Reporter) -> int:
 def cmd_validate(args: argparse.Namespace, reporter: Reporter) -> int:
     from builder.repository.validate import validate_model
 
-    report = validate_model(args.model, args.version, gpu=args.gpu, tensorrt_version=args.tensorrt_version)
+    report = validate_model(args.model, args.version, gpu=args.gpu, tensorrt_version=args.tensorrt_version,
+                            public_key=args.public_key, require_signature=args.require_signature)
     if args.json:
         print_json(report)
         return 0 if report.ok else 1
@@ -66,6 +67,8 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--publish-variants", action="store_true", help="also publish the others as <name>__<variant>")
     p.add_argument("--benchmark-seconds", type=float,
                    help="measuring time cap per variant (default 2; 0 skips measuring and selects by preference)")
+    p.add_argument("--signing-key", help="elliptic-curve private key (PEM) that signs each published version "
+                   "(default: $TRITON_BUILDER_SIGNING_KEY; its password only via $TRITON_BUILDER_SIGNING_KEY_PASSWORD)")
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("validate", parents=[common], help="re-check hashes and equivalence of a published model")
@@ -73,6 +76,7 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--version", type=int, help="the version to check (default: the latest)")
     p.add_argument("--gpu", help="target GPU compute capability (e.g. 9.0) for TensorRT plans")
     p.add_argument("--tensorrt-version", help="target TensorRT version for TensorRT plans")
+    add_signature_arguments(p)
     p.add_argument("--json", action="store_true", help="print the report as one JSON object (for CI pipelines)")
     p.set_defaults(func=cmd_validate)
 

@@ -35,5 +35,12 @@ def report_dict(report: Any) -> dict[str, Any]:
     return data
 
 
+def add_signature_arguments(p) -> None:
+    """--public-key / --require-signature, shared by validate and serve."""
+    p.add_argument("--public-key", help="verify each version's model.sig with this public key (PEM) and refuse a "
+                   "changed file (default: $TRITON_BUILDER_PUBLIC_KEY)")
+    p.add_argument("--require-signature", action="store_true", help="refuse unsigned versions (needs a public key)")
+
+
 def print_json(report: Any) -> None:
     print(json.dumps(report_dict(report), indent=2, default=str))

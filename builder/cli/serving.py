@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from builder.cli.output import print_json
+from builder.cli.output import add_signature_arguments, print_json
 from builder.progress import Reporter
 
 
@@ -45,7 +45,8 @@ def cmd_serve(args: argparse.Namespace, reporter: Reporter) -> int:
     extra = ["--metrics-config=summary_latencies=true"] if args.latency_summaries else []
     ports = _ports(args, reporter)
     return serve(args.repository, http_port=ports["http"], grpc_port=ports["grpc"],
-                 metrics_port=ports["metrics"], host=args.host, extra_args=extra)
+                 metrics_port=ports["metrics"], host=args.host, extra_args=extra,
+                 public_key=args.public_key, require_signature=args.require_signature)
 
 
 def cmd_check(args: argparse.Namespace, reporter: Reporter) -> int:
@@ -72,6 +73,7 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--latency-summaries", action="store_true",
                    help="publish p50/p95/p99 latency summaries (the dashboards' percentile panels need them; "
                         "they cost throughput)")
+    add_signature_arguments(p)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("check", parents=[common],

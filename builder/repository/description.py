@@ -18,7 +18,9 @@ version folder. builder/repository/ alone writes it, atomically (builder/reposit
 - ``metadata.yaml`` is rendered by the repository from ``metadata`` with ``version`` and
   ``files_sha256`` (name -> sha256 of the copied model and runtime files) filled in;
 - ``extra_files`` are written as given: bytes, or a writer that returns bytes (called while the
-  version is staged, so a failing writer leaves the repository as it was).
+  version is staged, so a failing writer leaves the repository as it was);
+- with ``signing_key``, ``signed_config.pbtxt`` (the config.pbtxt published with it) and ``model.sig``
+  over every file of the version folder (builder/repository/signing.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Union
 
 from builder.repository.config import ModelConfig
+from builder.repository.signing import SigningKey
 
 FileContent = Union[bytes, Callable[[], bytes]]
 
@@ -42,3 +45,4 @@ class VersionDescription:
     runtime_files: dict[str, Path] = field(default_factory=dict)  # copied beside the model and hashed
     extra_files: dict[str, FileContent] = field(default_factory=dict)  # relative name -> content
     metadata: dict[str, Any] | None = None  # metadata.yaml; "version" and "files_sha256" filled in on publish
+    signing_key: SigningKey | None = None  # sign the version (model.sig; builder/repository/signing.py)

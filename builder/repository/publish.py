@@ -26,6 +26,7 @@ from builder.tensorrt.gpu_config import gpu_optimization
 from builder.repository.description import FileContent, VersionDescription
 from builder.repository.layout import Reservation, publish_version
 from builder.repository.metadata import write_metadata
+from builder.repository.signing import SIGNED_CONFIG, sign_version
 from builder.files import sha256_file
 from builder.spec import TRITON_DTYPES, ModelSpec
 
@@ -75,7 +76,7 @@ def publish_model(repository: Path, description: VersionDescription,
     """Publish one described version atomically: model files, runtime files, metadata.yaml (version
     and file hashes filled in here), the extra files and config.pbtxt; nothing is visible until all
     of them are written. A failed write (a full disk) names the file and leaves earlier versions as
-    they were."""
+    they were. With ``description.signing_key`` the version is signed while staged (signing.py)."""
     config = description.config
     with publish_version(repository, description.name, description.version, reservation) as draft:
         model_files = description.model_files
@@ -99,6 +100,10 @@ def publish_model(repository: Path, description: VersionDescription,
             with _writing(draft.folder / "metadata.yaml", description.name):
                 write_metadata(draft.folder / "metadata.yaml", record)
         draft.config_text = render_config(config)
+        if description.signing_key is not None:  # signed while staged: the version appears signed or not at all
+            with _writing(draft.folder / SIGNED_CONFIG, description.name):
+                (draft.folder / SIGNED_CONFIG).write_text(draft.config_text)
+            sign_version(draft.folder, description.signing_key)
     return {"name": config.name, "version": draft.version, "path": str(draft.path), "backend": config.backend,
             "platform": backend_info(config.backend).name}
 

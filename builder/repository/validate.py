@@ -22,6 +22,7 @@ from builder.files import sha256_file
 from builder.repository.config import parse_config
 from builder.repository.layout import existing_versions
 from builder.repository.metadata import read_metadata, read_reference
+from builder.repository.signing import public_key as signature_key, verify_model
 from builder.runtime import open_runner
 from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures
 
@@ -60,7 +61,8 @@ class ValidationReport:
 
 
 def validate_model(model_path: str | Path, version: int | None = None, *, gpu: str | None = None,
-                   tensorrt_version: str | None = None) -> ValidationReport:
+                   tensorrt_version: str | None = None, public_key: str | Path | None = None,
+                   require_signature: bool = False) -> ValidationReport:
     folder = Path(model_path).resolve()
     if not folder.is_dir():
         raise UserInputError(f"{model_path}: no such model folder; pass <repository>/<model name>")
@@ -82,7 +84,13 @@ def validate_model(model_path: str | Path, version: int | None = None, *, gpu: s
         versions = [version]
     if not versions:
         report.failures.append("no version folders")
+    # signatures first (builder/repository/signing.py): a version that fails them is not loaded or replayed
+    signature_failures = verify_model(folder, versions, signature_key(public_key, folder.parent), require_signature)
+    report.failures.extend(signature_failures)
     for number in versions:
+        if any(line.startswith(f"version {number}: ") for line in signature_failures):
+            report.versions.append(VersionCheck(number, skipped="signature check failed: not loaded or replayed"))
+            continue
         report.versions.append(_check_version(folder / str(number), number, gpu, tensorrt_version))
     return report
 

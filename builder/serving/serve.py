@@ -40,6 +40,8 @@ def serve_forever(
     ready_timeout: float = 60.0,
     announce: Callable[[str], object] = _print_flush,
     poll_interval: float = 0.2,
+    public_key: str | Path | None = None,
+    require_signature: bool = False,
 ) -> int:
     """Start an ``EmbeddedServer``, announce it, block until SIGINT/SIGTERM, stop it; return an exit code.
 
@@ -49,6 +51,9 @@ def serve_forever(
     line at a time (the default prints and flushes). Signal handlers are installed only when
     called from the main thread, and the previous ones are restored on return.
     """
+    # with a public key (or $TRITON_BUILDER_PUBLIC_KEY): every version's signature, before anything loads
+    from builder.repository.signing import verify_repository
+    verify_repository(repository, public_key, require_signature)
     server = EmbeddedServer(
         repository,
         http_port=http_port,

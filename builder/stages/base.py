@@ -125,6 +125,7 @@ class BuildOptions:
     strict: bool = False  # any variant failing verification fails the build
     benchmark_seconds: float | None = None  # cap per variant
     publish_variants: bool | None = None
+    signing_key: Any = None  # builder.repository.signing.SigningKey: sign every published version
 
 
 @dataclass

@@ -84,7 +84,7 @@ def _describe(ctx: BuildContext, variant: Variant, name: str, version: int) -> t
     extra.update(report_files(ctx))
     return VersionDescription(name=name, version=version, config=config, model_format=variant.format,
                               model_files=variant.files, runtime_files=python_backend_files(config),
-                              extra_files=extra, metadata=record), said
+                              extra_files=extra, metadata=record, signing_key=ctx.options.signing_key), said
 
 
 def _publish_one(ctx: BuildContext, variant: Variant, name: str, version: int | None) -> dict:
