@@ -133,6 +133,12 @@ def compare_outputs(reference: dict[str, np.ndarray], got: dict[str, np.ndarray]
             continue
         r = np.asarray(ref, dtype=np.float64).ravel()
         o = np.asarray(out, dtype=np.float64).ravel()
+        finite = np.isfinite(r)
+        if finite.any() and not finite.all():  # NaN/Inf where the reference has them must match, not poison
+            if not np.array_equal(r[~finite], o[~finite], equal_nan=True):
+                metrics[name] = {"nonfinite_mismatch": 1.0, "compared": float(r.size), "finite": float(finite.sum())}
+                continue
+            r, o = r[finite], o[finite]
         diff = np.abs(r - o)
         ref_norm = float(np.linalg.norm(r))
         out_norm = float(np.linalg.norm(o))
@@ -141,6 +147,8 @@ def compare_outputs(reference: dict[str, np.ndarray], got: dict[str, np.ndarray]
             "max_rel": float((diff / (np.abs(r) + 1e-6)).max()) if diff.size else 0.0,
             "rel_l2": float(np.linalg.norm(r - o) / max(ref_norm, EPS)) if ref_norm > 0 else float(np.linalg.norm(o)),
             "cosine": float(r @ o / max(ref_norm * out_norm, EPS)) if ref_norm and out_norm else float(ref_norm == out_norm),
+            "compared": float(np.size(ref)),  # values compared (summed over cases): 0 = nothing was checked
+            "finite": float(finite.sum()),
         }
     return metrics
 
@@ -156,6 +164,8 @@ def merge_case_metrics(per_case: list[dict[str, dict[str, float]]]) -> dict[str,
                     into[key] = value
                 elif key == "cosine":
                     into[key] = min(into.get(key, 1.0), value)
+                elif key in ("compared", "finite"):
+                    into[key] = into.get(key, 0.0) + value
                 else:
                     into[key] = max(into.get(key, 0.0), value)
     return merged
@@ -170,6 +180,18 @@ def tolerance_failures(metrics: dict[str, dict[str, float]], tolerance: dict[str
             continue
         if "shape_mismatch" in m:
             failures.append(f"{name}: shape {m['got']} != reference {m['expected']}")
+            continue
+        if "nonfinite_mismatch" in m:
+            failures.append(f"{name}: NaN/Inf where the reference has them differ from the reference's")
+            continue
+        if m.get("compared", 1) == 0:
+            failures.append(f"{name}: every case gave an EMPTY output (0 values compared), so nothing was verified: "
+                            "the inputs exercise nothing (e.g. no detection above the threshold); give "
+                            "data.validation with inputs that produce output, or inputs[].value_range")
+            continue
+        if m.get("finite", 1) == 0:
+            failures.append(f"{name}: the reference is NaN/Inf everywhere ({m['compared']:.0f} values), so nothing "
+                            "was verified; give data.validation with real inputs, or inputs[].value_range")
             continue
         broken = []
         if m["rel_l2"] > tolerance.get("rel_l2", float("inf")):

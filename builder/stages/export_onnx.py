@@ -56,13 +56,36 @@ def make_onnx(ctx: BuildContext) -> StageResult:
         return StageResult.fail(STAGE, "every ONNX exporter failed: "
                                 + "; ".join(f"{k}: {v}" for k, v in attempts.items()), attempts=attempts)
     opset = finalize_onnx(raw, [o.name for o in spec.outputs], rename=True, dest=final)
+    symbolic = mark_symbolic_output_dims(ctx, final)
     variant = Variant("onnx", "onnx", "fp32", final, exporter=exporter, opset=opset)
     if "dynamo" in attempts and exporter == "legacy":
         variant.notes.append(f"dynamo exporter failed, used legacy: {attempts['dynamo']}")
     ctx.add_variant(variant)
     shutil.rmtree(raw_dir, ignore_errors=True)
     return StageResult.ok(STAGE, f"exported with the {exporter} exporter, opset {opset}",
-                          exporter=exporter, opset=opset, attempts=attempts)
+                          exporter=exporter, opset=opset, attempts=attempts, symbolic_output_dims=symbolic)
+
+
+def mark_symbolic_output_dims(ctx: BuildContext, path: Path) -> dict[str, list[int]]:
+    """Per-sample output dims the exported graph leaves symbolic (a data-dependent length, e.g. the
+    rows of ``x[mask]``) become -1 in the signature the config is made from, even where every reference
+    run happened to give the same length. Outputs whose shape the spec states are left as stated."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    stated = {o.name for o in ctx.spec.outputs if o.shape}
+    changed: dict[str, list[int]] = {}
+    for output in graph.output:
+        current = ctx.reference.output_shapes.get(output.name)
+        if current is None or output.name in stated or not output.type.tensor_type.HasField("shape"):
+            continue
+        dims = list(output.type.tensor_type.shape.dim)[1 if ctx.spec.batching else 0:]
+        if len(dims) != len(current):
+            continue
+        merged = [-1 if d.HasField("dim_param") else c for d, c in zip(dims, current)]
+        if merged != current:
+            ctx.reference.output_shapes[output.name] = changed[output.name] = merged
+    return changed
 
 
 def _dynamic_axes(ctx: BuildContext) -> list[dict[int, str]]:

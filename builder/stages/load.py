@@ -48,6 +48,7 @@ def run(ctx: BuildContext) -> StageResult:
     if spec.data.calibration:
         _read_npz(spec.data.calibration, "data.calibration", ctx)
 
+    probed = _probe_id_ranges(runner, ctx) if validation is None else {}
     example = trace_example(spec)
     outputs = _call_checked(runner, example, ctx)
     if len(outputs) != len(spec.outputs):
@@ -59,7 +60,7 @@ def run(ctx: BuildContext) -> StageResult:
     cases = build_cases(spec, validation)
     reference_outputs = [_call_checked(runner, case["inputs"], ctx) for case in cases]
     ctx.reference = Reference(cases=cases, outputs=reference_outputs)
-    _infer_output_signature(ctx)
+    _infer_output_signature(ctx, reference_outputs + _signature_samples(runner, ctx))
 
     if validation is not None:
         val_inputs = {t.name: validation[t.name] for t in spec.inputs}
@@ -70,7 +71,8 @@ def run(ctx: BuildContext) -> StageResult:
         if "labels" in validation:
             ctx.reference.labels = validation["labels"]
 
-    return StageResult.ok(STAGE, reference=ctx.reference_kind, cases=[c["id"] for c in cases],
+    note = "; ".join(f"generated {k} in [{lo}, {hi}) (probed: the model rejects larger ids)" for k, (lo, hi) in probed.items())
+    return StageResult.ok(STAGE, note, reference=ctx.reference_kind, cases=[c["id"] for c in cases], id_ranges=probed,
                           validation_samples=None if validation is None else len(next(iter(validation.values()))))
 
 
@@ -170,6 +172,47 @@ def _read_npz(path: Path, field: str, ctx: BuildContext) -> dict[str, np.ndarray
     return data
 
 
+def _probe_id_ranges(runner, ctx: BuildContext) -> dict[str, list[int]]:
+    """Integer inputs with neither value_range nor data get ids in [0, 100) by default; a model with a
+    smaller vocabulary rejects those. Halve the range until the model accepts several generated batches,
+    record it on the spec (so every later stage and the metadata use it) and say which was used."""
+    ids = [t for t in ctx.spec.inputs if t.value_range is None and t.dtype not in ("bool",)
+           and np.issubdtype(np.dtype(t.dtype), np.integer)]
+    if not ids or _accepts(runner, ctx):
+        return {}
+    high = 100
+    while high > 1:
+        high //= 2
+        for tensor in ids:
+            tensor.value_range = (0, high)
+        if _accepts(runner, ctx):
+            names = ", ".join(t.name for t in ids)
+            ctx.progress(f"  inputs {names}: no value_range and no data; the model rejects ids in [0, 100), "
+                         f"accepts [0, {high}): generated inputs use that (set inputs[].value_range to choose)")
+            return {t.name: [0, high] for t in ids}
+    for tensor in ids:
+        tensor.value_range = None
+    names = ", ".join(t.name for t in ids)
+    raise UserInputError(
+        f"{_origin(ctx)}: field 'inputs': the model rejected every generated value of the integer input(s) {names} "
+        f"(ids in [0, 100), then [0, 50) ... down to [0, 1)); give inputs[].value_range with the ids the model "
+        "accepts (e.g. [0, vocabulary size)), or real inputs in data.validation")
+
+
+def _accepts(runner, ctx: BuildContext) -> bool:
+    from builder.tensors import random_tensor
+    rng = np.random.default_rng(7)
+    batch = min(4, ctx.spec.max_batch_size) if ctx.spec.batching else None
+    first = next((t for t in ctx.spec.inputs if t.dynamic), None)
+    dyn = first.profile_shapes()["opt"][first.shape.index(-1)] if first else 0
+    try:
+        for _ in range(3):
+            runner({t.name: random_tensor(t, batch, dyn, rng) for t in ctx.spec.inputs})
+    except Exception:  # noqa: BLE001 - any rejection: try a smaller range
+        return False
+    return True
+
+
 def _call_checked(runner, inputs: dict[str, np.ndarray], ctx: BuildContext) -> dict[str, np.ndarray]:
     try:
         outputs = runner(inputs)
@@ -181,16 +224,37 @@ def _call_checked(runner, inputs: dict[str, np.ndarray], ctx: BuildContext) -> d
         raise UserInputError(
             f"{_origin(ctx)}: field 'inputs': the model rejected inputs built from the spec ({shapes}): {detail}. "
             "Fix inputs[].shape / dtype (per-sample shape, no batch dimension) to match the model"
+            + ("; for integer ids, inputs[].value_range (or real inputs in data.validation)"
+               if any(np.issubdtype(v.dtype, np.integer) for v in inputs.values()) else "")
         ) from None
     return outputs
 
 
-def _infer_output_signature(ctx: BuildContext) -> None:
-    """Output dtypes and per-sample dims from the reference; a dim that varies across cases is -1."""
+def _signature_samples(runner, ctx: BuildContext, count: int = 12) -> list[dict[str, np.ndarray]]:
+    """Outputs of more generated inputs than the verification cases (different seeds, every batch and
+    dynamic size), so an output whose length depends on the data (detections above a threshold) is
+    seen to vary: its dims come from many runs, never from one. The export stages also mark dims the
+    exported graph leaves symbolic."""
+    from builder.tensors import default_batch_sizes, default_dynamic_sizes, random_tensor
+    rng = np.random.default_rng(2024)
+    sizes = [(b, d) for d in default_dynamic_sizes(ctx.spec) for b in default_batch_sizes(ctx.spec)]
+    outputs = []
+    for i in range(count):
+        batch, dyn = sizes[i % len(sizes)]
+        inputs = {t.name: random_tensor(t, batch if ctx.spec.batching else None, dyn, rng) for t in ctx.spec.inputs}
+        try:
+            outputs.append(runner(inputs))
+        except Exception:  # noqa: BLE001 - the reference cases already ran; these only refine the dims
+            continue
+    return outputs
+
+
+def _infer_output_signature(ctx: BuildContext, samples: list[dict[str, np.ndarray]]) -> None:
+    """Output dtypes and per-sample dims from many reference runs; a dim that varies across them is -1."""
     ref = ctx.reference
     batching = ctx.spec.batching
     for spec_out in ctx.spec.outputs:
-        arrays = [case[spec_out.name] for case in ref.outputs]
+        arrays = [case[spec_out.name] for case in samples]
         dims = [list(a.shape[1:] if batching else a.shape) for a in arrays]
         shape = [d if all(len(x) == len(dims[0]) and x[i] == d for x in dims) else -1 for i, d in enumerate(dims[0])]
         dtype = str(arrays[0].dtype)

@@ -44,3 +44,69 @@ def test_wire_shapes_round_trip_scalars_and_leave_others_alone(batching):
     matrix = np.zeros((3, 4))
     assert to_wire(matrix, [4], batching).shape == (3, 4)
     assert from_wire(np.zeros((2, 4)), np.zeros((3, 4))).shape == (2, 4)  # a real mismatch stays visible
+
+
+# --- builds (no server): integer ids without data, data-dependent output dims, empty outputs ---
+
+from builder.errors import UserInputError  # noqa: E402
+from builder.pipeline import build  # noqa: E402
+from builder.repository.config import config_as_dict as _parse  # noqa: E402
+from tests.tiny_models import write_model  # noqa: E402
+
+
+def _config(repo, name):
+    return _parse((repo / name / "config.pbtxt").read_text())
+
+
+def test_ids_beyond_the_vocabulary_are_probed_down_and_the_range_is_said(tmp_path, quiet):
+    lines = []
+    result = build(write_model(tmp_path, "embed"), tmp_path / "repo", variants=["onnx"], benchmark_seconds=0,
+                   progress=lines.append)
+    load = next(r for r in result.results if r.stage == "load")
+    assert load.outputs["id_ranges"] == {"ids": [0, 50]}
+    assert "generated ids in [0, 50)" in load.reason
+    assert any("accepts [0, 50)" in line for line in lines)
+    import yaml
+    meta = yaml.safe_load((tmp_path / "repo" / "embed" / "1" / "metadata.yaml").read_text())
+    assert meta["spec"]["inputs"][0]["value_range"] == [0, 50]
+
+
+def test_ids_no_range_satisfies_name_value_range_and_validation_data(tmp_path, quiet):
+    with pytest.raises(UserInputError, match=r"rejected every generated value of the integer input\(s\) ids.*"
+                                             r"inputs\[\]\.value_range.*data\.validation"):
+        build(write_model(tmp_path, "ids_never"), tmp_path / "repo", variants=["onnx"], benchmark_seconds=0,
+              progress=quiet)
+
+
+def test_data_dependent_output_length_is_dynamic_in_the_config(tmp_path, quiet):
+    build(write_model(tmp_path, "detect"), tmp_path / "repo", benchmark_seconds=0, progress=quiet)
+    assert _config(tmp_path / "repo", "detect")["output"][0]["dims"] == ["-1", "4"]
+
+
+def test_a_length_every_sample_agrees_on_is_still_dynamic_when_the_graph_says_so(tmp_path, quiet):
+    result = build(write_model(tmp_path, "detect_full"), tmp_path / "repo", variants=["onnx"],
+                   benchmark_seconds=0, progress=quiet)
+    export = next(r for r in result.results if r.stage == "export_onnx")
+    assert export.outputs["symbolic_output_dims"] == {"boxes": [-1, 4]}
+    assert _config(tmp_path / "repo", "detect_full")["output"][0]["dims"] == ["-1", "4"]
+
+
+def test_verification_refuses_to_pass_on_empty_outputs(tmp_path, quiet):
+    with pytest.raises(VerificationError, match=r"boxes: every case gave an EMPTY output \(0 values compared\).*"
+                                                r"exercise nothing.*data\.validation"):
+        build(write_model(tmp_path, "detect_empty"), tmp_path / "repo", variants=["onnx"], benchmark_seconds=0,
+              progress=quiet)
+    assert not (tmp_path / "repo" / "detect_empty").exists()
+
+
+def test_nan_everywhere_in_the_reference_is_not_a_pass():
+    from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures
+    ref = {"y": np.full((2, 3), np.nan)}
+    for got in (np.zeros((2, 3)), np.full((2, 3), np.nan)):
+        failures = tolerance_failures(merge_case_metrics([compare_outputs(ref, {"y": got})]), {"rel_l2": 1e-5})
+        assert failures and "NaN/Inf everywhere (6 values), so nothing was verified" in failures[0]
+    partial = {"y": np.array([np.nan, 1.0, 2.0])}
+    same = merge_case_metrics([compare_outputs(partial, {"y": np.array([np.nan, 1.0, 2.0])})])
+    assert not tolerance_failures(same, {"rel_l2": 1e-5}) and same["y"]["finite"] == 2
+    wrong = merge_case_metrics([compare_outputs(partial, {"y": np.array([0.0, 1.0, 2.0])})])
+    assert "NaN/Inf where the reference has them differ" in tolerance_failures(wrong, {"rel_l2": 1e-5})[0]
