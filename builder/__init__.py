@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from builder.errors import BuilderError, ServerError, UserInputError, VerificationError
 
-__all__ = ["build", "validate", "check", "serve", "BuilderError", "UserInputError", "VerificationError",
+__all__ = ["build", "validate", "check", "serve", "select", "BuilderError", "UserInputError", "VerificationError",
            "ServerError"]
 
 
@@ -29,6 +29,11 @@ def validate(*args, **kwargs):
 def check(*args, **kwargs):
     from builder.serving.check import check_served
     return check_served(*args, **kwargs)
+
+
+def select(*args, **kwargs):
+    from builder.repository.reselect import select_for_host
+    return select_for_host(*args, **kwargs)
 
 
 def serve(*args, **kwargs):

@@ -131,6 +131,7 @@ class DeploySpec:
     instances: int = 1
     dynamic_batching: bool = True
     max_queue_delay_microseconds: int = 0
+    instances_auto: bool = True  # instances not set in the spec: the build sizes serving to the host
     preferred_batch_sizes: list[int] = field(default_factory=list)
     warmup: bool = True
     publish_variants: bool = False
@@ -396,6 +397,7 @@ def _parse_deploy(raw: Any, origin: str, max_batch_size: int) -> DeploySpec:
         publish_variants=f.boolean("publish_variants", False),
         version_policy=f.choice("version_policy", "latest", ("latest", "all")),
         non_finite_inputs=f.choice("non_finite_inputs", "count", NON_FINITE_POLICIES),
+        instances_auto=f.get("instances") is None,
         onnx_tensorrt=_parse_onnx_tensorrt(f.get("onnx_tensorrt"), origin),
     )
 

@@ -1,4 +1,4 @@
-"""CLI verbs ``build``, ``validate`` and ``run`` (the main job); builder/cli/__init__.py adds them
+"""CLI verbs ``build``, ``validate``, ``select``, ``clean`` and ``run`` (the main job); builder/cli/__init__.py adds them
 with ``register(subparsers)``. Each forwards to one library function."""
 
 from __future__ import annotations
@@ -47,6 +47,16 @@ def cmd_run(args: argparse.Namespace, reporter: Reporter) -> int:
                         keep_serving=args.keep_serving, progress=reporter)
 
 
+def cmd_select(args: argparse.Namespace, reporter: Reporter) -> int:
+    from builder.repository.reselect import default_measure, select_for_host
+
+    report = select_for_host(args.repository, args.name, measure=default_measure(args.seconds),
+                             dry_run=args.dry_run, progress=reporter)
+    for line in report.lines():
+        print(line)
+    return 0
+
+
 def cmd_clean(args: argparse.Namespace, reporter: Reporter) -> int:
     from builder.scratch import clean
 
@@ -79,6 +89,14 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     add_signature_arguments(p)
     p.add_argument("--json", action="store_true", help="print the report as one JSON object (for CI pipelines)")
     p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("select", parents=[common],
+                       help="on the serving host: re-measure a model's variants, publish the winner sized to this host")
+    p.add_argument("name", help="model name in the repository (its variants: --publish-variants at build time)")
+    p.add_argument("--repository", default=DEFAULT_REPOSITORY, help="model repository folder (default: %(default)s)")
+    p.add_argument("--seconds", type=float, default=2.0, help="measuring time cap per variant (default: %(default)s)")
+    p.add_argument("--dry-run", action="store_true", help="measure and say what would be published; publish nothing")
+    p.set_defaults(func=cmd_select)
 
     p = sub.add_parser("clean", parents=[common],
                        help="remove the work and staging folders that killed builds left (never a live build's)")

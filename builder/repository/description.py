@@ -45,4 +45,7 @@ class VersionDescription:
     runtime_files: dict[str, Path] = field(default_factory=dict)  # copied beside the model and hashed
     extra_files: dict[str, FileContent] = field(default_factory=dict)  # relative name -> content
     metadata: dict[str, Any] | None = None  # metadata.yaml; "version" and "files_sha256" filled in on publish
+    # config.pbtxt as given, already checked with Triton's schema (`select` republishes a served config with
+    # its name and sizing changed); None: rendered from ``config``, whose name and backend count either way
+    config_text: str | None = None
     signing_key: SigningKey | None = None  # sign the version (model.sig; builder/repository/signing.py)

@@ -34,8 +34,14 @@ RUNTIME_FOR_FORMAT = {"onnx": "onnxruntime", "torchscript": "torchscript"}
 
 
 def config_for(spec: ModelSpec, variant_format: str, target: str, name: str,
-               output_signature: dict[str, tuple[str, list[int]]], backend: str | None = None) -> ModelConfig:
+               output_signature: dict[str, tuple[str, list[int]]], backend: str | None = None,
+               sizing: tuple[int, int] | None = None) -> ModelConfig:
+    """``sizing`` (instances, intra_op_threads), from builder/host.py serving_size, applies on a CPU
+    target unless the spec sets deploy.instances itself."""
     backend = backend or backend_for(target, variant_format)
+    instances, threads = spec.deploy.instances, 1
+    if sizing is not None and target != "gpu" and spec.deploy.instances_auto:
+        instances, threads = sizing
     inputs = [TensorConfig.per_sample(t.name, t.triton_dtype, list(t.shape)) for t in spec.inputs]
     outputs = [TensorConfig.per_sample(o.name, TRITON_DTYPES[output_signature[o.name][0]],
                                        list(output_signature[o.name][1])) for o in spec.outputs]
@@ -51,10 +57,10 @@ def config_for(spec: ModelSpec, variant_format: str, target: str, name: str,
     parameters = {}
     if backend == "python":
         parameters = {"model_file": _model_file_for(variant_format), "runtime": RUNTIME_FOR_FORMAT[variant_format],
-                      "intra_op_threads": "1", "non_finite_inputs": spec.deploy.non_finite_inputs}
+                      "intra_op_threads": str(threads), "non_finite_inputs": spec.deploy.non_finite_inputs}
     return ModelConfig(name=name, backend=backend, max_batch_size=spec.max_batch_size, inputs=inputs,
                        outputs=outputs, dynamic_batching=batching,
-                       instance_groups=[InstanceGroup(kind, spec.deploy.instances)],
+                       instance_groups=[InstanceGroup(kind, instances)],
                        version_policy=spec.deploy.version_policy, warmups=warmups, parameters=parameters,
                        optimization=gpu_optimization(spec, backend, target))
 
@@ -99,7 +105,7 @@ def publish_model(repository: Path, description: VersionDescription,
             record["files_sha256"] = hashes
             with _writing(draft.folder / "metadata.yaml", description.name):
                 write_metadata(draft.folder / "metadata.yaml", record)
-        draft.config_text = render_config(config)
+        draft.config_text = description.config_text or render_config(config)
         if description.signing_key is not None:  # signed while staged: the version appears signed or not at all
             with _writing(draft.folder / SIGNED_CONFIG, description.name):
                 (draft.folder / SIGNED_CONFIG).write_text(draft.config_text)

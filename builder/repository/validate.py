@@ -21,6 +21,7 @@ from builder.errors import UserInputError
 from builder.files import sha256_file
 from builder.repository.config import parse_config
 from builder.repository.layout import existing_versions
+from builder.host import host_warnings
 from builder.repository.metadata import read_metadata, read_reference
 from builder.repository.signing import public_key as signature_key, verify_model
 from builder.runtime import open_runner
@@ -41,13 +42,14 @@ class ValidationReport:
     path: Path
     versions: list[VersionCheck] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    host_warnings: list[str] = field(default_factory=list)  # this host differs from the build's (not a failure)
 
     @property
     def ok(self) -> bool:
         return not self.failures and all(not v.failures for v in self.versions)
 
     def lines(self) -> list[str]:
-        out = [f"- {f}" for f in self.failures]
+        out = [f"- {f}" for f in self.failures] + [f"- host: {w}" for w in self.host_warnings]
         for v in self.versions:
             if v.skipped:
                 out.append(f"version {v.version}: SKIPPED ({v.skipped})")
@@ -62,7 +64,8 @@ class ValidationReport:
 
 def validate_model(model_path: str | Path, version: int | None = None, *, gpu: str | None = None,
                    tensorrt_version: str | None = None, public_key: str | Path | None = None,
-                   require_signature: bool = False) -> ValidationReport:
+                   require_signature: bool = False, current_host: dict | None = None) -> ValidationReport:
+    """``current_host``: this host's profile (builder/host.py host_profile) unless injected."""
     folder = Path(model_path).resolve()
     if not folder.is_dir():
         raise UserInputError(f"{model_path}: no such model folder; pass <repository>/<model name>")
@@ -92,6 +95,9 @@ def validate_model(model_path: str | Path, version: int | None = None, *, gpu: s
             report.versions.append(VersionCheck(number, skipped="signature check failed: not loaded or replayed"))
             continue
         report.versions.append(_check_version(folder / str(number), number, gpu, tensorrt_version))
+    if versions and (folder / str(versions[-1]) / "metadata.yaml").is_file():
+        meta = read_metadata(folder / str(versions[-1]) / "metadata.yaml")
+        report.host_warnings = host_warnings(meta, folder.name, current_host)
     return report
 
 

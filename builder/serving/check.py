@@ -24,6 +24,7 @@ from builder.errors import ServerError, UserInputError
 from builder.serving.client import TritonClient, TritonError
 from builder.repository.config import config_as_dict
 from builder.repository.layout import latest_version, model_dir
+from builder.host import host_warnings
 from builder.repository.metadata import read_metadata, read_reference
 from builder.tensors import compare_outputs, from_wire, merge_case_metrics, to_wire, tolerance_failures
 
@@ -36,6 +37,7 @@ class CheckReport:
     failures: list[str] = field(default_factory=list)
     config_differences: list[str] = field(default_factory=list)
     cases: int = 0
+    host_warnings: list[str] = field(default_factory=list)  # this host differs from the build's (not a failure)
 
     @property
     def ok(self) -> bool:
@@ -51,6 +53,7 @@ class CheckReport:
                                f"cosine {m['cosine']:.6f}")
         out += [f"- {f}" for f in self.failures]
         out += [f"- config: {d}" for d in self.config_differences]
+        out += [f"- host: {w}" for w in self.host_warnings]
         return out
 
 
@@ -63,7 +66,8 @@ def _split_url(url: str) -> tuple[str, int]:
 
 def check_served(name: str, *, repository: str | Path = "model_repository", url: str = "127.0.0.1:8000",
                  grpc_url: str | None = None, protocol: str = "both", version: int | None = None,
-                 timeout: float = 30.0) -> CheckReport:
+                 timeout: float = 30.0, current_host: dict | None = None) -> CheckReport:
+    """``current_host``: this host's profile (builder/host.py host_profile) unless injected."""
     folder = model_dir(Path(repository), name)
     if not folder.is_dir():
         raise UserInputError(f"model '{name}' is not in {Path(repository).resolve()}; pass --repository")
@@ -74,7 +78,7 @@ def check_served(name: str, *, repository: str | Path = "model_repository", url:
     cases, outputs = read_reference(folder / str(number) / "reference.npz")
     tolerance = (meta.get("verification") or {}).get("tolerance") or {"rel_l2": 1e-5}
     output_names = [o["name"] for o in meta["spec"]["outputs"]]
-    report = CheckReport(name, number, cases=len(cases))
+    report = CheckReport(name, number, cases=len(cases), host_warnings=host_warnings(meta, name, current_host))
 
     if grpc_url is None:
         host, port = _split_url(url)

@@ -42,6 +42,7 @@ def serve_forever(
     poll_interval: float = 0.2,
     public_key: str | Path | None = None,
     require_signature: bool = False,
+    current_host: dict | None = None,
 ) -> int:
     """Start an ``EmbeddedServer``, announce it, block until SIGINT/SIGTERM, stop it; return an exit code.
 
@@ -49,7 +50,9 @@ def serve_forever(
     process ended on its own (after announcing its exit code and last log lines). Start-up failures
     raise ``UserInputError``/``ServerError`` as ``EmbeddedServer.start`` does. ``announce`` gets one
     line at a time (the default prints and flushes). Signal handlers are installed only when
-    called from the main thread, and the previous ones are restored on return.
+    called from the main thread, and the previous ones are restored on return. Each served model
+    whose build measured on a different host (ISA class, usable cores, GPU; builder/host.py) gets a
+    warning line saying what to run (``current_host`` injects this host's profile).
     """
     # with a public key (or $TRITON_BUILDER_PUBLIC_KEY): every version's signature, before anything loads
     from builder.repository.signing import verify_repository
@@ -70,6 +73,8 @@ def serve_forever(
         try:
             server.start()
             _announce_started(server, announce)
+            for line in served_host_warnings(Path(repository), server.models, current_host):
+                announce(f"  warning  {line}")
             while not received:
                 if not server.is_running():
                     announce(
@@ -84,6 +89,21 @@ def serve_forever(
             return 0
         finally:
             server.stop()
+
+
+def served_host_warnings(repository: Path, models: Sequence[str], current_host: dict | None = None) -> list[str]:
+    """compare_hosts for each model's latest version in ``repository`` (models without metadata: none)."""
+    from builder.host import host_warnings
+    from builder.repository.layout import latest_version, model_dir
+    from builder.repository.metadata import read_metadata
+    out = []
+    for name in models:
+        folder = model_dir(repository, name)
+        number = latest_version(folder) if folder.is_dir() else None
+        meta_path = folder / str(number) / "metadata.yaml"
+        if number is not None and meta_path.is_file():
+            out += host_warnings(read_metadata(meta_path), name, current_host)
+    return out
 
 
 def _announce_started(server: EmbeddedServer, announce: Callable[[str], object]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+from builder.host import host_profile, serving_size
 from builder.monitoring.drift_profile import build_profile, profile_text
 from builder.repository.description import VersionDescription
 from builder.repository.layout import check_version_free, reserve_version
@@ -49,6 +50,7 @@ def _metadata(ctx: BuildContext, variant: Variant, name: str, version: int, hash
         "selection": {"objective": spec.objective, "selected": variant.selected, "why": variant.selection_reason,
                       "candidates": {v.name: v.selection_reason for v in ctx.variants}},
         "notes": list(ctx.notes) + list(variant.notes),
+        "host": host_profile(),  # where the variants were measured: serve/check/validate compare with it
     }
 
 
@@ -65,11 +67,19 @@ def _describe(ctx: BuildContext, variant: Variant, name: str, version: int) -> t
     """The version's description, and a progress line for what it carries beyond the model ("" if nothing)."""
     signature = {o.name: (ctx.reference.output_dtypes[o.name], ctx.reference.output_shapes[o.name])
                  for o in ctx.spec.outputs}
-    config = config_for(ctx.spec, variant.format, ctx.target, name, signature)
+    profile = host_profile(with_gpu=False)
+    sizing = serving_size(variant.benchmark, profile["usable_cores"])
+    config = config_for(ctx.spec, variant.format, ctx.target, name, signature,
+                        sizing=sizing[:2] if sizing else None)
     extra: dict[str, bytes] = {"reference.npz": reference_bytes(ctx.reference.cases, ctx.reference.outputs)}
     if config.backend == "python":
         extra["drift_profile.json"] = profile_text(build_profile(*_profile_data(ctx))).encode()
     record = _metadata(ctx, variant, name, version, None, config.backend)  # version + files_sha256: on publish
+    record["serving"] = {"instances": config.instance_groups[0].count,
+                         "intra_op_threads": int(config.parameters.get("intra_op_threads", 0)) or None,
+                         "sized": ("from the spec (deploy.instances)" if not ctx.spec.deploy.instances_auto else
+                                   "GPU target: from the spec" if ctx.target == "gpu" else sizing[2] if sizing else
+                                   "not sized: no benchmark (--benchmark-seconds 0); run `triton-builder select`")}
     trt = tensorrt_parts(ctx, variant, name, version, record)
     said = ""
     if trt.metadata is not None:

@@ -1,0 +1,215 @@
+"""The host profile: where a build measured (CPU model, ISA flags and class, cores usable by THIS
+process, thread settings, GPU), how another host differs from it, and how serving is sized to a host.
+
+Usage::
+
+    profile = host_profile()                       # recorded in metadata.yaml under "host"
+    for line in compare_hosts(meta["host"], host_profile()):
+        progress(line)                             # serve / check / validate say it; nothing prints here
+    instances, threads = size_serving(usable_cores=4, batch_seconds=0.004, overhead_seconds=0.0005)
+
+Usable cores are the cores this process may run on: the affinity mask (os.sched_getaffinity) bounded by
+the cgroup CPU quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us / cpu.cfs_period_us``), never the host's
+count: a container on a 64-core host with a 2-CPU quota has 2.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import shutil
+from pathlib import Path
+from typing import Any
+
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "avx_vnni", "neon", "asimd")
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+# from the best to the plainest; a host is in the first class whose flags it has
+ISA_CLASSES = (("amx", ("amx_tile",)), ("avx512_vnni", ("avx512_vnni",)), ("avx512", ("avx512f",)),
+               ("avx2", ("avx2",)))
+
+
+def cpu_info(text: str) -> tuple[str, list[str]]:
+    """The CPU model and the ISA flags of interest, from /proc/cpuinfo's text."""
+    model, flags = "", set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key in ("model name", "Model", "cpu model") and not model:
+            model = value.strip()
+        elif key in ("flags", "Features") and not flags:
+            flags.update(value.split())
+    model = model or platform.processor() or platform.machine()
+    return model, sorted(f for f in ISA_FLAGS if f in flags)
+
+
+def isa_class(flags: list[str]) -> str:
+    """"amx", "avx512_vnni", "avx512", "avx2" or "other": what decides INT8 and FP32 speed."""
+    for name, needed in ISA_CLASSES:
+        if all(f in flags for f in needed):
+            return name
+    return "other"
+
+
+def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """CPUs the cgroup quota allows (v2 cpu.max, else v1 cfs quota), None where there is no quota."""
+    try:
+        parts = (root / "cpu.max").read_text().split()
+        if parts[0] != "max":
+            return int(parts[0]) / int(parts[1] if len(parts) > 1 else 100000)
+        return None
+    except (OSError, ValueError):
+        pass
+    for folder in (root / "cpu", root / "cpu,cpuacct", root):
+        try:
+            quota = int((folder / "cpu.cfs_quota_us").read_text())
+            period = int((folder / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError):
+            continue
+        return quota / period if quota > 0 and period > 0 else None
+    return None
+
+
+def usable_cores(affinity: int | None = None, quota: float | None = None) -> int:
+    """Cores this process may use: the affinity count bounded by the cgroup quota (rounded up, at least 1)."""
+    if affinity is None:
+        affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if quota is not None:
+        affinity = min(affinity, max(1, math.ceil(quota - 1e-9)))
+    return max(1, affinity)
+
+
+def gpu_profile() -> list[dict[str, str]]:
+    """Each GPU's name, compute capability and driver (nvidia-smi), [] where there is none."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    from builder.processes import run_command
+    try:
+        done = run_command(["nvidia-smi", "--query-gpu=name,compute_cap,driver_version",
+                            "--format=csv,noheader"], timeout=20)
+    except Exception:  # noqa: BLE001 - a broken driver is "no GPU" for the profile
+        return []
+    if done.returncode != 0:
+        return []
+    gpus = []
+    for line in done.stdout.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3:
+            gpus.append({"name": parts[0], "compute_capability": parts[1], "driver": parts[2]})
+    return gpus
+
+
+def _tensorrt_version() -> str | None:
+    try:
+        import tensorrt  # type: ignore[import-not-found]
+    except Exception:  # noqa: BLE001
+        return None
+    return getattr(tensorrt, "__version__", None)
+
+
+def _cuda_version() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.version.cuda
+
+
+def host_profile(cpuinfo: Path = Path("/proc/cpuinfo"), cgroup_root: Path = Path("/sys/fs/cgroup"),
+                 with_gpu: bool = True) -> dict[str, Any]:
+    """This host as metadata.yaml records it (plain types only)."""
+    try:
+        model, flags = cpu_info(cpuinfo.read_text())
+    except OSError:
+        model, flags = platform.processor() or platform.machine(), []
+    quota = cgroup_cpu_limit(cgroup_root)
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    profile: dict[str, Any] = {
+        "cpu_model": model, "machine": platform.machine(), "isa_flags": flags, "isa_class": isa_class(flags),
+        "usable_cores": usable_cores(affinity, quota), "affinity_cores": affinity,
+        "cgroup_cpu_quota": quota, "host_cores": os.cpu_count(),
+        "threads": {k: os.environ[k] for k in THREAD_VARIABLES if k in os.environ},
+    }
+    if with_gpu:
+        gpus = gpu_profile()
+        if gpus:
+            profile["gpus"] = gpus
+            profile["cuda"] = _cuda_version()
+            profile["tensorrt"] = _tensorrt_version()
+    return profile
+
+
+def compare_hosts(recorded: dict[str, Any] | None, current: dict[str, Any], *, model: str = "this model") -> list[str]:
+    """Plain warnings where the current host differs from the one the build measured on (ISA class,
+    usable cores, GPU): what was measured where, and what to run. [] where they match or nothing was
+    recorded (a version built before host profiles: one line saying so)."""
+    if not recorded:
+        return [f"{model}: metadata.yaml records no host profile (built before host profiles); "
+                f"run `triton-builder select {model}` here to measure it on this host"]
+    out = []
+    was, now = recorded.get("isa_class"), current.get("isa_class")
+    if was != now:
+        out.append(f"{model}: variants were measured on {recorded.get('cpu_model')} ({was}: "
+                   f"{', '.join(recorded.get('isa_flags') or []) or 'no ISA flags of note'}); this host is "
+                   f"{current.get('cpu_model')} ({now}). The winner (e.g. INT8 vs FP32) may differ here: run "
+                   f"`triton-builder select {model}` on this host to re-measure and republish")
+    cores_was, cores_now = recorded.get("usable_cores"), current.get("usable_cores")
+    if cores_was != cores_now:
+        out.append(f"{model}: serving was sized for {cores_was} usable cores where it was built; this process "
+                   f"may use {cores_now}. Run `triton-builder select {model}` here (or `triton-builder tune`) "
+                   f"to size instances x threads for this host")
+    gpus_was = [g.get("name") for g in recorded.get("gpus") or []]
+    gpus_now = [g.get("name") for g in current.get("gpus") or []]
+    if gpus_was and gpus_was != gpus_now:
+        out.append(f"{model}: built on GPU {', '.join(gpus_was)}; this host has "
+                   f"{', '.join(gpus_now) or 'no GPU'}: TensorRT plans are GPU-specific "
+                   f"(`triton-builder validate --gpu` checks a plan's compatibility)")
+    return out
+
+
+# a python-backend request's cost outside the model, per request: digits (a tiny CNN) serves 1263 req/s
+# at concurrency 1 under perf_analyzer on the 2-core dev host (../shared/PLATFORM.md): ~0.8 ms
+PYTHON_BACKEND_OVERHEAD_S = 0.0008
+COMPUTE_BOUND_RATIO = 20.0  # compute this many times the overhead: threads pay off more than instances
+
+
+def size_serving(usable_cores: int, batch_seconds: float, overhead_seconds: float = PYTHON_BACKEND_OVERHEAD_S,
+                 max_instances: int = 8, ratio: float = COMPUTE_BOUND_RATIO) -> tuple[int, int]:
+    """(instances, intra_op_threads) for a CPU model on a host with ``usable_cores``.
+
+    ``batch_seconds`` is the measured time of one batch-1 inference in-process; ``overhead_seconds``
+    the per-request cost outside the model (the backend's). Compute-bound (compute at least ``ratio``
+    times the overhead): few instances with several threads each, so one request uses the cores;
+    overhead-bound (small models: what the dev host's residual CNN is, where 2 instances x 1 thread
+    served 400 req/s and 1 x 1 228): one instance per core, one thread each, so requests and their
+    overhead run in parallel. instances x threads never exceeds the usable cores.
+    """
+    cores = max(1, int(usable_cores))
+    compute = max(0.0, batch_seconds - overhead_seconds)
+    if cores == 1:
+        return 1, 1
+    if compute >= ratio * max(overhead_seconds, 1e-9):
+        # two instances keep the cores busy while the other instance's request is in its overhead
+        instances = 2 if cores >= 4 else 1
+        return instances, cores // instances
+    return min(cores, max_instances), 1
+
+
+def serving_size(benchmark: dict[str, Any] | None, cores: int) -> tuple[int, int, str] | None:
+    """(instances, threads, why) from a variant's benchmark record (builder/stages/benchmark.py), None
+    where it has no batch-1 latency (the benchmark was skipped)."""
+    p50 = ((benchmark or {}).get("latency_ms_b1") or {}).get("p50")
+    if not p50:
+        return None
+    instances, threads = size_serving(cores, p50 / 1000.0)
+    kind = "compute-bound" if threads > 1 else "overhead-bound"
+    return instances, threads, (f"{instances} instance(s) x {threads} intra-op thread(s): {cores} usable cores, "
+                                f"batch-1 p50 {p50:.3f} ms ({kind} against ~{PYTHON_BACKEND_OVERHEAD_S * 1e3:.1f} ms "
+                                f"per-request overhead)")
+
+
+def host_warnings(metadata: dict[str, Any], model: str, current: dict[str, Any] | None = None) -> list[str]:
+    """compare_hosts for a version's metadata.yaml record against this host (``current`` injectable)."""
+    if current is None:
+        current = host_profile(with_gpu=bool((metadata.get("host") or {}).get("gpus")))
+    return compare_hosts(metadata.get("host"), current, model=model)

@@ -1,0 +1,228 @@
+"""`triton-builder select`: on the serving host, re-measure a build's verified variants and publish the
+winner, sized to this host, as a new version of the model (no re-export).
+
+The candidates are the variants the repository holds for model ``<name>``: each variant among the
+versions of ``<name>`` itself, and the ``<name>__<variant>`` models a build published with
+``--publish-variants`` (without it, only the served variant is a candidate: select then re-sizes
+serving to this host). Each candidate is replayed against the stored reference (reference.npz of
+``<name>``'s latest version, the candidate's own tolerance) and measured in-process here; the best
+by the build's objective (throughput or latency) is published with this host's profile, its
+serving size (builder/host.py size_serving) and the measurements in metadata.yaml. Where the winner
+and the size are what the latest version already serves, nothing is published.
+
+Usage::
+
+    report = select_for_host(Path("model_repository"), "digits_cnn", progress=print)
+    report.published    # {"name": ..., "version": 3, ...} or None; report.lines() says why
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from builder.errors import UserInputError
+from builder.host import host_profile, size_serving
+from builder.repository.description import VersionDescription
+from builder.repository.layout import existing_versions, latest_version, model_dir, reserve_version
+from builder.repository.metadata import read_metadata, read_reference
+from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures
+
+# measure(candidate label, runner, batch-1 inputs, threads) -> {"throughput": inferences/s, "p50_ms": ...}
+Measure = Callable[[str, Callable, dict[str, np.ndarray], int], dict[str, float]]
+COPIED_EXTRAS = ("drift_profile.json",)
+
+
+@dataclass
+class Candidate:
+    label: str  # "<model>/<version>"
+    variant: str
+    folder: Path
+    meta: dict[str, Any]
+    measured: dict[str, float] = field(default_factory=dict)
+    excluded: str = ""
+
+
+@dataclass
+class SelectReport:
+    model: str
+    objective: str
+    candidates: list[Candidate] = field(default_factory=list)
+    winner: Candidate | None = None
+    sizing: tuple[int, int] | None = None
+    published: dict[str, Any] | None = None
+    why: str = ""
+
+    def lines(self) -> list[str]:
+        out = []
+        for c in self.candidates:
+            if c.excluded:
+                out.append(f"  {c.variant:24s} {c.label}: excluded ({c.excluded})")
+            else:
+                out.append(f"  {c.variant:24s} {c.label}: {c.measured.get('throughput', 0):.1f} inf/s, "
+                           f"p50 {c.measured.get('p50_ms', 0):.3f} ms")
+        out.append(self.why)
+        return out
+
+
+def default_measure(seconds: float = 2.0) -> Measure:
+    """Batch-1 throughput and p50 latency in-process (builder/measure.py's stability rule)."""
+    from builder.measure import measure
+
+    def run(label: str, runner: Callable, inputs: dict[str, np.ndarray], threads: int) -> dict[str, float]:
+        for _ in range(3):
+            runner(inputs)
+        m = measure(lambda: runner(inputs), 1, window_seconds=min(0.2, seconds / 5), max_seconds=seconds)
+        return {"throughput": float(m.throughput), "p50_ms": float(m.percentiles_ms()["p50"])}
+    return run
+
+
+def _candidates(repository: Path, name: str) -> list[Candidate]:
+    main = model_dir(repository, name)
+    found: dict[str, Candidate] = {}
+    folders = [(name, main)] + sorted((p.name, p) for p in repository.iterdir()
+                                      if p.is_dir() and p.name.startswith(f"{name}__"))
+    for model, folder in folders:
+        for number in reversed(existing_versions(folder)):  # newest first: one candidate per variant
+            meta_path = folder / str(number) / "metadata.yaml"
+            if not meta_path.is_file():
+                continue
+            meta = read_metadata(meta_path)
+            variant = meta["artifact"]["variant"]
+            found.setdefault(variant, Candidate(f"{model}/{number}", variant, folder / str(number), meta))
+    return list(found.values())
+
+
+def _batch1(inputs: dict[str, np.ndarray], batching: bool) -> dict[str, np.ndarray]:
+    return {k: np.ascontiguousarray(v[:1]) for k, v in inputs.items()} if batching else dict(inputs)
+
+
+def _score(measured: dict[str, float], objective: str) -> float:
+    return -measured["p50_ms"] if objective == "latency" else measured["throughput"]
+
+
+def select_for_host(repository: str | Path, name: str, *, measure: Measure | None = None,
+                    current_host: dict[str, Any] | None = None, dry_run: bool = False,
+                    progress: Callable[[str], object] = lambda message: None) -> SelectReport:
+    """Re-measure ``name``'s variants on this host and publish the winner as a new version (see the
+    module's docstring). ``measure`` and ``current_host`` are injectable (tests; default: measured here)."""
+    from builder.runtime import open_runner
+
+    repository = Path(repository)
+    main = model_dir(repository, name)
+    number = latest_version(main) if main.is_dir() else None
+    if number is None:
+        raise UserInputError(f"model '{name}' has no version in {repository.resolve()}; pass --repository "
+                             f"or build it first (triton-builder build)")
+    served = read_metadata(main / str(number) / "metadata.yaml")
+    cases, outputs = read_reference(main / str(number) / "reference.npz")
+    host = current_host if current_host is not None else host_profile()
+    cores = int(host.get("usable_cores") or 1)
+    measure = measure or default_measure()
+    objective = (served.get("selection") or {}).get("objective") or "throughput"
+    batching = int(served["spec"].get("max_batch_size") or 0) > 0
+    report = SelectReport(name, objective)
+    for c in _candidates(repository, name):
+        report.candidates.append(c)
+        artifact = c.meta["artifact"]
+        output_names = [o["name"] for o in c.meta["spec"]["outputs"]]
+        input_names = [i["name"] for i in c.meta["spec"]["inputs"]]
+        try:
+            runner = open_runner(artifact["format"], c.folder / artifact["file"], output_names, input_names,
+                                 threads=cores)
+        except Exception as exc:  # noqa: BLE001 - a variant this host cannot run is not a candidate here
+            c.excluded = f"cannot run here: {str(exc).splitlines()[0][:200]}"
+            continue
+        metrics = merge_case_metrics([compare_outputs(ref, runner(case["inputs"]))
+                                      for case, ref in zip(cases, outputs)])
+        tolerance = (c.meta.get("verification") or {}).get("tolerance") or {"rel_l2": 1e-5}
+        failures = tolerance_failures(metrics, tolerance)
+        if failures:
+            c.excluded = "differs from the reference: " + "; ".join(failures)[:300]
+            continue
+        progress(f"select: measuring {c.variant} ({c.label}) on this host")
+        c.measured = measure(c.label, runner, _batch1(cases[0]["inputs"], batching), cores)
+    ranked = [c for c in report.candidates if not c.excluded]
+    if not ranked:
+        raise UserInputError(f"select {name}: no variant of it runs and matches its reference on this host: "
+                             + "; ".join(f"{c.variant}: {c.excluded}" for c in report.candidates))
+    winner = report.winner = max(ranked, key=lambda c: _score(c.measured, objective))
+    report.sizing = size_serving(cores, winner.measured["p50_ms"] / 1000.0)
+    served_variant = served["artifact"]["variant"]
+    served_size = ((served.get("serving") or {}).get("instances"), (served.get("serving") or {}).get("intra_op_threads"))
+    same = winner.variant == served_variant and served_size == report.sizing
+    where = f"{host.get('cpu_model')} ({host.get('isa_class')}, {cores} usable cores)"
+    if same:
+        report.why = (f"{name} version {number} already serves {served_variant} with {report.sizing[0]} instance(s) x "
+                      f"{report.sizing[1]} thread(s), the best on {where}: nothing published")
+        return report
+    if dry_run:
+        report.why = (f"would publish {winner.variant} ({report.sizing[0]} x {report.sizing[1]}) as a new version of "
+                      f"{name} (now {served_variant}); --dry-run: nothing published")
+        return report
+    report.published = _publish(repository, name, number, winner, report, host)
+    report.why = (f"{name} version {report.published['version']}: {winner.variant} with {report.sizing[0]} instance(s)"
+                  f" x {report.sizing[1]} intra-op thread(s), measured on {where} (was {served_variant}, "
+                  f"version {number})")
+    return report
+
+
+def _config_text(winner_model: Path, name: str, sizing: tuple[int, int]):
+    """The winner's config.pbtxt renamed to ``name`` and sized, through Triton's schema: (text, the
+    ModelConfig of its name, backend and tensors that publish_model checks)."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from builder.repository.config import DynamicBatching, ModelConfig, TensorConfig, parse_config
+
+    message = parse_config((winner_model / "config.pbtxt").read_text(), str(winner_model / "config.pbtxt"))
+    message.name = name
+    for group in message.instance_group:
+        if group.kind != group.KIND_GPU:
+            group.count = sizing[0]
+    if "intra_op_threads" in message.parameters:
+        message.parameters["intra_op_threads"].string_value = str(sizing[1])
+    def tensors(items):
+        return [TensorConfig(t.name, model_config_pb2.DataType.Name(t.data_type), list(t.dims) or [1]) for t in items]
+    batching = DynamicBatching() if message.HasField("dynamic_batching") else None
+    config = ModelConfig(name=name, backend=message.backend or message.platform, max_batch_size=message.max_batch_size,
+                         inputs=tensors(message.input), outputs=tensors(message.output), dynamic_batching=batching)
+    return text_format.MessageToString(message), config
+
+
+def _publish(repository: Path, name: str, served_number: int, winner: Candidate, report: SelectReport,
+             host: dict[str, Any]) -> dict[str, Any]:
+    from builder.repository.publish import publish_model
+
+    text, config = _config_text(winner.folder.parent, name, report.sizing)
+    artifact = winner.meta["artifact"]
+    model_files = sorted((p for p in winner.folder.iterdir() if p.name.startswith(artifact["file"])),
+                         key=lambda p: (p.name != artifact["file"], p.name))
+    runtime = {n: winner.folder / n for n in ("model.py", "drift.py") if (winner.folder / n).is_file()}
+    extra: dict[str, bytes] = {"reference.npz": (model_dir(repository, name) / str(served_number) / "reference.npz")
+                               .read_bytes()}
+    extra.update({n: (winner.folder / n).read_bytes() for n in COPIED_EXTRAS if (winner.folder / n).is_file()})
+    record = dict(winner.meta)
+    record.update({
+        "model_name": name,
+        "build_date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": host,
+        "serving": {"instances": report.sizing[0], "intra_op_threads": report.sizing[1],
+                    "sized": f"by triton-builder select on this host ({host.get('usable_cores')} usable cores)"},
+        "selection": {"objective": report.objective, "selected": True,
+                      "why": (f"best {report.objective} of the candidates re-measured on this host by "
+                              f"triton-builder select"),
+                      "candidates": {c.variant: (c.excluded or c.measured) for c in report.candidates}},
+        "reselected_from": {"model": winner.label, "served_version": served_number,
+                            "measured_on": winner.meta.get("host")},
+    })
+    with reserve_version(repository, name, None) as reservation:
+        description = VersionDescription(name=name, version=reservation.version, config=config,
+                                         model_format=artifact["format"], model_files=model_files,
+                                         runtime_files=runtime, extra_files=extra, metadata=record,
+                                         config_text=text)
+        return publish_model(repository, description, reservation)

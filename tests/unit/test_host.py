@@ -1,0 +1,134 @@
+"""The host profile (builder/host.py): parsing, usable cores under a cgroup quota, comparing a recorded
+host with this one, and sizing serving to a host - all with injected hosts and timings, so nothing
+here depends on the machine the tests run on."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from builder.host import (cgroup_cpu_limit, compare_hosts, cpu_info, host_profile, isa_class, serving_size,
+                          size_serving, usable_cores)
+
+EPYC_AVX2 = {"cpu_model": "AMD EPYC 7B13", "isa_flags": ["avx2"], "isa_class": "avx2", "usable_cores": 2}
+ZEN4_VNNI = {"cpu_model": "AMD EPYC 9B14", "isa_flags": ["avx2", "avx512_vnni", "avx512f"],
+             "isa_class": "avx512_vnni", "usable_cores": 2}
+
+
+def test_cpuinfo_gives_model_flags_and_isa_class():
+    text = "processor\t: 0\nmodel name\t: AMD EPYC 9B14\nflags\t\t: fpu sse avx2 avx512f avx512_vnni amx_tile\n" \
+           "processor\t: 1\nmodel name\t: AMD EPYC 9B14\nflags\t\t: fpu sse avx2\n"
+    model, flags = cpu_info(text)
+    assert model == "AMD EPYC 9B14"
+    assert flags == ["amx_tile", "avx2", "avx512_vnni", "avx512f"]
+    assert isa_class(flags) == "amx"
+    assert isa_class(["avx2", "avx512f", "avx512_vnni"]) == "avx512_vnni"
+    assert isa_class(["avx2", "avx512f"]) == "avx512"
+    assert isa_class(["avx2"]) == "avx2"
+    assert isa_class([]) == "other"
+
+
+def test_usable_cores_follow_the_cgroup_quota_not_the_host(tmp_path):
+    (tmp_path / "cpu.max").write_text("150000 100000\n")  # v2: 1.5 CPUs
+    assert cgroup_cpu_limit(tmp_path) == 1.5
+    assert usable_cores(affinity=64, quota=1.5) == 2
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpu_limit(tmp_path) is None
+    assert usable_cores(affinity=64, quota=None) == 64
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("400000\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cgroup_cpu_limit(v1) == 4.0
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cgroup_cpu_limit(v1) is None
+    assert usable_cores(affinity=2, quota=8.0) == 2
+
+
+def test_profile_of_this_host_is_plain_yaml(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("model name : Test CPU\nflags : avx2 avx512f\n")
+    (tmp_path / "cpu.max").write_text("100000 100000\n")
+    profile = host_profile(cpuinfo, tmp_path, with_gpu=False)
+    assert profile["cpu_model"] == "Test CPU" and profile["isa_class"] == "avx512"
+    assert profile["usable_cores"] == 1 and profile["cgroup_cpu_quota"] == 1.0
+    assert yaml.safe_load(yaml.safe_dump(profile)) == profile
+
+
+def test_same_host_gives_no_warning_and_a_different_one_says_what_to_run():
+    assert compare_hosts(ZEN4_VNNI, dict(ZEN4_VNNI), model="m") == []
+    lines = compare_hosts(ZEN4_VNNI, EPYC_AVX2, model="m")
+    assert len(lines) == 1
+    assert "measured on AMD EPYC 9B14 (avx512_vnni" in lines[0] and "this host is AMD EPYC 7B13 (avx2)" in lines[0]
+    assert "triton-builder select m" in lines[0]
+    lines = compare_hosts(EPYC_AVX2, {**EPYC_AVX2, "usable_cores": 16}, model="m")
+    assert len(lines) == 1 and "sized for 2 usable cores" in lines[0] and "may use 16" in lines[0]
+    assert "no host profile" in compare_hosts(None, EPYC_AVX2, model="m")[0]
+    gpu = {**EPYC_AVX2, "gpus": [{"name": "NVIDIA H100"}]}
+    assert "no GPU" in compare_hosts(gpu, EPYC_AVX2, model="m")[0]
+
+
+def test_compute_bound_model_gets_fewer_instances_with_more_threads():
+    assert size_serving(8, batch_seconds=0.050, overhead_seconds=0.001) == (2, 4)
+    assert size_serving(2, batch_seconds=0.050, overhead_seconds=0.001) == (1, 2)
+    assert size_serving(1, batch_seconds=0.050, overhead_seconds=0.001) == (1, 1)
+
+
+def test_overhead_bound_model_gets_one_instance_per_core_with_one_thread():
+    assert size_serving(2, batch_seconds=0.002, overhead_seconds=0.001) == (2, 1)
+    assert size_serving(4, batch_seconds=0.002, overhead_seconds=0.001) == (4, 1)
+    assert size_serving(64, batch_seconds=0.002, overhead_seconds=0.001) == (8, 1)  # capped
+
+
+def test_serving_size_reads_the_benchmark_record():
+    assert serving_size(None, 4) is None
+    assert serving_size({"latency_ms_b1": {"p50": 0.5}}, 4)[:2] == (4, 1)
+    instances, threads, why = serving_size({"latency_ms_b1": {"p50": 80.0}}, 4)
+    assert (instances, threads) == (2, 2) and "compute-bound" in why
+
+
+def test_config_for_applies_the_size_unless_the_spec_sets_instances(digits_copy):
+    from builder.repository.publish import config_for
+    from builder.spec import load_spec
+    from tests.conftest import edit_spec
+
+    signature = {"logits": ("float32", [10])}
+    spec = load_spec(digits_copy / "spec.yaml")
+    config = config_for(spec, "onnx", "embedded", "digits_cnn", signature, sizing=(1, 2))
+    assert config.instance_groups[0].count == 1 and config.parameters["intra_op_threads"] == "2"
+    config = config_for(spec, "onnx", "embedded", "digits_cnn", signature)
+    assert config.instance_groups[0].count == 1 and config.parameters["intra_op_threads"] == "1"
+    deploy = yaml.safe_load((digits_copy / "spec.yaml").read_text()).get("deploy") or {}
+    edit_spec(digits_copy, deploy={**deploy, "instances": 3})
+    spec = load_spec(digits_copy / "spec.yaml")
+    config = config_for(spec, "onnx", "embedded", "digits_cnn", signature, sizing=(2, 1))
+    assert config.instance_groups[0].count == 3 and config.parameters["intra_op_threads"] == "1"
+
+
+def test_validate_warns_on_a_host_that_differs(built_repository, tmp_path):
+    from builder.repository.validate import validate_model
+
+    copy = tmp_path / "repo" / "digits_cnn"
+    shutil.copytree(built_repository / "digits_cnn", copy)
+    meta_path = copy / "1" / "metadata.yaml"
+    meta = yaml.safe_load(meta_path.read_text())
+    assert meta["host"]["usable_cores"] >= 1 and "isa_class" in meta["host"]  # recorded by the build
+    meta["host"] = ZEN4_VNNI  # metadata.yaml is not among the hashed files
+    meta_path.write_text(yaml.safe_dump(meta))
+    report = validate_model(copy, current_host=EPYC_AVX2)
+    assert report.ok  # a warning, not a failure
+    assert any("host:" in line and "triton-builder select digits_cnn" in line for line in report.lines())
+    assert validate_model(copy, current_host=dict(ZEN4_VNNI)).host_warnings == []
+
+
+def test_serve_warns_for_each_model_built_elsewhere(built_repository):
+    from builder.serving.serve import served_host_warnings
+
+    meta = yaml.safe_load((built_repository / "digits_cnn" / "1" / "metadata.yaml").read_text())
+    assert served_host_warnings(built_repository, ["digits_cnn"], meta["host"]) == []
+    lines = served_host_warnings(built_repository, ["digits_cnn"], {**meta["host"], "isa_class": "other"})
+    assert len(lines) == 1 and lines[0].startswith("digits_cnn: variants were measured on")

@@ -1,0 +1,109 @@
+"""`triton-builder select` (builder/repository/reselect.py): a repository built elsewhere is re-measured
+here and the winner republished. Measurements and the host are injected, so the outcome does not
+depend on this machine; the replay against reference.npz and the publish are real."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import yaml
+
+from builder.errors import UserInputError
+from builder.repository.reselect import select_for_host
+from tests.conftest import EXAMPLES
+
+HERE = {"cpu_model": "AMD EPYC 7B13", "isa_flags": ["avx2"], "isa_class": "avx2", "usable_cores": 2}
+
+
+@pytest.fixture(scope="module")
+def variants_repository(tmp_path_factory):
+    """digits built with its onnx and torchscript variants published (no benchmark)."""
+    from builder.pipeline import build
+
+    repo = tmp_path_factory.mktemp("select_repo") / "model_repository"
+    build(EXAMPLES / "digits/spec.yaml", repo, variants=["onnx", "torchscript"], benchmark_seconds=0,
+          publish_variants=True, progress=lambda m: None)
+    return repo
+
+
+def _copy(repo, tmp_path):
+    target = tmp_path / "repo"
+    shutil.copytree(repo, target)
+    return target
+
+
+def _measure(fast: str, p50_ms: float = 0.5):
+    """A measure that makes variant ``fast`` (by the label's model name) the quickest."""
+    def run(label, runner, inputs, threads):
+        assert runner(inputs)  # really runs the candidate on the batch-1 inputs
+        is_fast = fast in label
+        return {"throughput": 2000.0 if is_fast else 1000.0, "p50_ms": p50_ms if is_fast else 2 * p50_ms}
+    return run
+
+
+def _served(repo):
+    meta = yaml.safe_load((repo / "digits_cnn" / "1" / "metadata.yaml").read_text())
+    return meta["artifact"]["variant"]
+
+
+def test_select_publishes_the_winner_of_this_host(variants_repository, tmp_path):
+    repo = _copy(variants_repository, tmp_path)
+    served = _served(repo)
+    other = next(p.name.split("__", 1)[1] for p in repo.iterdir() if p.name.startswith("digits_cnn__"))
+    assert other != served
+    report = select_for_host(repo, "digits_cnn", measure=_measure(f"digits_cnn__{other}"), current_host=HERE)
+    assert report.winner.variant == other and report.published["version"] == 2
+    assert report.sizing == (2, 1)  # 2 usable cores, 0.5 ms a call: overhead-bound
+    meta = yaml.safe_load((repo / "digits_cnn" / "2" / "metadata.yaml").read_text())
+    assert meta["model_name"] == "digits_cnn" and meta["artifact"]["variant"] == other
+    assert meta["host"] == HERE and meta["serving"]["instances"] == 2
+    assert meta["reselected_from"]["served_version"] == 1
+    config = (repo / "digits_cnn" / "config.pbtxt").read_text()
+    assert 'name: "digits_cnn"' in config and "count: 2" in config
+    from builder.repository.validate import validate_model
+    checked = validate_model(repo / "digits_cnn", 2, current_host=HERE)
+    assert checked.ok, checked.lines()
+    assert checked.host_warnings == []
+
+    # run again on the same host: the served variant and size are already right
+    again = select_for_host(repo, "digits_cnn", measure=_measure(f"digits_cnn__{other}"), current_host=HERE)
+    assert again.published is None and "nothing published" in again.why
+
+
+def test_select_keeps_the_variant_and_resizes_for_a_bigger_host(variants_repository, tmp_path):
+    repo = _copy(variants_repository, tmp_path)
+    served = _served(repo)
+    big = {**HERE, "usable_cores": 8}
+    report = select_for_host(repo, "digits_cnn", measure=_measure("digits_cnn/", p50_ms=50.0), current_host=big)
+    assert report.winner.variant == served
+    assert report.sizing == (2, 4)  # compute-bound: fewer instances, more threads
+    config = (repo / "digits_cnn" / "config.pbtxt").read_text()
+    assert "count: 2" in config and 'string_value: "4"' in config
+
+
+def test_dry_run_publishes_nothing_and_unknown_model_is_named(variants_repository, tmp_path):
+    repo = _copy(variants_repository, tmp_path)
+    report = select_for_host(repo, "digits_cnn", measure=_measure("digits_cnn__"), current_host=HERE, dry_run=True)
+    assert report.published is None and "--dry-run" in report.why
+    assert not (repo / "digits_cnn" / "2").exists()
+    with pytest.raises(UserInputError, match="model 'nope' has no version.*--repository"):
+        select_for_host(repo, "nope", measure=_measure("x"), current_host=HERE)
+
+
+def test_a_variant_that_differs_from_the_reference_is_excluded(variants_repository, tmp_path):
+    import numpy as np
+
+    repo = _copy(variants_repository, tmp_path)
+
+    def wrong(label, runner, inputs, threads):
+        return {"throughput": 1.0, "p50_ms": 1.0}
+    # break one candidate: its reference replay runs a model with scrambled weights
+    other = next(p for p in repo.iterdir() if p.name.startswith("digits_cnn__"))
+    meta = yaml.safe_load((other / "1" / "metadata.yaml").read_text())
+    meta["verification"] = {"tolerance": {"rel_l2": -1.0}}  # nothing can pass a negative tolerance
+    (other / "1" / "metadata.yaml").write_text(yaml.safe_dump(meta))
+    report = select_for_host(repo, "digits_cnn", measure=wrong, current_host=HERE, dry_run=True)
+    excluded = [c for c in report.candidates if c.excluded]
+    assert len(excluded) == 1 and "differs from the reference" in excluded[0].excluded
+    assert np.isfinite(report.winner.measured["p50_ms"])
