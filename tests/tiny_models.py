@@ -68,6 +68,36 @@ class M(torch.nn.Module):
         return x[x.sum(-1) > -1000.0]
 ''', {"inputs": [{"name": "x", "dtype": "float32", "shape": [64, 4]}], "outputs": [{"name": "boxes"}],
       "max_batch_size": 0}),
+    # every dtype the spec lists, in and out: raw uint8 HWC pixels normalised inside the model, an int64
+    # label (scalar per sample) and float32 probabilities out, and bool/int8/int16/int32/float16/float64
+    "mixed": ('''
+import torch
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__(); torch.manual_seed(0); self.fc = torch.nn.Linear(3, 4)
+    def forward(self, pixels, mask, scale, offset, ids, count, half):
+        x = pixels.float().permute(0, 3, 1, 2) / 255.0
+        feat = ((x - 0.5) / 0.25).mean((2, 3))
+        logits = self.fc(feat) * scale.float().unsqueeze(-1) + offset.float() * 0.1 + ids.float() * 0.01
+        logits = logits + mask.float() + half.float()
+        probs = logits.softmax(-1)
+        label = probs.argmax(-1)
+        return (label, probs, probs.amax(-1).double(), mask & (ids.float() > 20),
+                (offset.float() * 2).clamp(-128, 127).to(torch.int8), count + label.int(),
+                half * 2, (ids.float() * 3).to(torch.int16), pixels[:, 0, 0, :])
+''', {"inputs": [{"name": "pixels", "dtype": "uint8", "shape": [8, 8, 3]},
+                {"name": "mask", "dtype": "bool", "shape": [4]},
+                {"name": "scale", "dtype": "float64", "shape": [], "value_range": [0.5, 2.0]},
+                {"name": "offset", "dtype": "int8", "shape": [4]},
+                {"name": "ids", "dtype": "int16", "shape": [4]},
+                {"name": "count", "dtype": "int32", "shape": []},
+                {"name": "half", "dtype": "float16", "shape": [4]}],
+      "outputs": [{"name": "label", "dtype": "int64"}, {"name": "probs", "dtype": "float32"},
+                  {"name": "confidence", "dtype": "float64"}, {"name": "flags", "dtype": "bool"},
+                  {"name": "offset2", "dtype": "int8"}, {"name": "total", "dtype": "int32"},
+                  {"name": "half2", "dtype": "float16"}, {"name": "ids3", "dtype": "int16"},
+                  {"name": "corner", "dtype": "uint8"}],
+      "max_batch_size": 8}),
 }
 
 

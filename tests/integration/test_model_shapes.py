@@ -1,6 +1,7 @@
 """The model shapes the examples do not cover, built, served on the real embedded tritonserver and
 checked over HTTP and gRPC: a per-sample scalar output (argmax class id) and scalar input, integer ids
-without data beyond the model's vocabulary, and a data-dependent output length without batching."""
+without data beyond the model's vocabulary, a data-dependent output length without batching, and a
+model taking and returning every dtype the spec lists."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from tests.tiny_models import write_model
 
 pytestmark = pytest.mark.integration
 
-MODELS = ("argmax", "embed", "detect")
+MODELS = ("argmax", "embed", "detect", "mixed")
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +88,21 @@ def test_data_dependent_length_is_minus_1_in_config_and_metadata(shapes_served):
                    for _ in range(5)}
     assert [int(d) for d in metadata["outputs"][0]["shape"]] == [-1, 4]
     assert len(lengths) > 1  # the length really varies per input
+
+
+def test_every_dtype_in_and_out_is_served_as_declared(shapes_served):
+    server, repo = shapes_served
+    with TritonClient(server.http_url, "http") as client:
+        metadata = client.model_metadata("mixed")
+    types = {t["name"]: t["datatype"] for t in metadata["inputs"] + metadata["outputs"]}
+    assert types == {"pixels": "UINT8", "mask": "BOOL", "scale": "FP64", "offset": "INT8", "ids": "INT16",
+                     "count": "INT32", "half": "FP16", "label": "INT64", "probs": "FP32", "confidence": "FP64",
+                     "flags": "BOOL", "offset2": "INT8", "total": "INT32", "half2": "FP16", "ids3": "INT16",
+                     "corner": "UINT8"}
+
+
+def test_drift_profile_covers_scalar_inputs_and_outputs(shapes_served):
+    import json
+    _, repo = shapes_served
+    profile = json.loads((repo / "argmax" / "1" / "drift_profile.json").read_text())
+    assert {"input:temperature", "output:label"} <= set(profile["features"]), sorted(profile["features"])
