@@ -80,7 +80,7 @@ def cmd_tune(args: argparse.Namespace, reporter: Reporter) -> int:
     if repository is None:
         raise UserInputError("tune needs the model repository the server serves: pass --repository DIR")
     kwargs = {}
-    for name in ("delays", "instance_counts", "max_batch_sizes", "levels"):
+    for name in ("delays", "instance_counts", "max_batch_sizes", "levels", "thread_counts"):
         if getattr(args, name) is not None:
             kwargs[name] = getattr(args, name)
     result = run_tune(args.name, repository, _url(args), protocol=args.protocol, p99_budget_ms=args.p99_budget_ms,
@@ -135,6 +135,8 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--write", action="store_true", help="write the winner into config.pbtxt (+ tuning.json)")
     p.add_argument("--delays", type=int_list, help="max_queue_delay_microseconds to try (default 0,100,500,2000)")
     p.add_argument("--instances", dest="instance_counts", type=int_list, help="instance counts (default 1,2)")
+    p.add_argument("--threads", dest="thread_counts", type=int_list,
+                   help="intra-op threads per instance (python backend; default 1,2,4.. up to the usable cores)")
     p.add_argument("--max-batch-sizes", type=int_list, help="smaller max_batch_size values to try (default none)")
     p.add_argument("--levels", type=int_list, help="concurrency levels (default 1,2,4,...,64)")
     p.add_argument("--max-concurrency", type=int, help="highest concurrency level")

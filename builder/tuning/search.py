@@ -33,6 +33,7 @@ class Candidate:
     instances: int = 1
     max_batch_size: int = 0
     preferred: list[int] = field(default_factory=list)
+    threads: int = 0  # intra-op threads per instance (python backend's intra_op_threads); 0: as built
     # measured
     levels: list[dict[str, Any]] = field(default_factory=list)
     best: dict[str, Any] | None = None  # the level with the highest throughput within the budget
@@ -42,7 +43,7 @@ class Candidate:
     @property
     def key(self) -> tuple:
         return (self.batching, self.delay_us if self.batching else 0, self.instances, self.max_batch_size,
-                tuple(self.preferred) if self.batching else ())
+                tuple(self.preferred) if self.batching else (), self.threads)
 
     @property
     def score(self) -> float:
@@ -62,6 +63,8 @@ class Candidate:
             cfg.pop("dynamic_batching", None)
         groups = cfg.get("instance_group") or [{"kind": "KIND_CPU"}]
         cfg["instance_group"] = [dict(g, count=self.instances) for g in groups]
+        if self.threads and "intra_op_threads" in (cfg.get("parameters") or {}):
+            cfg["parameters"]["intra_op_threads"] = {"string_value": str(self.threads)}
         for warmup in cfg.get("model_warmup", []):
             if self.max_batch_size and int(warmup.get("batch_size", 1)) > self.max_batch_size:
                 warmup["batch_size"] = self.max_batch_size
@@ -70,13 +73,14 @@ class Candidate:
     def describe(self) -> str:
         batching = (f"batching on, delay {self.delay_us} us" + (f", preferred {self.preferred}" if self.preferred else "")
                     if self.batching else "no dynamic batching")
-        return f"{batching}, {self.instances} instance(s), max_batch_size {self.max_batch_size}"
+        threads = f" x {self.threads} thread(s)" if self.threads else ""
+        return f"{batching}, {self.instances} instance(s){threads}, max_batch_size {self.max_batch_size}"
 
     def as_dict(self) -> dict[str, Any]:
         return {"label": self.label, "dynamic_batching": self.batching,
                 "max_queue_delay_microseconds": self.delay_us if self.batching else None,
                 "preferred_batch_size": self.preferred if self.batching else None, "instances": self.instances,
-                "max_batch_size": self.max_batch_size, "throughput_within_budget_rps": self.score,
+                "intra_op_threads": self.threads or None, "max_batch_size": self.max_batch_size, "throughput_within_budget_rps": self.score,
                 "best_level": self.best, "levels": self.levels, "confirm_level": self.confirm, "error": self.error}
 
 
@@ -133,8 +137,10 @@ class Search:
         self.order: list[Candidate] = []
         self.client_kind = ""
 
-    def candidates(self, built_max: int, instance_counts, delays, max_batch_sizes) -> tuple[Candidate, Candidate]:
-        """The staged search (module doc, stages 1-5); returns the two baselines."""
+    def candidates(self, built_max: int, instance_counts, delays, max_batch_sizes,
+                   thread_counts=()) -> tuple[Candidate, Candidate]:
+        """The staged search (module doc, stages 1-5); returns the two baselines. ``thread_counts``:
+        intra-op threads per instance tried with the best instance count (python backend)."""
         evaluate = self.measure
         with_batching = built_max > 0
         none = Candidate("no batching", False, 0, 1, built_max)
@@ -149,19 +155,25 @@ class Search:
             if count != start.instances:
                 evaluate(Candidate(f"{count} instances", start.batching, start.delay_us, count, start.max_batch_size))
         best = best_candidate([c for c in self.order if c.batching == with_batching]) or start
+        for threads in thread_counts:
+            evaluate(Candidate(f"{best.instances} x {threads} threads", best.batching, best.delay_us, best.instances,
+                               best.max_batch_size, threads=threads))
+        best = best_candidate([c for c in self.order if c.batching == with_batching]) or best
         if with_batching:
             for delay in delays:
-                evaluate(Candidate(f"delay {delay} us", True, delay, best.instances, best.max_batch_size))
+                evaluate(Candidate(f"delay {delay} us", True, delay, best.instances, best.max_batch_size,
+                                   threads=best.threads))
             best = best_candidate([c for c in self.order if c.batching]) or best
             for size in max_batch_sizes:
                 if size != best.max_batch_size:
-                    evaluate(Candidate(f"max batch {size}", True, best.delay_us, best.instances, size))
+                    evaluate(Candidate(f"max batch {size}", True, best.delay_us, best.instances, size,
+                                       threads=best.threads))
             best = best_candidate([c for c in self.order if c.batching]) or best
             if best.delay_us > 0 and best.best and best.best.get("server_avg_batch"):
                 nearest = 2 ** round(math.log2(max(1.0, best.best["server_avg_batch"])))
                 nearest = max(1, min(nearest, best.max_batch_size))
                 evaluate(Candidate(f"preferred {nearest}", True, best.delay_us, best.instances,
-                                   best.max_batch_size, [nearest]))
+                                   best.max_batch_size, [nearest], threads=best.threads))
         return none, default
 
     def measure(self, candidate: Candidate, confirm_round: bool = False) -> Candidate:

@@ -82,7 +82,7 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
              payload: str | Path | None = None, delays=DEFAULT_DELAYS, instance_counts=DEFAULT_INSTANCES,
              max_batch_sizes=(), levels=DEFAULT_LEVELS, max_concurrency: int | None = None,
              max_candidates: int = 12, window_s: float = 0.5, confirm: bool = True, batch_size: int = 1,
-             tie_margin: float = 0.10,
+             tie_margin: float = 0.10, thread_counts=None, usable_cores: int | None = None,
              progress: Callable[[str], object] | None = None) -> dict[str, Any]:
     """Search configs of ``model`` on the server at ``url`` (its ``protocol`` port) under ``p99_budget_ms``.
 
@@ -100,6 +100,7 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
         max_batch_sizes, levels, max_concurrency)
     config_path, base_text, base = _read_config(repository, model, max_batch_sizes, batch_size)
     built_max = int(base.get("max_batch_size", 0))
+    thread_counts = _thread_counts(base, thread_counts, usable_cores)
 
     interface = fetch_model(url, protocol, model)  # ServerError if not reachable / not ready
     differences = config_differences(base, interface.config)
@@ -116,7 +117,7 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
                      window_s, per_level_s, max_candidates, say)
     started = time.monotonic()
     try:
-        none, default = search.candidates(built_max, instance_counts, delays, max_batch_sizes)
+        none, default = search.candidates(built_max, instance_counts, delays, max_batch_sizes, thread_counts)
         winner = _choose(search.order, built_max, tie_margin)
         if confirm and winner is not None:
             for candidate in dict.fromkeys([winner, _best(search.order), none, default]):  # in this order, each once
@@ -170,6 +171,23 @@ def _check_arguments(p99_budget_ms, seconds_per_candidate, window_s, protocol, t
     if not levels:
         raise UserInputError("--levels: give at least one concurrency")
     return delays, instance_counts, max_batch_sizes, levels
+
+
+def _thread_counts(base: dict, given, usable_cores: int | None) -> list[int]:
+    """Intra-op threads per instance to try: ``given`` (--threads), else 1, 2, 4, ... up to the cores this
+    process may use (builder/host.py; ``usable_cores`` injects them), leaving out the built setting; []
+    where the config has no intra_op_threads parameter (only the python backend takes it)."""
+    built = ((base.get("parameters") or {}).get("intra_op_threads") or {}).get("string_value")
+    if built is None:
+        if given:
+            raise UserInputError("--threads: this model's config has no intra_op_threads parameter "
+                                 "(only python-backend models built by triton-builder take it)")
+        return []
+    if given is not None:
+        return _csv_ints(given, "threads", 1)
+    from builder.host import usable_cores as host_cores
+    cores = usable_cores or host_cores()
+    return [t for t in (1, 2, 4, 8, 16, 32) if t <= cores and str(t) != built]
 
 
 def _read_config(repository, model: str, max_batch_sizes: list[int], batch_size: int) -> tuple[Path, str, dict]:

@@ -11,7 +11,7 @@ from builder.cli import make_parser
 from builder.progress import Reporter, bar, report
 from tests.conftest import EXAMPLES, run_cli
 
-VERBS = {"build", "validate", "clean", "run", "serve", "check", "loadtest", "sweep", "tune", "publish", "replicas", "k8s"}
+VERBS = {"build", "validate", "select", "clean", "run", "serve", "check", "loadtest", "sweep", "tune", "publish", "replicas", "k8s"}
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -108,3 +108,16 @@ def test_serve_takes_tritons_default_ports_or_says_why_not(monkeypatch):
     assert len(lines) == 1 and f"port(s) {defaults['grpc']} in use" in lines[0] and "--url" in lines[0]
     explicit = make_parser().parse_args(["serve", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"])
     assert serving._ports(explicit, lines.append) == {"http": 0, "grpc": 0, "metrics": 0}
+
+
+def test_select_measures_here_and_dry_run_publishes_nothing(built_repository, tmp_path):
+    import shutil
+
+    copy = tmp_path / "repo"
+    shutil.copytree(built_repository / "digits_cnn", copy / "digits_cnn")
+    proc = run_cli("select", "digits_cnn", "--repository", str(copy), "--seconds", "0.3", "--dry-run", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert "digits_cnn/1:" in proc.stdout and "inf/s" in proc.stdout  # really measured here
+    assert not (copy / "digits_cnn" / "2").exists()
+    proc = run_cli("select", "nope", "--repository", str(copy), "-q")
+    assert proc.returncode == 2 and "model 'nope' has no version" in proc.stderr
