@@ -30,7 +30,8 @@ def cmd_validate(args: argparse.Namespace, reporter: Reporter) -> int:
     from builder.repository.validate import validate_model
 
     report = validate_model(args.model, args.version, gpu=args.gpu, tensorrt_version=args.tensorrt_version,
-                            public_key=args.public_key, require_signature=args.require_signature)
+                            public_key=args.public_key, require_signature=args.require_signature,
+                            triton_release=args.triton_release, progress=reporter)
     if args.json:
         print_json(report)
         return 0 if report.ok else 1
@@ -87,6 +88,9 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", help="target GPU compute capability (e.g. 9.0) for TensorRT plans")
     p.add_argument("--tensorrt-version", help="target TensorRT version for TensorRT plans")
     add_signature_arguments(p)
+    p.add_argument("--triton-release", help="also check that this Triton release (e.g. 24.10, docker-compose.yml's) "
+                   "loads each ONNX version and reproduces reference.npz with the onnxruntime it ships "
+                   "(installed once into ~/.cache/triton-builder/runtimes)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object (for CI pipelines)")
     p.set_defaults(func=cmd_validate)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from builder.errors import UserInputError
 from builder.files import sha256_file
@@ -24,6 +25,7 @@ from builder.repository.layout import existing_versions
 from builder.host import host_warnings
 from builder.repository.metadata import read_metadata, read_reference
 from builder.repository.signing import public_key as signature_key, verify_model
+from builder.repository.runtime_gate import gate_version
 from builder.runtime import open_runner
 from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures
 
@@ -34,6 +36,7 @@ class VersionCheck:
     failures: list[str] = field(default_factory=list)
     metrics: dict = field(default_factory=dict)
     skipped: str = ""
+    notes: list[str] = field(default_factory=list)  # e.g. the runtime gate's (--triton-release)
 
 
 @dataclass
@@ -59,12 +62,14 @@ class ValidationReport:
             else:
                 worst = max((m.get("rel_l2", 0.0) for m in v.metrics.values()), default=0.0)
                 out.append(f"version {v.version}: OK (hashes match; worst rel L2 {worst:.1e})")
+            out.extend(f"  {note}" for note in v.notes)
         return out
 
 
 def validate_model(model_path: str | Path, version: int | None = None, *, gpu: str | None = None,
                    tensorrt_version: str | None = None, public_key: str | Path | None = None,
-                   require_signature: bool = False, current_host: dict | None = None) -> ValidationReport:
+                   require_signature: bool = False, triton_release: str | None = None,
+                   progress: Callable[[str], object] = lambda message: None, current_host: dict | None = None) -> ValidationReport:
     """``current_host``: this host's profile (builder/host.py host_profile) unless injected."""
     folder = Path(model_path).resolve()
     if not folder.is_dir():
@@ -95,6 +100,8 @@ def validate_model(model_path: str | Path, version: int | None = None, *, gpu: s
             report.versions.append(VersionCheck(number, skipped="signature check failed: not loaded or replayed"))
             continue
         report.versions.append(_check_version(folder / str(number), number, gpu, tensorrt_version))
+        if triton_release:  # can that Triton release's runtimes load and reproduce it (runtime_gate.py)
+            gate_version(report.versions[-1], folder / str(number), triton_release, progress)
     if versions and (folder / str(versions[-1]) / "metadata.yaml").is_file():
         meta = read_metadata(folder / str(versions[-1]) / "metadata.yaml")
         report.host_warnings = host_warnings(meta, folder.name, current_host)

@@ -40,6 +40,22 @@ def test_check_passes_over_http_and_grpc(served, built_repository, model):
     assert report.cases >= 3
 
 
+def test_check_warns_when_the_model_was_built_on_another_host(served, built_repository):
+    import yaml
+
+    meta = yaml.safe_load((built_repository / "digits_cnn" / "1" / "metadata.yaml").read_text())
+    same = check_served("digits_cnn", repository=built_repository, url=served.http_url, grpc_url=served.grpc_url,
+                        protocol="http", current_host=meta["host"])
+    assert same.ok and same.host_warnings == []
+    other = {**meta["host"], "isa_class": "other", "cpu_model": "Elsewhere CPU", "usable_cores": 64}
+    report = check_served("digits_cnn", repository=built_repository, url=served.http_url, grpc_url=served.grpc_url,
+                          protocol="http", current_host=other)
+    assert report.ok  # a warning, not a failure: the answers still match
+    assert len(report.host_warnings) == 2
+    assert any(line.startswith("- host: digits_cnn: variants were measured on") and "Elsewhere CPU" in line
+               for line in report.lines())
+
+
 def test_check_cli_exit_codes(served, built_repository):
     ok = run_cli("check", "digits_cnn", "--repository", str(built_repository), "--url", served.http_url,
                  "--grpc-url", served.grpc_url)

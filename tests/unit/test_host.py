@@ -132,3 +132,23 @@ def test_serve_warns_for_each_model_built_elsewhere(built_repository):
     assert served_host_warnings(built_repository, ["digits_cnn"], meta["host"]) == []
     lines = served_host_warnings(built_repository, ["digits_cnn"], {**meta["host"], "isa_class": "other"})
     assert len(lines) == 1 and lines[0].startswith("digits_cnn: variants were measured on")
+
+
+def test_a_measured_build_sizes_serving_to_its_host(tmp_path):
+    """A real build with a short benchmark: whatever this host measures, the config holds the chosen
+    instances x threads, within the usable cores, and metadata.yaml says why."""
+    from builder.host import usable_cores as host_cores
+    from builder.pipeline import build
+    from builder.repository.config import config_as_dict
+    from tests.conftest import EXAMPLES
+
+    repo = tmp_path / "repo"
+    build(EXAMPLES / "digits/spec.yaml", repo, variants=["onnx"], benchmark_seconds=0.3, progress=lambda m: None)
+    meta = yaml.safe_load((repo / "digits_cnn" / "1" / "metadata.yaml").read_text())
+    serving, cores = meta["serving"], host_cores()
+    assert meta["host"]["usable_cores"] == cores
+    assert serving["instances"] * serving["intra_op_threads"] <= cores
+    assert f"{cores} usable cores" in serving["sized"]
+    config = config_as_dict((repo / "digits_cnn" / "config.pbtxt").read_text())
+    assert config["instance_group"][0]["count"] == serving["instances"]
+    assert config["parameters"]["intra_op_threads"]["string_value"] == str(serving["intra_op_threads"])

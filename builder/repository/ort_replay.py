@@ -1,0 +1,43 @@
+"""Replay reference.npz through a model with ANOTHER onnxruntime: run by that runtime's side virtualenv
+(builder/repository/runtime_gate.py), so it imports only the standard library, numpy and onnxruntime
+- nothing of triton-builder.
+
+    python ort_replay.py MODEL.onnx reference.npz OUT.npz '["in0", ...]' '["out0", ...]'
+
+Writes OUT.npz with ``{case}/{output}`` arrays (the case keys of reference.npz), and prints one JSON line:
+{"onnxruntime": version, "cases": n} or {"onnxruntime": version, "load_error": text} (exit 0 either way;
+any other exit is a broken side environment). reference.npz is read with allow_pickle=False.
+"""
+
+import json
+import sys
+
+
+def main(model, reference, out, input_names, output_names):
+    import numpy as np
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    try:
+        session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    except Exception as err:  # noqa: BLE001 - the point: what this release says about the model
+        print(json.dumps({"onnxruntime": ort.__version__, "load_error": str(err)}))
+        return
+    results = {}
+    with np.load(reference, allow_pickle=False) as archive:
+        cases = sorted({key.split("/")[1] for key in archive.files if key.startswith("input/")})
+        for case in cases:
+            feed = {name: archive[f"input/{case}/{name}"] for name in input_names}
+            try:
+                outputs = session.run(list(output_names), feed)
+            except Exception as err:  # noqa: BLE001
+                print(json.dumps({"onnxruntime": ort.__version__, "load_error": f"running case {case}: {err}"}))
+                return
+            for name, value in zip(output_names, outputs):
+                results[f"{case}/{name}"] = value
+    np.savez(out, **results)
+    print(json.dumps({"onnxruntime": ort.__version__, "cases": len(cases)}))
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), json.loads(sys.argv[5]))

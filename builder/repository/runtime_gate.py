@@ -1,0 +1,172 @@
+"""The runtime-compatibility gate: can the Triton release we deploy to load this version, and does it
+still answer the same? ``validate --triton-release R``.
+
+For an ONNX version (onnxruntime backend, or the python backend running onnxruntime): a static check
+of the model's IR version, default-domain opset and operator domains against what R's onnxruntime
+loads (builder/repository/triton_releases.py), then a replay of reference.npz in a side virtualenv
+holding exactly that onnxruntime from PyPI (``~/.cache/triton-builder/runtimes/onnxruntime-X``,
+or under $TRITON_BUILDER_CACHE; created on first use with ``python -m venv`` + pip, then reused),
+compared with the recorded outputs at the build's tolerance. Every refusal names the fix.
+TorchScript and TensorRT versions are not replayed here (NVIDIA's own PyTorch / TensorRT builds);
+the line says which version R ships.
+
+Usage::
+
+    failures, notes = runtime_gate(Path("model_repository/digits_cnn/3"), meta, "24.10", progress=print)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from importlib.resources import files
+from pathlib import Path
+from typing import Any, Callable
+
+from builder.errors import BuilderError
+from builder.repository.triton_releases import TritonRelease, triton_release
+
+CACHE_ENV = "TRITON_BUILDER_CACHE"
+INSTALL_TIMEOUT_S = 600
+REPLAY_TIMEOUT_S = 600
+STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
+
+
+def runtimes_root() -> Path:
+    base = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "triton-builder")
+    return Path(base) / "runtimes"
+
+
+def side_python(onnxruntime_version: str, progress: Callable[[str], object] = lambda m: None) -> Path:
+    """The interpreter of a cached virtualenv holding onnxruntime==``onnxruntime_version`` and numpy;
+    built on first use (in a temporary folder renamed into place: a killed install leaves no half env)."""
+    from builder.processes import run_command
+
+    root = runtimes_root()
+    home = root / f"onnxruntime-{onnxruntime_version}"
+    python = home / "bin" / "python"
+    if (home / "ready").is_file() and python.exists():
+        return python
+    root.mkdir(parents=True, exist_ok=True)
+    progress(f"installing onnxruntime {onnxruntime_version} into {home} (once; reused afterwards) ...")
+    staging = Path(tempfile.mkdtemp(prefix=f".onnxruntime-{onnxruntime_version}-", dir=root))
+    try:
+        # built aside, then renamed: we only ever run `bin/python -m ...`, which a moved venv keeps working
+        run_command([sys.executable, "-m", "venv", str(staging)], INSTALL_TIMEOUT_S, check=True)
+        run_command([staging / "bin" / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                     f"onnxruntime=={onnxruntime_version}", "numpy"], INSTALL_TIMEOUT_S, check=True)
+        (staging / "ready").write_text(onnxruntime_version + "\n")
+        shutil.rmtree(home, ignore_errors=True)  # a half one from an older layout
+        try:
+            os.rename(staging, home)
+        except OSError:
+            if not (home / "ready").is_file():  # not a concurrent validate that finished first
+                raise
+    except Exception as err:  # noqa: BLE001
+        raise BuilderError(f"could not install onnxruntime {onnxruntime_version} into {home}: {err}; check that "
+                           "PyPI is reachable (pip install works), or run validate without --triton-release") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return python
+
+
+def static_failures(model_path: Path, release: TritonRelease) -> list[str]:
+    """IR version, opset and operator domains the release's onnxruntime cannot load, each with its fix."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    out = []
+    ort = f"onnxruntime {release.onnxruntime} (Triton {release.release})"
+    if model.ir_version > release.max_ir_version:
+        out.append(f"{model_path.name}: ONNX IR version {model.ir_version} > {release.max_ir_version}, the newest "
+                   f"{ort} loads: export with IR version <= {release.max_ir_version} (the spec's onnx.opset at most "
+                   f"{release.max_opset}, or onnx.version_converter and model.ir_version = {release.max_ir_version})")
+    opset = next((op.version for op in model.opset_import if op.domain in ("", "ai.onnx")), 0)
+    if opset > release.max_opset:
+        out.append(f"{model_path.name}: opset {opset} > {release.max_opset}, the newest {ort} implements: set "
+                   f"onnx.opset: {release.max_opset} (or lower) in the spec and build again")
+    contrib = sorted({n.domain for n in model.graph.node if n.domain not in STANDARD_DOMAINS})
+    if contrib:
+        ops = sorted({f"{n.domain}::{n.op_type}" for n in model.graph.node if n.domain in contrib})
+        out.append(f"{model_path.name}: non-standard operators {', '.join(ops)} (onnxruntime contrib ops, e.g. from "
+                   f"an optimisation pass): {ort} may lack them; publish the plain 'onnx' variant, or a variant "
+                   "whose passes keep to standard ONNX operators")
+    return out
+
+
+def _explain_load_error(text: str, release: TritonRelease) -> str:
+    found = re.search(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)", text)
+    if found:
+        return (f"IR version {found.group(1)} is newer than onnxruntime {release.onnxruntime} loads (max "
+                f"{found.group(2)}): export with IR version <= {found.group(2)}")
+    if "opset" in text.lower():
+        return f"{text.strip()[:300]}: set onnx.opset: {release.max_opset} (or lower) in the spec and build again"
+    if "Could not find an implementation" in text or "not a registered function/op" in text:
+        return f"{text.strip()[:300]}: an operator this release lacks (contrib op?): publish the plain 'onnx' variant"
+    return text.strip()[:400]
+
+
+def runtime_gate(folder: Path, meta: dict[str, Any], release_name: str,
+                 progress: Callable[[str], object] = lambda m: None) -> tuple[list[str], list[str]]:
+    """(failures, notes) for the version in ``folder`` against Triton ``release_name``."""
+    from builder.processes import run_command
+    from builder.repository.metadata import read_reference
+    from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures
+
+    release = triton_release(release_name)
+    artifact = meta["artifact"]
+    if artifact["format"] == "torchscript":
+        return [], [f"Triton {release.release} runs TorchScript with PyTorch {release.pytorch}: not replayed here"]
+    if artifact["format"] == "plan":
+        return [], [f"Triton {release.release} ships TensorRT {release.tensorrt}: check the plan with "
+                    f"--tensorrt-version {release.tensorrt} --gpu X.Y"]
+    model = folder / artifact["file"]
+    failures = static_failures(model, release)
+    if failures:
+        return failures, []
+    python = side_python(release.onnxruntime, progress)
+    script = files("builder.repository").joinpath("ort_replay.py")
+    output_names = [o["name"] for o in meta["spec"]["outputs"]]
+    input_names = [i["name"] for i in meta["spec"]["inputs"]]
+    with tempfile.TemporaryDirectory(prefix="triton-builder-replay-") as work:
+        out = Path(work) / "out.npz"
+        done = run_command([python, str(script), model, folder / "reference.npz", out, json.dumps(input_names),
+                            json.dumps(output_names)], REPLAY_TIMEOUT_S, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        if done.returncode != 0 or not lines:
+            raise BuilderError(f"the onnxruntime {release.onnxruntime} side environment failed (exit "
+                               f"{done.returncode}): {(done.stderr or done.stdout)[-800:]}; remove "
+                               f"{runtimes_root()} to rebuild it")
+        said = json.loads(lines[-1])
+        if "load_error" in said:
+            return [f"{artifact['file']}: onnxruntime {release.onnxruntime} (Triton {release.release}) refuses it: "
+                    + _explain_load_error(said["load_error"], release)], []
+        import numpy as np
+        cases, reference = read_reference(folder / "reference.npz")
+        with np.load(out, allow_pickle=False) as archive:
+            keys = sorted({k.rsplit("/", 1)[0] for k in archive.files})
+            got = [{name: archive[f"{key}/{name}"] for name in output_names} for key in keys]
+    metrics = merge_case_metrics([compare_outputs(ref, run) for ref, run in zip(reference, got)])
+    tolerance = (meta.get("verification") or {}).get("tolerance") or {"rel_l2": 1e-5}
+    failures = [f"onnxruntime {release.onnxruntime} (Triton {release.release}): {line}; the model no longer matches "
+                "its reference on that release: rebuild with the release's onnxruntime in mind (opset, passes)"
+                for line in tolerance_failures(metrics, tolerance)]
+    worst = max((m.get("rel_l2", 0.0) for m in metrics.values()), default=0.0)
+    return failures, [f"Triton {release.release}: loads on onnxruntime {release.onnxruntime}, "
+                      f"{len(got)} reference cases, worst rel L2 {worst:.1e}"]
+
+
+def gate_version(check: Any, folder: Path, release_name: str, progress: Callable[[str], object]) -> None:
+    """Add the gate's failures and notes to validate's VersionCheck ``check`` (a version that already
+    failed or was skipped is left as it is)."""
+    from builder.repository.metadata import read_metadata
+
+    if check.failures or check.skipped:
+        return
+    failures, notes = runtime_gate(folder, read_metadata(folder / "metadata.yaml"), release_name, progress)
+    check.failures.extend(failures)
+    check.notes.extend(notes)
