@@ -66,6 +66,8 @@ def variant_rows(ctx) -> list[dict[str, Any]]:
             "why": v.selection_reason,
             "rejected": v.rejected,
             "notes": list(v.notes),
+            "search": v.search,
+            "tradeoff": bench.get("tradeoff"),  # objective tradeoff: J and its terms
         })
     return rows
 
@@ -108,10 +110,10 @@ def report_files(ctx) -> dict[str, bytes]:
              f"- selected: {data['selected']}", "", "## Variants", "", "```", format_table(data["variants"]), "```", ""]
     for row in data["variants"]:
         lines.append(f"- **{row['variant']}**: {row['why'] or row['status']}")
-        lines.extend(f"  - {n}" for n in row["notes"])
+        lines.extend(f"  - {n}" for n in row["notes"] if "\n" not in n)  # tables get their own section
         if "\n" in row["rejected"]:  # a one-line reason is already in `why`
             lines.extend(f"  {line}" for line in row["rejected"].splitlines())
-    lines += _measurement_lines(ctx)
+    lines += _measurement_lines(ctx) + _tradeoff_lines(data["variants"]) + _search_lines(data["variants"])
     if data["notes"]:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in data["notes"]]
     lines += ["", "## Stages", "", "| stage | status | seconds | reason |", "|---|---|---|---|"]
@@ -121,6 +123,37 @@ def report_files(ctx) -> dict[str, bytes]:
         lines += ["", f"![{Path(name).stem}]({name})"]
     files["build_report.md"] = ("\n".join(lines) + "\n").encode()
     return files
+
+
+def _tradeoff_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Objective tradeoff: J = alpha*accuracy - beta*latency - gamma*memory per measured variant."""
+    scored = [r for r in rows if r.get("tradeoff")]
+    if not scored:
+        return []
+    w = scored[0]["tradeoff"]
+    lines = ["", f"## Objective J = {w['alpha']:g}*accuracy - {w['beta']:g}*p50 ms - {w['gamma']:g}*memory MB", "",
+             "| variant | J | accuracy | p50 ms (b=1) | memory MB | status |", "|---|---|---|---|---|---|"]
+    for r in sorted(scored, key=lambda r: -r["tradeoff"]["J"]):
+        t = r["tradeoff"]
+        lines.append(f"| {r['variant']} | {t['J']:.3f} | {t['accuracy']:.2f} | {t['latency_ms']:.3f} | "
+                     f"{t['memory_mb']:.1f} | {r['status']} |")
+    return lines
+
+
+def _search_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The quantisation search table of each variant that ran one (builder/quant_search.py)."""
+    lines = []
+    for row in rows:
+        if not row.get("search"):
+            continue
+        lines += ["", f"## Quantisation search: {row['variant']}", "",
+                  "| # | candidate | changed | rel L2 | acc drop | vs FP32 | verdict |", "|---|---|---|---|---|---|---|"]
+        for i, r in enumerate(row["search"], 1):
+            speed = "-" if r["speed_vs_fp32"] is None else f"{r['speed_vs_fp32']:.2f}x"
+            lines.append(f"| {i} | {r['candidate']} | {r['changed']} | {_fmt(r['rel_l2'], '.3g')} | "
+                         f"{_fmt(r['accuracy_drop'], '+.2f')} | {speed} | {r['verdict']} |")
+        lines += [""] + [n for n in row["notes"] if n.startswith("search: ")]
+    return lines
 
 
 def _measurement_lines(ctx) -> list[str]:

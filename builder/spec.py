@@ -36,7 +36,9 @@ TRITON_DTYPES = {
     "bool": "TYPE_BOOL",
 }
 TARGETS = ("embedded", "cpu", "gpu")
-OBJECTIVES = ("throughput", "latency")
+OBJECTIVES = ("throughput", "latency", "tradeoff")
+# objective tradeoff: J = alpha * accuracy (points) - beta * p50 latency at batch 1 (ms) - gamma * memory (MB)
+TRADEOFF_DEFAULTS = {"alpha": 1.0, "beta": 1.0, "gamma": 0.0}
 
 # Default tolerances per precision: relative L2 error of each output against the reference.
 DEFAULT_TOLERANCES = {
@@ -155,6 +157,8 @@ CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 class QuantizationSpec:
     calibration_method: str = "minmax"  # minmax | entropy | percentile (static INT8)
     calibration_samples: int = 128  # samples fed to the calibrator (fewer if the data has fewer)
+    search: str = "auto"  # auto (search when the default recipe fails or is slower than FP32) | on | off
+    search_seconds: float = 120.0  # time budget of the recipe search (builder/quant_search.py)
 
 
 @dataclass
@@ -168,6 +172,7 @@ class ModelSpec:
     data: DataSpec = field(default_factory=DataSpec)
     variants: list[str] | None = None
     objective: str = "throughput"
+    tradeoff: dict[str, float] = field(default_factory=lambda: dict(TRADEOFF_DEFAULTS))  # objective tradeoff
     verify: VerifySpec = field(default_factory=VerifySpec)
     deploy: DeploySpec = field(default_factory=DeploySpec)
     onnx: OnnxSpec = field(default_factory=OnnxSpec)
@@ -206,7 +211,7 @@ _DEPLOY_KEYS = (
 )
 NON_FINITE_POLICIES = ("count", "reject")
 _ONNX_KEYS = ("exporter", "opset")
-_QUANTIZATION_KEYS = ("calibration_method", "calibration_samples")
+_QUANTIZATION_KEYS = ("calibration_method", "calibration_samples", "search", "search_seconds")
 _TOLERANCE_KEYS = ("rel_l2", "max_abs", "min_cosine")
 
 
@@ -259,6 +264,7 @@ def parse_spec(data: Any, spec_path: Path | None = None) -> ModelSpec:
                                  or not variants):
         raise top.error(f"must be a non-empty list of variant names, got {variants!r}", "variants")
 
+    objective, tradeoff = _parse_objective(top, origin)
     return ModelSpec(
         name=name,
         version=version,
@@ -268,7 +274,8 @@ def parse_spec(data: Any, spec_path: Path | None = None) -> ModelSpec:
         max_batch_size=max_batch_size,
         data=data_spec,
         variants=variants,
-        objective=top.choice("objective", "throughput", OBJECTIVES),
+        objective=objective,
+        tradeoff=tradeoff,
         verify=_parse_verify(top.get("verify"), origin, max_batch_size),
         deploy=_parse_deploy(top.get("deploy"), origin, max_batch_size),
         onnx=_parse_onnx(top.get("onnx"), origin),
@@ -443,5 +450,32 @@ def _parse_quantization(raw: Any, origin: str) -> QuantizationSpec:
     if raw is None:
         return QuantizationSpec()
     f = _Fields(raw, "quantization", _QUANTIZATION_KEYS, origin)
+    search = f.get("search", "auto")
+    search = {True: "on", False: "off"}.get(search, search) if isinstance(search, bool) else search
+    if search not in ("auto", "on", "off"):
+        raise f.error(f"{search!r} is not supported; use auto (search only when the default recipe fails or is "
+                      "slower than FP32), true (always search) or false (default recipe only)", "search")
+    seconds = f.get("search_seconds", 120)
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
+        raise f.error(f"must be a number of seconds > 0 (the search's time budget, e.g. 120), got {seconds!r}",
+                      "search_seconds")
     return QuantizationSpec(calibration_method=f.choice("calibration_method", "minmax", CALIBRATION_METHODS),
-                            calibration_samples=f.integer("calibration_samples", 128, minimum=1))
+                            calibration_samples=f.integer("calibration_samples", 128, minimum=1),
+                            search=search, search_seconds=float(seconds))
+
+
+def _parse_objective(top: _Fields, origin: str) -> tuple[str, dict[str, float]]:
+    """``objective: throughput | latency | tradeoff`` or the weights of J as a mapping
+    ``{alpha: 1.0, beta: 0.5, gamma: 0.01}`` (objective tradeoff; missing weights take the defaults)."""
+    raw = top.get("objective", "throughput")
+    if not isinstance(raw, dict):
+        return top.choice("objective", "throughput", OBJECTIVES), dict(TRADEOFF_DEFAULTS)
+    f = _Fields(raw, "objective", tuple(TRADEOFF_DEFAULTS), origin)
+    weights = {}
+    for key, default in TRADEOFF_DEFAULTS.items():
+        value = f.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise f.error(f"must be a number >= 0 (J = alpha*accuracy - beta*latency_ms - gamma*memory_mb), "
+                          f"got {value!r}", key)
+        weights[key] = float(value)
+    return "tradeoff", weights

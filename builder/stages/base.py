@@ -75,6 +75,7 @@ class Variant:
     selected: bool = False
     selection_reason: str = ""
     published_as: str = ""
+    search: list[dict[str, Any]] | None = None  # the quantisation search table (builder/quant_search.py)
 
     @property
     def files(self) -> list[Path]:

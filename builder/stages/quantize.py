@@ -17,14 +17,20 @@ import contextlib
 import copy
 import io
 import shutil
+import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from builder import onnx_tools
+from builder import onnx_tools, quant_search
+from builder.measure import measure_round_robin
+from builder.runtime import open_runner
 from builder.stages.base import BuildContext, StageResult, Variant
-from builder.tensors import random_tensor, trace_example
+from builder.stages.common import accuracy_drop_failure
+from builder.tensors import (compare_outputs, merge_case_metrics, random_tensor, run_batched, tolerance_failures,
+                             top1_accuracy, trace_example)
 from builder.variants import register_variant
 
 STAGE = "quantize"
@@ -114,10 +120,8 @@ def _reader(feeds: list[dict[str, np.ndarray]]):
 
 
 @register_variant("onnx_int8_static", format="onnx", precision="int8", stage=STAGE, base="onnx",
-                  description="ONNX static INT8 (QDQ, per-channel), calibrated on the spec's data")
+                  description="ONNX static INT8, the recipe found by the quantisation search on this host")
 def make_int8_static(ctx: BuildContext) -> str:
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-
     base = _onnx_base(ctx)
     out_dir = ctx.workdir / "onnx_int8_static"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -131,24 +135,161 @@ def make_int8_static(ctx: BuildContext) -> str:
 
     samples, where = calibration_samples(ctx)
     batch = min(CALIBRATION_BATCH, ctx.spec.max_batch_size) if ctx.spec.batching else 1
-    method_name = ctx.spec.quantization.calibration_method
-    method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
-              "percentile": CalibrationMethod.Percentile}[method_name]
+    q = ctx.spec.quantization
+    first = replace(quant_search.DEFAULT, calibration=q.calibration_method)
     final = out_dir / "model.onnx"
+    quantize = lambda cand, target, only=None: _quantize_static(  # noqa: E731
+        prepared, target, cand, samples, batch, large, only)
+    rows: list[quant_search.Row] = []
+    if q.search == "off" or ctx.reference is None:
+        chosen = first
+        quantize(first, final)
+    else:
+        rows, chosen = _search(ctx, base, prepared, quantize, first, out_dir)
+        _move_model(out_dir / "candidate.onnx", final)
+    _remove(source, pre, out_dir / "candidate.onnx")
+    passes.append(_recipe_text(chosen))
+    quantized = onnx_tools.load(final)
+    count = _quantized_ops(quantized)
+    variant = Variant("onnx_int8_static", "onnx", "int8", final, exporter=f"{base.exporter}+int8", opset=base.opset,
+                      passes=passes, notes=[f"calibrated on {where}; method {chosen.calibration}", *notes])
+    if rows:
+        variant.notes += [quant_search.summary(rows), "quantisation search (this host):\n"
+                          + quant_search.format_table(rows)]
+        variant.search = [r.to_dict() for r in rows]
+    ctx.add_variant(variant)
+    return f"{count} quantized ops; recipe {chosen.label()}; calibration: {where}"
+
+
+def _recipe_text(cand) -> str:
+    names = {"S8": "QInt8", "U8": "QUInt8"}
+    text = (f"quantize_static({cand.quant_format}, per_channel={cand.per_channel}, activations "
+            f"{names[cand.activation_type]}, weights {names[cand.weight_type]}, calibration {cand.calibration}")
+    extra = [x for x in (cand.reduce_range and "reduce_range=True", cand.samples and f"{cand.samples} samples",
+                         cand.op_types and "op_types " + "+".join(cand.op_types),
+                         cand.exclude and "FP32 nodes " + ", ".join(cand.exclude)) if x]
+    return text + "".join(f", {x}" for x in extra) + ")"
+
+
+def _quantized_ops(model) -> int:
+    return sum(1 for n in model.graph.node
+               if n.op_type == "QuantizeLinear" or n.op_type.startswith("QLinear") or n.op_type.endswith("Integer"))
+
+
+def _move_model(source: Path, target: Path) -> None:
+    for suffix in ("", ".data"):
+        path = source.with_name(source.name + suffix)
+        if path.exists():
+            path.replace(target.with_name(target.name + suffix))
+
+
+def _quantize_static(prepared: Path, target: Path, cand: quant_search.Candidate, samples, batch: int,
+                     large: bool, only: list[str] | None = None) -> None:
+    """quantize_static with one candidate's recipe (``only``: quantise just these nodes)."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    types = {"S8": QuantType.QInt8, "U8": QuantType.QUInt8}
+    method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+              "percentile": CalibrationMethod.Percentile}[cand.calibration]
+    if cand.samples:
+        samples = (samples[:cand.samples] if isinstance(samples, list)
+                   else {k: v[:cand.samples] for k, v in samples.items()})
+    options = {"nodes_to_exclude": list(cand.exclude)}
+    if cand.op_types:
+        options["op_types_to_quantize"] = list(cand.op_types)
+    if only is not None:
+        options["nodes_to_quantize"] = only
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # the calibrators print progress
         warnings.simplefilter("ignore")
-        quantize_static(str(prepared), str(final), _reader(_feeds(samples, batch)), quant_format=QuantFormat.QDQ,
-                        per_channel=True, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-                        calibrate_method=method, use_external_data_format=large)
-    _remove(source, pre)
-    passes.append(f"quantize_static(QDQ, per_channel=True, activations QInt8, weights QInt8, "
-                  f"calibration {method_name})")
-    quantized = onnx_tools.load(final)
-    count = sum(1 for n in quantized.graph.node if n.op_type == "QuantizeLinear")
-    variant = Variant("onnx_int8_static", "onnx", "int8", final, exporter=f"{base.exporter}+int8", opset=base.opset,
-                      passes=passes, notes=[f"calibrated on {where}; method {method_name}", *notes])
-    ctx.add_variant(variant)
-    return f"{count} QuantizeLinear nodes; calibration: {where}, {method_name}"
+        quantize_static(str(prepared), str(target), _reader(_feeds(samples, batch)),
+                        quant_format=QuantFormat.QDQ if cand.quant_format == "QDQ" else QuantFormat.QOperator,
+                        per_channel=cand.per_channel, reduce_range=cand.reduce_range,
+                        activation_type=types[cand.activation_type], weight_type=types[cand.weight_type],
+                        calibrate_method=method, use_external_data_format=large, **options)
+
+
+# ------------------------------------------------------------------------------------------------
+# the search's real evaluation: quantise, check against the reference, measure against FP32 here
+
+SEARCH_WINDOW_SECONDS = 0.05
+SEARCH_MEASURE_SECONDS = 0.6  # per candidate, FP32 and INT8 in turn (builder.measure round robin)
+SENSITIVE_OPS = ("Conv", "MatMul", "Gemm", "ConvTranspose")
+
+
+def _search(ctx: BuildContext, base: Variant, prepared: Path, quantize, first, out_dir: Path):
+    """Run builder.quant_search with the real evaluate; the chosen recipe's model is left in
+    out_dir/candidate.onnx. Returns (rows, chosen candidate)."""
+    q = ctx.spec.quantization
+    clock = time.monotonic
+    deadline = clock() + q.search_seconds
+    names = ([o.name for o in ctx.spec.outputs], [t.name for t in ctx.spec.inputs])
+    fp32 = open_runner("onnx", base.path, *names)
+    trial = out_dir / "trial.onnx"
+
+    def evaluate(cand, only=None) -> quant_search.Result:
+        quantize(cand if only is None else replace(cand, exclude=()), trial, only)
+        if not _quantized_ops(_graph(trial)):
+            return quant_search.Result(False, failures=["no node was quantised (no op of these types)"])
+        return _evaluate_model(ctx, open_runner("onnx", trial, *names), fp32)
+
+    candidates = [first] + [c for c in quant_search.default_candidates(q.calibration_samples) if c != first]
+    good = lambda row: row.verdict == quant_search.PASS and (row.result.speedup or 1.0) >= 1.0  # noqa: E731
+    stop = (lambda rows: len(rows) == 1 and good(rows[0])) if q.search == "auto" else None
+    ctx.progress(f"  quantisation search ({q.search}, budget {q.search_seconds:g} s) ...")
+    rows = quant_search.search(candidates, evaluate, q.search_seconds, clock, stop_when=stop)
+    if quant_search.best(rows) is None and clock() < deadline:
+        start = quant_search.closest(rows)
+        nodes = _sensitive_nodes(prepared, start)
+        ctx.progress(f"  no recipe passed: measuring {len(nodes)} nodes' sensitivity for the FP32 fallback ...")
+        ranked = quant_search.rank_nodes(nodes, lambda n: _error(evaluate(start, only=[n])), deadline, clock)
+        rows += quant_search.fallback(start, ranked, evaluate, deadline, clock)
+    winner = quant_search.best(rows)
+    chosen = winner.candidate if winner else quant_search.closest(rows)
+    quantize(chosen, out_dir / "candidate.onnx")
+    _remove(trial)
+    return rows, chosen
+
+
+def _graph(path: Path):
+    import onnx
+
+    return onnx.load(str(path), load_external_data=False)
+
+
+def _error(result: quant_search.Result) -> float:
+    return result.error if result.error is not None else float("inf")
+
+
+def _sensitive_nodes(prepared: Path, cand) -> list[str]:
+    model = _graph(prepared)
+    ops = set(cand.op_types or SENSITIVE_OPS)
+    return [n.name for n in model.graph.node if n.op_type in ops and n.name and n.name not in cand.exclude]
+
+
+def _evaluate_model(ctx: BuildContext, run, fp32) -> quant_search.Result:
+    """The INT8 checks of stage verify (tolerance on every case, top-1 drop with labels) and the
+    speed against FP32 on this host (not measured with --benchmark-seconds 0)."""
+    spec, ref = ctx.spec, ctx.reference
+    metrics = merge_case_metrics([compare_outputs(out, run(case["inputs"]))
+                                  for case, out in zip(ref.cases, ref.outputs)])
+    failures = tolerance_failures(metrics, spec.verify.tolerance("int8"))
+    errors = [m["rel_l2"] for m in metrics.values() if isinstance(m.get("rel_l2"), (int, float))]
+    drop = None
+    if ref.validation_inputs is not None and ref.labels is not None:
+        batch = spec.max_batch_size or len(next(iter(ref.validation_inputs.values())))
+        got = run_batched(run, ref.validation_inputs, batch) if spec.batching else run(ref.validation_inputs)
+        first = spec.outputs[0].name
+        drop = (top1_accuracy(ref.validation_outputs[first], ref.labels) - top1_accuracy(got[first], ref.labels))
+        over = accuracy_drop_failure({"drop": drop}, spec.verify.max_accuracy_drop)
+        if over:
+            failures.append(f"{first}: top-1 accuracy {over}")
+    speedup = None
+    if ctx.options.benchmark_seconds != 0:
+        feed = max((c["inputs"] for c in ref.cases), key=lambda f: np.asarray(next(iter(f.values()))).size)
+        m = measure_round_robin({"fp32": lambda: fp32(feed), "int8": lambda: run(feed)},
+                                window_seconds=SEARCH_WINDOW_SECONDS, max_seconds=SEARCH_MEASURE_SECONDS)
+        speedup = m["int8"].throughput / m["fp32"].throughput if m["fp32"].throughput else None
+    return quant_search.Result(not failures, max(errors) if errors else None, drop, speedup, failures)
 
 
 def _remove(*paths: Path) -> None:

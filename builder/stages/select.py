@@ -4,6 +4,8 @@ With measurements (stage `benchmark`), the objective decides: highest throughput
 lowest p50 latency at batch 1, among variants that passed verification (per-precision tolerance)
 and the accuracy constraint (drop <= verify.max_accuracy_drop). Every variant gets the reason it won
 or lost, with the numbers. Without measurements, a fixed preference per target applies and says so.
+Objective ``tradeoff`` (spec ``objective: {alpha: .., beta: .., gamma: ..}``) picks the highest
+J = alpha*accuracy - beta*p50 latency (ms) - gamma*memory (MB) (see ``tradeoff``); the report shows J.
 
 A base export that was built only because a derived variant needs it (e.g. ``onnx`` for
 ``onnx_int8_static``) is verified and measured, but never published.
@@ -26,8 +28,27 @@ PREFERENCE = {
 }
 
 
+def tradeoff(variant: Variant, weights: dict[str, float]) -> dict[str, float] | None:
+    """J = alpha * accuracy - beta * latency - gamma * memory, with its terms (None: not measured).
+    Accuracy: the variant's top-1 % with labelled data, else 100 x its lowest cosine similarity to the
+    reference on the validation set, else 100 (verified); latency: p50 ms at batch 1; memory: the
+    benchmark's peak RSS growth in MB."""
+    bench = variant.benchmark or {}
+    p50 = (bench.get("latency_ms_b1") or {}).get("p50")
+    if not p50:
+        return None
+    acc = variant.accuracy or {}
+    cosines = [c for c in (acc.get("cosine_vs_reference") or {}).values() if c is not None]
+    accuracy = acc.get("variant") if acc.get("variant") is not None else (100 * min(cosines) if cosines else 100.0)
+    memory = float(bench.get("peak_memory_mb") or 0.0)
+    j = weights["alpha"] * accuracy - weights["beta"] * p50 - weights["gamma"] * memory
+    return {"J": j, "accuracy": accuracy, "latency_ms": p50, "memory_mb": memory, **weights}
+
+
 def _score(variant, objective: str) -> float | None:
     bench = variant.benchmark or {}
+    if objective == "tradeoff":
+        return (bench.get("tradeoff") or {}).get("J")
     if objective == "latency":
         p50 = bench.get("latency_ms_b1", {}).get("p50")
         return -p50 if p50 else None
@@ -49,6 +70,10 @@ def _mark_constraints(ctx: BuildContext) -> None:
 
 def _measured_text(v: Variant, objective: str) -> str:
     bench = v.benchmark or {}
+    if objective == "tradeoff":
+        t = bench["tradeoff"]
+        return (f"J {t['J']:.3f} = {t['alpha']:g}*{t['accuracy']:.2f} accuracy - {t['beta']:g}*{t['latency_ms']:.3f} "
+                f"ms - {t['gamma']:g}*{t['memory_mb']:.1f} MB")
     if objective == "latency":
         return f"p50 {bench['latency_ms_b1']['p50']:.3f} ms at batch 1"
     return f"{human(bench['best_throughput'])} inf/s at batch {bench.get('best_batch')}"
@@ -71,6 +96,11 @@ def _times(ratio: float) -> str:
 def run(ctx: BuildContext) -> StageResult:
     _mark_constraints(ctx)
     objective = ctx.spec.objective
+    if objective == "tradeoff":
+        for v in ctx.variants:
+            terms = tradeoff(v, ctx.spec.tradeoff)
+            if terms is not None:
+                v.benchmark["tradeoff"] = terms
     eligible = [v for v in ctx.variants if v.eligible]
     for v in ctx.variants:
         if not v.eligible:
@@ -102,6 +132,8 @@ def run(ctx: BuildContext) -> StageResult:
 
 
 def _explain_measured(ctx: BuildContext, winner: Variant, measured: list[Variant], objective: str) -> None:
+    if objective == "tradeoff":
+        return _explain_tradeoff(winner, measured)
     best = "highest throughput" if objective == "throughput" else "lowest p50 latency"
     reason = f"selected: {best} ({_measured_text(winner, objective)})"
     plain = ctx.variant("onnx")
@@ -125,3 +157,13 @@ def _explain_measured(ctx: BuildContext, winner: Variant, measured: list[Variant
         if not v.eligible and v.verified and _score(v, objective) is not None:
             ratio, numbers = _versus(v, winner, objective)
             v.selection_reason += f" ({numbers} of {winner.name})"
+
+
+def _explain_tradeoff(winner: Variant, measured: list[Variant]) -> None:
+    """Objective tradeoff: the highest J wins; every other variant gets its J and the gap."""
+    winner.selection_reason = f"selected: highest J ({_measured_text(winner, 'tradeoff')})"
+    best = _score(winner, "tradeoff")
+    for v in measured:
+        if v is not winner:
+            v.selection_reason = (f"rejected: J {_score(v, 'tradeoff'):.3f} < {best:.3f} of {winner.name} "
+                                  f"({_measured_text(v, 'tradeoff')})")

@@ -1,0 +1,257 @@
+"""The bounded quantisation search: which static INT8 recipe to publish on THIS host.
+
+A pure, injectable core (no onnxruntime, no clock of its own): the quantize stage supplies
+``evaluate`` (quantise one candidate, verify it against the reference, measure it against FP32) and
+``sensitivity`` (the output error when only one node is quantised); tests inject both.
+
+1. ``search`` tries the candidates in order (the default recipe first) until the time budget is
+   spent; every candidate gets a row (what changed, error, accuracy drop, speed vs FP32, verdict).
+2. When none passes, ``fallback`` keeps the most sensitive nodes in FP32, one more at a time (most
+   sensitive first), on the candidate with the smallest error, until the accuracy budget holds.
+3. ``best`` is the fastest passing row (ties: the smaller error); ``None`` when nothing passed, and
+   ``summary`` says why.
+
+Usage::
+
+    rows = search(default_candidates(), evaluate, budget_seconds=120, clock=time.monotonic)
+    if best(rows) is None:
+        rows += fallback(closest(rows), node_names, sensitivity, evaluate, deadline, clock)
+    print(format_table(rows)); winner = best(rows)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
+
+PASS, FAIL, ERROR, OVER_BUDGET = "pass", "FAIL", "ERROR", "not tried (time budget spent)"
+NOT_NEEDED = "not tried (the default recipe passed and is faster than FP32)"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One static INT8 recipe (onnxruntime.quantization.quantize_static arguments)."""
+
+    activation_type: str = "S8"  # S8 | U8
+    weight_type: str = "S8"  # S8 | U8
+    reduce_range: bool = False  # 7-bit weights: no u8 x s8 saturation without VNNI
+    per_channel: bool = True
+    quant_format: str = "QDQ"  # QDQ | QOperator
+    calibration: str = "minmax"  # minmax | entropy | percentile
+    samples: int | None = None  # calibration samples (None: the spec's quantization.calibration_samples)
+    op_types: tuple[str, ...] | None = None  # None: every op type onnxruntime quantises
+    exclude: tuple[str, ...] = ()  # nodes kept in FP32
+
+    @property
+    def types(self) -> str:
+        return f"{self.activation_type}{self.weight_type}"
+
+    def label(self) -> str:
+        parts = [self.quant_format, self.types, "per-channel" if self.per_channel else "per-tensor",
+                 self.calibration]
+        if self.reduce_range:
+            parts.append("reduce_range")
+        if self.samples:
+            parts.append(f"{self.samples} samples")
+        if self.op_types:
+            parts.append("ops " + "+".join(self.op_types))
+        if self.exclude:
+            parts.append(f"{len(self.exclude)} node(s) FP32")
+        return ", ".join(parts)
+
+    def changes(self, reference: "Candidate | None" = None) -> str:
+        """What differs from ``reference`` (the default recipe), in words."""
+        ref = reference or Candidate()
+        out = []
+        if self.types != ref.types:
+            out.append(f"types {ref.types} -> {self.types}")
+        if self.reduce_range != ref.reduce_range:
+            out.append(f"reduce_range {ref.reduce_range} -> {self.reduce_range}")
+        if self.per_channel != ref.per_channel:
+            out.append("per-tensor weights" if not self.per_channel else "per-channel weights")
+        if self.quant_format != ref.quant_format:
+            out.append(f"format {self.quant_format}")
+        if self.calibration != ref.calibration:
+            out.append(f"calibration {self.calibration}")
+        if self.samples != ref.samples:
+            out.append(f"{self.samples} calibration samples")
+        if self.op_types != ref.op_types:
+            out.append("only " + ", ".join(self.op_types or ()) + " quantised")
+        if self.exclude != ref.exclude:
+            out.append("FP32 kept for " + ", ".join(self.exclude))
+        return "; ".join(out) or "default recipe"
+
+
+DEFAULT = Candidate()
+
+
+def default_candidates(calibration_samples: int = 128) -> list[Candidate]:
+    """The bounded list, default recipe first, then the changes most likely to fix an AVX2 host
+    (reduce_range, U8U8: no u8 x s8 saturation), then per-tensor, QOperator, calibration methods,
+    sample count and op types."""
+    return [
+        DEFAULT,
+        replace(DEFAULT, reduce_range=True),
+        replace(DEFAULT, activation_type="U8", weight_type="S8", reduce_range=True),
+        replace(DEFAULT, activation_type="U8", weight_type="U8"),
+        replace(DEFAULT, activation_type="U8", weight_type="S8"),
+        replace(DEFAULT, per_channel=False),
+        replace(DEFAULT, quant_format="QOperator", activation_type="U8", weight_type="S8", reduce_range=True),
+        replace(DEFAULT, calibration="entropy"),
+        replace(DEFAULT, calibration="percentile"),
+        replace(DEFAULT, samples=max(1, calibration_samples // 4)),
+        replace(DEFAULT, op_types=("Conv",)),
+        replace(DEFAULT, op_types=("MatMul", "Gemm")),
+    ]
+
+
+@dataclass
+class Result:
+    """What ``evaluate`` measured for one candidate."""
+
+    passed: bool
+    error: float | None = None  # worst relative L2 error vs the reference
+    drop: float | None = None  # task-metric drop in points (None: no labels)
+    speedup: float | None = None  # throughput vs FP32 on this host (None: not measured)
+    failures: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Row:
+    candidate: Candidate
+    result: Result | None
+    verdict: str
+    seconds: float = 0.0
+    stage: str = "search"  # search | fallback
+
+    def to_dict(self) -> dict:
+        r = self.result
+        return {"candidate": self.candidate.label(), "changed": self.candidate.changes(), "stage": self.stage,
+                "rel_l2": None if r is None else r.error, "accuracy_drop": None if r is None else r.drop,
+                "speed_vs_fp32": None if r is None else r.speedup, "verdict": self.verdict,
+                "seconds": round(self.seconds, 2)}
+
+
+def _verdict(result: Result) -> str:
+    if result.passed:
+        return PASS
+    return f"{FAIL}: {result.failures[0]}" if result.failures else FAIL
+
+
+def _run(candidate: Candidate, evaluate: Callable[[Candidate], Result], clock, stage: str) -> Row:
+    start = clock()
+    try:
+        result = evaluate(candidate)
+        verdict = _verdict(result)
+    except Exception as exc:  # noqa: BLE001 - one recipe failing must not end the search
+        result, verdict = None, f"{ERROR}: {' '.join(str(exc).split())[:200]}"
+    return Row(candidate, result, verdict, clock() - start, stage)
+
+
+def search(candidates: Sequence[Candidate], evaluate: Callable[[Candidate], Result], budget_seconds: float,
+           clock: Callable[[], float], *, stop_when: Callable[[list[Row]], bool] | None = None) -> list[Row]:
+    """Evaluate ``candidates`` in order while the budget lasts (the first always runs) or until
+    ``stop_when(rows so far)`` says enough; the rest get a row saying why they were not tried."""
+    rows: list[Row] = []
+    start = clock()
+    for i, candidate in enumerate(candidates):
+        spent = clock() - start >= budget_seconds
+        if i and (spent or (stop_when is not None and stop_when(rows))):
+            rows += [Row(c, None, OVER_BUDGET if spent else NOT_NEEDED) for c in candidates[i:]]
+            break
+        rows.append(_run(candidate, evaluate, clock, "search"))
+    return rows
+
+
+def closest(rows: Sequence[Row]) -> Candidate:
+    """The evaluated candidate with the smallest error (the starting point of the fallback)."""
+    scored = [r for r in rows if r.result is not None and r.result.error is not None]
+    if not scored:
+        return DEFAULT
+    return min(scored, key=lambda r: r.result.error).candidate
+
+
+def rank_nodes(nodes: Sequence[str], sensitivity: Callable[[str], float], deadline: float,
+               clock: Callable[[], float]) -> list[tuple[str, float]]:
+    """(node, error when only it is quantised), most sensitive first; nodes not measured before the
+    deadline follow in graph order with an unknown (nan) sensitivity."""
+    measured, rest = [], []
+    for node in nodes:
+        if clock() >= deadline:
+            rest.append((node, math.nan))
+            continue
+        try:
+            measured.append((node, float(sensitivity(node))))
+        except Exception:  # noqa: BLE001 - an unmeasurable node goes last
+            rest.append((node, math.nan))
+    return sorted(measured, key=lambda item: -item[1]) + rest
+
+
+def fallback(start: Candidate, ranked: Sequence[tuple[str, float]], evaluate: Callable[[Candidate], Result],
+             deadline: float, clock: Callable[[], float], *, max_excluded: int | None = None) -> list[Row]:
+    """Keep the most sensitive nodes in FP32, one more each step, until a candidate passes, the
+    deadline passes or ``max_excluded`` nodes (default: all but one) are excluded."""
+    limit = max_excluded if max_excluded is not None else max(len(ranked) - 1, 0)
+    rows: list[Row] = []
+    excluded: list[str] = list(start.exclude)
+    for node, _score in ranked[:limit]:
+        if clock() >= deadline:
+            rows.append(Row(replace(start, exclude=tuple(excluded + [node])), None, OVER_BUDGET, 0.0, "fallback"))
+            break
+        excluded.append(node)
+        row = _run(replace(start, exclude=tuple(excluded)), evaluate, clock, "fallback")
+        rows.append(row)
+        if row.verdict == PASS:
+            break
+    return rows
+
+
+SPEED_NOISE = 0.10  # passing rows within 10 % of the fastest count as equally fast (short measurements)
+
+
+def best(rows: Sequence[Row]) -> Row | None:
+    """The passing row with the smallest error among those within SPEED_NOISE of the fastest
+    (unmeasured speed counts as 0, so unmeasured rows go by error alone); None when nothing passed."""
+    passing = [r for r in rows if r.verdict == PASS and r.result is not None]
+    if not passing:
+        return None
+    fastest = max(r.result.speedup or 0.0 for r in passing)
+    near = [r for r in passing if (r.result.speedup or 0.0) >= fastest / (1.0 + SPEED_NOISE)]
+    return min(near, key=lambda r: r.result.error if r.result.error is not None else float("inf"))
+
+
+def summary(rows: Sequence[Row]) -> str:
+    """One sentence: which recipe won and why, or why none did."""
+    tried = [r for r in rows if r.result is not None or r.verdict.startswith(ERROR)]
+    skipped = sum(1 for r in rows if r.verdict == OVER_BUDGET)
+    winner = best(rows)
+    if winner is not None:
+        speed = winner.result.speedup
+        text = (f"search: {winner.candidate.label()} chosen of {len(tried)} tried ({winner.candidate.changes()}; "
+                f"rel L2 {_num(winner.result.error)}")
+        return text + (f", {speed:.2f}x FP32)" if speed is not None else ")")
+    errors = [r.result.error for r in rows if r.result is not None and r.result.error is not None]
+    smallest = f"; smallest rel L2 {min(errors):.3g}" if errors else ""
+    return (f"search: none of {len(tried)} tried recipes passed verification{smallest}"
+            + (f"; {skipped} not tried (time budget spent: raise quantization.search_seconds)" if skipped else "")
+            + " - keep FP32, or relax verify.tolerance / verify.max_accuracy_drop")
+
+
+def _num(value: float | None, fmt: str = ".3g") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    """The search table: candidate, what changed, rel L2, accuracy drop, speed vs FP32, verdict."""
+    head = ["#", "candidate", "changed", "rel L2", "acc drop", "vs FP32", "verdict"]
+    body = []
+    for i, row in enumerate(rows, 1):
+        r = row.result
+        body.append([str(i), row.candidate.label(), row.candidate.changes(),
+                     _num(r.error if r else None), _num(r.drop if r else None, "+.2f"),
+                     "-" if r is None or r.speedup is None else f"{r.speedup:.2f}x", row.verdict])
+    widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head) - 1)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(line[:-1], widths)) + "  " + line[-1]
+             for line in [head, *body]]
+    return "\n".join(lines)

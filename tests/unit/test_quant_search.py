@@ -1,0 +1,167 @@
+"""The quantisation search core with injected measurements: no onnxruntime, no timing, no host ISA."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from builder.quant_search import (DEFAULT, NOT_NEEDED, OVER_BUDGET, PASS, Candidate, Result, best, closest,
+                                  default_candidates, fallback, format_table, rank_nodes, search, summary)
+
+
+class FakeClock:
+    """Advances by the seconds each evaluation 'costs'."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def evaluator(verdicts: dict[Candidate, Result], clock: FakeClock | None = None, cost: float = 1.0,
+              otherwise: Result | None = None):
+    seen = []
+
+    def evaluate(candidate: Candidate) -> Result:
+        seen.append(candidate)
+        if clock is not None:
+            clock.now += cost
+        return verdicts.get(candidate, otherwise or Result(False, 0.5, failures=["logits: rel L2 5.0e-01 > 0.1"]))
+
+    evaluate.seen = seen
+    return evaluate
+
+
+def test_avx2_outcome_default_recipe_fails_search_finds_reduce_range():
+    """Simulates the AVX2-only EPYC: the default S8S8 recipe saturates (rel L2 0.15 > 0.1), reduce_range
+    and U8U8 pass; the fastest passing one wins and the table says what changed."""
+    candidates = default_candidates(128)
+    rr = replace(DEFAULT, reduce_range=True)
+    u8u8 = replace(DEFAULT, activation_type="U8", weight_type="U8")
+    verdicts = {DEFAULT: Result(False, 0.15, 0.0, 2.4, ["logits: rel L2 1.5e-01 > 0.1"]),
+                rr: Result(True, 0.03, 0.0, 1.8), u8u8: Result(True, 0.02, 0.0, 1.2)}
+    rows = search(candidates, evaluator(verdicts), budget_seconds=1e9, clock=FakeClock())
+    assert rows[0].verdict == "FAIL: logits: rel L2 1.5e-01 > 0.1"
+    winner = best(rows)
+    assert winner.candidate == rr and winner.verdict == PASS
+    table = format_table(rows)
+    assert "reduce_range False -> True" in table and "1.80x" in table and "0.15" in table
+    assert summary(rows).startswith("search: QDQ, S8S8, per-channel, minmax, reduce_range chosen of 12 tried")
+
+
+def test_default_recipe_passes_on_vnni_host_and_stop_when_skips_the_rest():
+    ev = evaluator({DEFAULT: Result(True, 0.02, 0.0, 2.57)})
+    rows = search(default_candidates(), ev, budget_seconds=1e9, clock=FakeClock(),
+                  stop_when=lambda rows: best(rows) is not None)
+    assert len(ev.seen) == 1 and best(rows).candidate == DEFAULT
+    assert all(r.verdict == NOT_NEEDED for r in rows[1:])
+    assert summary(rows).startswith("search: QDQ, S8S8, per-channel, minmax chosen of 1 tried (default recipe")
+
+
+def test_best_is_fastest_passing_and_ties_go_to_smaller_error():
+    a, b, c = DEFAULT, replace(DEFAULT, per_channel=False), replace(DEFAULT, calibration="entropy")
+    rows = search([a, b, c], evaluator({a: Result(True, 0.05, speedup=1.5), b: Result(True, 0.01, speedup=1.5),
+                                        c: Result(False, 0.01, speedup=3.0, failures=["drop"])}),
+                  1e9, FakeClock())
+    assert best(rows).candidate == b  # c is faster but failed
+    d, e = replace(DEFAULT, reduce_range=True), replace(DEFAULT, per_channel=False)
+    rows = search([d, e], evaluator({d: Result(True, 0.021, speedup=1.95), e: Result(True, 0.018, speedup=2.09)}),
+                  1e9, FakeClock())
+    assert best(rows).candidate == e  # within 10 % of each other: the smaller error
+    rows = search([d, e], evaluator({d: Result(True, 0.010, speedup=1.95), e: Result(True, 0.018, speedup=1.2)}),
+                  1e9, FakeClock())
+    assert best(rows).candidate == d  # clearly faster and smaller error
+    rows = search([a, e], evaluator({a: Result(True, 0.010, speedup=1.1), e: Result(True, 0.018, speedup=2.0)}),
+                  1e9, FakeClock())
+    assert best(rows).candidate == e  # clearly faster wins over a smaller error
+
+
+def test_time_budget_stops_the_search_and_the_table_shows_what_was_not_tried():
+    clock = FakeClock()
+    ev = evaluator({}, clock, cost=30.0)
+    rows = search(default_candidates(), ev, budget_seconds=60, clock=clock)
+    assert len(ev.seen) == 2  # 0 s and 30 s start within the budget; at 60 s it is spent
+    assert [r.verdict for r in rows[2:]] == [OVER_BUDGET] * (len(rows) - 2)
+    assert "not tried (time budget spent: raise quantization.search_seconds)" in summary(rows)
+
+
+def test_first_candidate_always_runs_even_with_zero_budget():
+    ev = evaluator({}, FakeClock())
+    rows = search(default_candidates(), ev, budget_seconds=0, clock=FakeClock())
+    assert len(ev.seen) == 1 and rows[0].result is not None
+
+
+def test_an_evaluation_that_raises_is_an_error_row_not_the_end_of_the_search():
+    def evaluate(candidate):
+        if candidate.quant_format == "QOperator":
+            raise RuntimeError("ConvInteger not implemented")
+        return Result(False, 0.3, failures=["x"])
+
+    rows = search(default_candidates(), evaluate, 1e9, FakeClock())
+    errors = [r for r in rows if r.verdict.startswith("ERROR")]
+    assert len(errors) == 1 and "ConvInteger not implemented" in errors[0].verdict
+    assert best(rows) is None
+
+
+def test_nothing_passes_summary_names_smallest_error_and_the_fix():
+    rows = search(default_candidates()[:3], evaluator({}, otherwise=Result(False, 0.4, failures=["f"])), 1e9,
+                  FakeClock())
+    text = summary(rows)
+    assert text == ("search: none of 3 tried recipes passed verification; smallest rel L2 0.4 - keep FP32, "
+                    "or relax verify.tolerance / verify.max_accuracy_drop")
+    assert format_table(rows).count("FAIL: f") == 3
+
+
+def test_sensitivities_rank_most_sensitive_first_and_fallback_excludes_them_in_that_order():
+    sens = {"conv1": 0.02, "conv2": 0.30, "fc": 0.10, "conv3": 0.01}
+    ranked = rank_nodes(list(sens), sens.__getitem__, deadline=1e9, clock=FakeClock())
+    assert [n for n, _ in ranked] == ["conv2", "fc", "conv1", "conv3"]
+
+    def evaluate(candidate):  # the budget holds once conv2 and fc are FP32
+        ok = {"conv2", "fc"} <= set(candidate.exclude)
+        return Result(ok, 0.05 if ok else 0.2, speedup=1.3, failures=[] if ok else ["rel L2 0.2 > 0.1"])
+
+    start = replace(DEFAULT, reduce_range=True)
+    rows = fallback(start, ranked, evaluate, deadline=1e9, clock=FakeClock())
+    assert [r.candidate.exclude for r in rows] == [("conv2",), ("conv2", "fc")]
+    assert rows[-1].verdict == PASS and rows[-1].stage == "fallback"
+    assert best(rows).candidate.reduce_range  # the fallback starts from the given candidate
+    assert "FP32 kept for conv2, fc" in format_table(rows)
+
+
+def test_fallback_never_excludes_every_node_and_respects_the_deadline():
+    ranked = [("a", 0.3), ("b", 0.2), ("c", 0.1)]
+    rows = fallback(DEFAULT, ranked, lambda c: Result(False, 0.5, failures=["x"]), 1e9, FakeClock())
+    assert [len(r.candidate.exclude) for r in rows] == [1, 2]  # all but one: an all-FP32 model is just onnx
+    clock = FakeClock()
+    ev = evaluator({}, clock, cost=10)
+    rows = fallback(DEFAULT, ranked + [("d", 0.0)], ev, deadline=15, clock=clock)
+    assert len(ev.seen) == 2 and rows[-1].verdict == OVER_BUDGET
+
+
+def test_rank_nodes_unmeasured_after_deadline_go_last_in_graph_order():
+    clock = FakeClock()
+
+    def sensitivity(node):
+        clock.now += 10
+        return {"a": 0.1, "b": 0.5}[node]
+
+    ranked = rank_nodes(["a", "b", "c", "d"], sensitivity, deadline=20, clock=clock)
+    assert [n for n, _ in ranked] == ["b", "a", "c", "d"] and math.isnan(ranked[-1][1])
+
+
+def test_closest_is_the_smallest_error_candidate():
+    rr = replace(DEFAULT, reduce_range=True)
+    rows = search([DEFAULT, rr], evaluator({DEFAULT: Result(False, 0.3, failures=["x"]),
+                                            rr: Result(False, 0.12, failures=["x"])}), 1e9, FakeClock())
+    assert closest(rows) == rr
+
+
+def test_candidates_are_bounded_distinct_and_start_with_the_default_recipe():
+    cands = default_candidates(128)
+    assert cands[0] == DEFAULT and len(set(cands)) == len(cands) <= 16
+    assert {c.types for c in cands} >= {"S8S8", "U8S8", "U8U8"}
+    assert {c.calibration for c in cands} == {"minmax", "entropy", "percentile"}
+    assert any(not c.per_channel for c in cands) and any(c.quant_format == "QOperator" for c in cands)
+    assert any(c.samples == 32 for c in cands) and any(c.op_types for c in cands)
