@@ -31,7 +31,8 @@ def cmd_validate(args: argparse.Namespace, reporter: Reporter) -> int:
 
     report = validate_model(args.model, args.version, gpu=args.gpu, tensorrt_version=args.tensorrt_version,
                             public_key=args.public_key, require_signature=args.require_signature,
-                            triton_release=args.triton_release, progress=reporter)
+                            triton_release=args.triton_release, progress=reporter,
+                            max_regression=args.max_regression)
     if args.json:
         print_json(report)
         return 0 if report.ok else 1
@@ -91,6 +92,9 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--triton-release", help="also check that this Triton release (e.g. 24.10, docker-compose.yml's) "
                    "loads each ONNX version and reproduces reference.npz with the onnxruntime it ships "
                    "(installed once into ~/.cache/triton-builder/runtimes)")
+    p.add_argument("--max-regression", help="fail (exit 1) where the version regresses against the previous one "
+                   "beyond these limits: latency=PCT slower, accuracy=PP lost, rel_l2=X between their outputs; "
+                   "e.g. latency=20,accuracy=0.5 (without it the difference is only shown)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object (for CI pipelines)")
     p.set_defaults(func=cmd_validate)
 

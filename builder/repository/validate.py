@@ -26,6 +26,7 @@ from builder.host import host_warnings
 from builder.repository.metadata import read_metadata, read_reference
 from builder.repository.signing import public_key as signature_key, verify_model
 from builder.repository.runtime_gate import gate_version
+from builder.repository.regression import RegressionCheck, parse_limits, regression_vs_previous
 from builder.runtime import open_runner
 from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures
 
@@ -46,10 +47,12 @@ class ValidationReport:
     versions: list[VersionCheck] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     host_warnings: list[str] = field(default_factory=list)  # this host differs from the build's (not a failure)
+    regression: RegressionCheck | None = None  # the checked version vs the one before it (regression.py)
 
     @property
     def ok(self) -> bool:
-        return not self.failures and all(not v.failures for v in self.versions)
+        return (not self.failures and all(not v.failures for v in self.versions)
+                and not (self.regression and self.regression.failures))
 
     def lines(self) -> list[str]:
         out = [f"- {f}" for f in self.failures] + [f"- host: {w}" for w in self.host_warnings]
@@ -63,14 +66,16 @@ class ValidationReport:
                 worst = max((m.get("rel_l2", 0.0) for m in v.metrics.values()), default=0.0)
                 out.append(f"version {v.version}: OK (hashes match; worst rel L2 {worst:.1e})")
             out.extend(f"  {note}" for note in v.notes)
-        return out
+        return out + (self.regression.lines() if self.regression else [])
 
 
 def validate_model(model_path: str | Path, version: int | None = None, *, gpu: str | None = None,
                    tensorrt_version: str | None = None, public_key: str | Path | None = None,
                    require_signature: bool = False, triton_release: str | None = None,
-                   progress: Callable[[str], object] = lambda message: None, current_host: dict | None = None) -> ValidationReport:
+                   progress: Callable[[str], object] = lambda message: None, max_regression: str | None = None,
+                   regression_seconds: float = 1.0, current_host: dict | None = None) -> ValidationReport:
     """``current_host``: this host's profile (builder/host.py host_profile) unless injected."""
+    limits = parse_limits(max_regression)  # a bad --max-regression fails before any work
     folder = Path(model_path).resolve()
     if not folder.is_dir():
         raise UserInputError(f"{model_path}: no such model folder; pass <repository>/<model name>")
@@ -105,6 +110,8 @@ def validate_model(model_path: str | Path, version: int | None = None, *, gpu: s
     if versions and (folder / str(versions[-1]) / "metadata.yaml").is_file():
         meta = read_metadata(folder / str(versions[-1]) / "metadata.yaml")
         report.host_warnings = host_warnings(meta, folder.name, current_host)
+    if versions and not report.versions[-1].failures and not report.versions[-1].skipped:
+        report.regression = regression_vs_previous(folder, versions[-1], limits, regression_seconds)
     return report
 
 
