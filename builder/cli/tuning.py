@@ -84,12 +84,12 @@ def cmd_tune(args: argparse.Namespace, reporter: Reporter) -> int:
         if getattr(args, name) is not None:
             kwargs[name] = getattr(args, name)
     result = run_tune(args.name, repository, _url(args), protocol=args.protocol, p99_budget_ms=args.p99_budget_ms,
-                      seconds_per_candidate=args.seconds_per_candidate, write=args.write,
+                      seconds_per_candidate=args.seconds_per_candidate, write=args.write, publish=args.publish,
                       out_dir=args.out or Path("runs") / "tune" / args.name, payload=args.payload,
                       max_concurrency=args.max_concurrency, max_candidates=args.max_candidates,
                       confirm=not args.no_confirm, batch_size=args.batch_size, tie_margin=args.tie_margin,
                       progress=reporter, **kwargs)
-    if not args.write and result["winner"]:
+    if not args.write and not args.publish and result["winner"]:
         print("(dry run: pass --write to write the winner into config.pbtxt and tuning.json)")
     return result["exit_code"]
 
@@ -133,6 +133,8 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--p99-budget-ms", type=float, required=True, help="p99 latency budget (ms)")
     p.add_argument("--seconds-per-candidate", type=float, default=10.0, help="time per candidate (default 10)")
     p.add_argument("--write", action="store_true", help="write the winner into config.pbtxt (+ tuning.json)")
+    p.add_argument("--publish", action="store_true",
+                   help="publish the winner as a new version (the latest version's files, the tuned config, tuning.json)")
     p.add_argument("--delays", type=int_list, help="max_queue_delay_microseconds to try (default 0,100,500,2000)")
     p.add_argument("--instances", dest="instance_counts", type=int_list, help="instance counts (default 1,2)")
     p.add_argument("--threads", dest="thread_counts", type=int_list,

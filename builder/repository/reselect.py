@@ -171,21 +171,23 @@ def select_for_host(repository: str | Path, name: str, *, measure: Measure | Non
     return report
 
 
-def _config_text(winner_model: Path, name: str, sizing: tuple[int, int]):
-    """The winner's config.pbtxt renamed to ``name`` and sized, through Triton's schema: (text, the
-    ModelConfig of its name, backend and tensors that publish_model checks)."""
+def _config_text(winner_model: Path, name: str, sizing: tuple[int, int] | None, text: str | None = None):
+    """The winner's config.pbtxt (or ``text``) renamed to ``name`` and sized, through Triton's schema:
+    (text, the ModelConfig of its name, backend and tensors that publish_model checks)."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
     from builder.repository.config import DynamicBatching, ModelConfig, TensorConfig, parse_config
 
-    message = parse_config((winner_model / "config.pbtxt").read_text(), str(winner_model / "config.pbtxt"))
+    where = str(winner_model / "config.pbtxt")
+    message = parse_config(text if text is not None else Path(where).read_text(), where)
     message.name = name
-    for group in message.instance_group:
+    for group in message.instance_group if sizing else ():
         if group.kind != group.KIND_GPU:
             group.count = sizing[0]
-    if "intra_op_threads" in message.parameters:
+    if sizing and "intra_op_threads" in message.parameters:
         message.parameters["intra_op_threads"].string_value = str(sizing[1])
+
     def tensors(items):
         return [TensorConfig(t.name, model_config_pb2.DataType.Name(t.data_type), list(t.dims) or [1]) for t in items]
     batching = DynamicBatching() if message.HasField("dynamic_batching") else None
@@ -196,8 +198,6 @@ def _config_text(winner_model: Path, name: str, sizing: tuple[int, int]):
 
 def _publish(repository: Path, name: str, served_number: int, winner: Candidate, report: SelectReport,
              host: dict[str, Any]) -> dict[str, Any]:
-    from builder.repository.publish import publish_model
-
     text, config = _config_text(winner.folder.parent, name, report.sizing)
     artifact = winner.meta["artifact"]
     model_files = sorted((p for p in winner.folder.iterdir() if p.name.startswith(artifact["file"])),
@@ -220,9 +220,56 @@ def _publish(repository: Path, name: str, served_number: int, winner: Candidate,
         "reselected_from": {"model": winner.label, "served_version": served_number,
                             "measured_on": winner.meta.get("host")},
     })
+    return _republish(repository, name, artifact["format"], model_files, runtime, extra, record, text, config)
+
+
+def _republish(repository, name, model_format, model_files, runtime, extra, record, text, config) -> dict[str, Any]:
+    from builder.repository.publish import publish_model
+
     with reserve_version(repository, name, None) as reservation:
         description = VersionDescription(name=name, version=reservation.version, config=config,
-                                         model_format=artifact["format"], model_files=model_files,
+                                         model_format=model_format, model_files=model_files,
                                          runtime_files=runtime, extra_files=extra, metadata=record,
                                          config_text=text)
         return publish_model(repository, description, reservation)
+
+
+def publish_tuned(repository: str | Path, name: str, config_text: str, tuning: dict[str, Any]) -> dict[str, Any]:
+    """`tune --publish`: the latest version of ``name`` again (same files, no re-export) as a new version
+    served with ``config_text`` (the tuned config), ``tuning.json`` inside it and the chosen instances and
+    threads in metadata.yaml's ``serving``. Only scheduling may change (the backend, inputs and outputs
+    must stay: BuilderError otherwise)."""
+    import json
+
+    from builder.errors import BuilderError
+    from builder.repository.config import config_as_dict
+
+    repository = Path(repository)
+    main = model_dir(repository, name)
+    number = latest_version(main) if main.is_dir() else None
+    if number is None:
+        raise UserInputError(f"model '{name}' has no version in {repository.resolve()}; pass --repository")
+    folder = main / str(number)
+    new, old = config_as_dict(config_text), config_as_dict((main / "config.pbtxt").read_text())
+    for key in ("backend", "platform", "input", "output"):
+        if new.get(key) != old.get(key):
+            raise BuilderError(f"tuned config of '{name}' changes '{key}': tuning may only change scheduling")
+    text, config = _config_text(main, name, None, config_text)
+    meta = read_metadata(folder / "metadata.yaml")
+    artifact = meta["artifact"]
+    model_files = sorted((p for p in folder.iterdir() if p.name.startswith(artifact["file"])),
+                         key=lambda p: (p.name != artifact["file"], p.name))
+    runtime = {n: folder / n for n in ("model.py", "drift.py") if (folder / n).is_file()}
+    extra: dict[str, bytes] = {n: (folder / n).read_bytes() for n in ("reference.npz",) + COPIED_EXTRAS
+                               if (folder / n).is_file()}
+    extra["tuning.json"] = (json.dumps(tuning, indent=2, default=str) + "\n").encode()
+    threads = (new.get("parameters") or {}).get("intra_op_threads", {}).get("string_value")
+    record = dict(meta)
+    record.update({
+        "build_date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "serving": {"instances": sum(int(g.get("count", 1)) for g in new.get("instance_group") or [{}]),
+                    "intra_op_threads": int(threads) if threads else None,
+                    "sized": "by triton-builder tune (measured on the running server; tuning.json)"},
+        "tuned_from": {"version": number},
+    })
+    return _republish(repository, name, artifact["format"], model_files, runtime, extra, record, text, config)

@@ -82,7 +82,7 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
              payload: str | Path | None = None, delays=DEFAULT_DELAYS, instance_counts=DEFAULT_INSTANCES,
              max_batch_sizes=(), levels=DEFAULT_LEVELS, max_concurrency: int | None = None,
              max_candidates: int = 12, window_s: float = 0.5, confirm: bool = True, batch_size: int = 1,
-             tie_margin: float = 0.10, thread_counts=None, usable_cores: int | None = None,
+             tie_margin: float = 0.10, thread_counts=None, usable_cores: int | None = None, publish: bool = False,
              progress: Callable[[str], object] | None = None) -> dict[str, Any]:
     """Search configs of ``model`` on the server at ``url`` (its ``protocol`` port) under ``p99_budget_ms``.
 
@@ -137,9 +137,9 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
         say(line)
     summary_line = _ratio_line(winner, none, default, ratios, p99_budget_ms)
     say(summary_line)
-    if write and winner is not None:
+    if (write or publish) and winner is not None:
         _write_winner(search.server, repository, model, config_path, base_text, base, winner, record, say,
-                      header_line=f"#   {summary_line} over {protocol}")
+                      header_line=f"#   {summary_line} over {protocol}", publish=publish)
     search.server.close()
     tmp = out / "tuning.json.tmp"
     tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
@@ -233,8 +233,10 @@ def _record(model, url, protocol, search: Search, source, batch_size, p99_budget
 
 
 def _write_winner(server: ModelControl, repository, model, config_path: Path, base_text: str, base: dict,
-                  winner: Candidate, record: dict[str, Any], say, header_line: str) -> None:
-    """The winner into ``config.pbtxt`` + ``tuning.json``, then served from the file (checked)."""
+                  winner: Candidate, record: dict[str, Any], say, header_line: str, publish: bool = False) -> None:
+    """The winner into ``config.pbtxt`` + ``tuning.json`` (``publish``: as a new version of the model, the
+    latest version's files with the tuned config; builder/repository/reselect.py), then served from the
+    file (checked)."""
     from builder.repository.config import config_as_dict
     from builder.repository.tuned import TUNED_MARK, config_text_from_dict, original_header, write_tuned_config
     from builder.serving.check import config_differences
@@ -247,7 +249,13 @@ def _write_winner(server: ModelControl, repository, model, config_path: Path, ba
         "#   every candidate's measurements: tuning.json beside this file",
     ]
     text = config_text_from_dict(winner.config(base), header)
-    config_file, record_file = write_tuned_config(repository, model, text, record)
+    if publish:
+        from builder.repository.reselect import publish_tuned
+        published = publish_tuned(repository, model, text, record)
+        record["published_version"] = published["version"]
+        config_file, record_file = config_path, Path(published["path"]) / "tuning.json"
+    else:
+        config_file, record_file = write_tuned_config(repository, model, text, record)
     server.load(None)  # serve exactly the file just written
     served = server.loaded_config()
     mismatch = config_differences(config_as_dict(text), served)
@@ -259,7 +267,7 @@ def _write_winner(server: ModelControl, repository, model, config_path: Path, ba
 def _changes(candidate: Candidate, built_max: int) -> int:
     """How far a candidate is from the default config (batching on, delay 0, 1 instance, built size)."""
     return (int(candidate.batching != (built_max > 0)) + int(candidate.delay_us != 0) + int(candidate.instances != 1)
-            + int(candidate.max_batch_size != built_max) + int(bool(candidate.preferred)))
+            + int(candidate.max_batch_size != built_max) + int(bool(candidate.preferred)) + int(bool(candidate.threads)))
 
 
 def _choose(candidates: list[Candidate], built_max: int, margin: float) -> Candidate | None:

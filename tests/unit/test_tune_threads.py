@@ -62,3 +62,35 @@ def test_search_tries_threads_with_the_best_instance_count_and_keeps_the_winner(
     assert (2, 2) in tried
     last = search.order[-1]  # the delay candidate, built from the best so far
     assert last.delay_us == 100 and (last.instances, last.threads) == (instances, threads)
+
+
+def test_tune_publish_makes_the_tuned_config_a_new_version(built_repository, tmp_path):
+    import json
+    import shutil
+
+    import yaml
+
+    from builder.errors import BuilderError
+    from builder.repository.config import config_as_dict
+    from builder.repository.reselect import publish_tuned
+    from builder.repository.tuned import config_text_from_dict
+    from builder.repository.validate import validate_model
+
+    repo = tmp_path / "repo"
+    shutil.copytree(built_repository / "digits_cnn", repo / "digits_cnn")
+    base = config_as_dict((repo / "digits_cnn" / "config.pbtxt").read_text())
+    text = config_text_from_dict(Candidate("2 x 2", True, 100, 2, base["max_batch_size"], threads=2).config(base))
+    published = publish_tuned(repo, "digits_cnn", text, {"winner": "2 x 2", "throughput_rps": 400.0})
+    assert published["version"] == 2
+    served = config_as_dict((repo / "digits_cnn" / "config.pbtxt").read_text())
+    assert served["instance_group"][0]["count"] == 2
+    assert served["parameters"]["intra_op_threads"] == {"string_value": "2"}
+    meta = yaml.safe_load((repo / "digits_cnn" / "2" / "metadata.yaml").read_text())
+    assert meta["serving"]["instances"] == 2 and meta["serving"]["intra_op_threads"] == 2
+    assert meta["tuned_from"] == {"version": 1}
+    assert json.loads((repo / "digits_cnn" / "2" / "tuning.json").read_text())["winner"] == "2 x 2"
+    assert validate_model(repo / "digits_cnn", 2).ok  # same model files, replayed against reference.npz
+
+    changed = dict(base, input=[dict(base["input"][0], name="other")])
+    with pytest.raises(BuilderError, match="changes 'input': tuning may only change scheduling"):
+        publish_tuned(repo, "digits_cnn", config_text_from_dict(changed), {})
