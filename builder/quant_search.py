@@ -8,8 +8,9 @@ A pure, injectable core (no onnxruntime, no clock of its own): the quantize stag
    spent; every candidate gets a row (what changed, error, accuracy drop, speed vs FP32, verdict).
 2. When none passes, ``fallback`` keeps the most sensitive nodes in FP32, one more at a time (most
    sensitive first), on the candidate with the smallest error, until the accuracy budget holds.
-3. ``best`` is the fastest passing row (ties: the smaller error); ``None`` when nothing passed, and
-   ``summary`` says why.
+3. ``finalists`` (the fastest passing rows) are measured again side by side and ``rerank``ed; ``best``
+   is the passing row with the smallest error within 10 % of the fastest; ``None`` when nothing
+   passed, and ``summary`` says why.
 
 Usage::
 
@@ -124,13 +125,14 @@ class Row:
     verdict: str
     seconds: float = 0.0
     stage: str = "search"  # search | fallback
+    remeasured: bool = False  # speed re-measured side by side with the other finalists
 
     def to_dict(self) -> dict:
         r = self.result
         return {"candidate": self.candidate.label(), "changed": self.candidate.changes(), "stage": self.stage,
                 "rel_l2": None if r is None else r.error, "accuracy_drop": None if r is None else r.drop,
                 "speed_vs_fp32": None if r is None else r.speedup, "verdict": self.verdict,
-                "seconds": round(self.seconds, 2)}
+                "seconds": round(self.seconds, 2), "remeasured": self.remeasured}
 
 
 def _verdict(result: Result) -> str:
@@ -221,6 +223,25 @@ def best(rows: Sequence[Row]) -> Row | None:
     return min(near, key=lambda r: r.result.error if r.result.error is not None else float("inf"))
 
 
+def finalists(rows: Sequence[Row], band: float = 0.30, limit: int = 4) -> list[Row]:
+    """The measured passing rows within ``band`` of the fastest, at least two (at most ``limit``,
+    fastest first): the short per-candidate measurements are noisy on a busy host, so these are
+    measured again side by side (``rerank``) before ``best`` decides."""
+    measured = [r for r in rows if r.verdict == PASS and r.result is not None and r.result.speedup]
+    if not measured:
+        return []
+    ranked = sorted(measured, key=lambda r: -r.result.speedup)
+    near = [r for r in ranked if r.result.speedup >= ranked[0].result.speedup / (1.0 + band)]
+    return (near if len(near) >= 2 else ranked[:2])[:limit]  # a lone outlier still meets the runner-up
+
+
+def rerank(rows: Sequence[Row], speedups: dict[int, float]) -> None:
+    """Replace the speed of ``rows[i]`` by ``speedups[i]`` (a side-by-side re-measurement)."""
+    for i, speed in speedups.items():
+        rows[i].result.speedup = speed
+        rows[i].remeasured = True
+
+
 def summary(rows: Sequence[Row]) -> str:
     """One sentence: which recipe won and why, or why none did."""
     tried = [r for r in rows if r.result is not None or r.verdict.startswith(ERROR)]
@@ -250,8 +271,11 @@ def format_table(rows: Sequence[Row]) -> str:
         r = row.result
         body.append([str(i), row.candidate.label(), row.candidate.changes(),
                      _num(r.error if r else None), _num(r.drop if r else None, "+.2f"),
-                     "-" if r is None or r.speedup is None else f"{r.speedup:.2f}x", row.verdict])
+                     "-" if r is None or r.speedup is None else f"{r.speedup:.2f}x" + ("*" if row.remeasured else ""),
+                     row.verdict])
     widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head) - 1)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(line[:-1], widths)) + "  " + line[-1]
              for line in [head, *body]]
+    if any(r.remeasured for r in rows):
+        lines.append("* re-measured side by side with the other finalists (the figure the choice used)")
     return "\n".join(lines)

@@ -6,6 +6,7 @@ import math
 from dataclasses import replace
 
 from builder.quant_search import (DEFAULT, NOT_NEEDED, OVER_BUDGET, PASS, Candidate, Result, best, closest,
+                                  finalists, rerank,
                                   default_candidates, fallback, format_table, rank_nodes, search, summary)
 
 
@@ -165,3 +166,22 @@ def test_candidates_are_bounded_distinct_and_start_with_the_default_recipe():
     assert {c.calibration for c in cands} == {"minmax", "entropy", "percentile"}
     assert any(not c.per_channel for c in cands) and any(c.quant_format == "QOperator" for c in cands)
     assert any(c.samples == 32 for c in cands) and any(c.op_types for c in cands)
+
+
+def test_noisy_speeds_are_settled_by_a_side_by_side_rerun_of_the_finalists():
+    cands = default_candidates()[:5]
+    speeds = [1.24, 1.49, 0.64, 1.53, 3.03]  # one lucky short measurement (3.03x) among equal graphs
+    rows = search(cands, evaluator({c: Result(True, 0.02 + i / 100, speedup=s)
+                                    for i, (c, s) in enumerate(zip(cands, speeds))}), 1e9, FakeClock())
+    assert best(rows).candidate == cands[4]
+    final = finalists(rows)
+    assert [r.candidate for r in final] == [cands[4], cands[3]]  # none within 30 % of 3.03x: the runner-up
+    speeds[4] = 1.9
+    rows = search(cands, evaluator({c: Result(True, 0.02 + i / 100, speedup=s)
+                                    for i, (c, s) in enumerate(zip(cands, speeds))}), 1e9, FakeClock())
+    final = finalists(rows)
+    assert [r.candidate for r in final] == [cands[4], cands[3], cands[1]]  # >= 1.9 / 1.3, fastest first
+    rerank(rows, {4: 1.50, 3: 1.52, 1: 1.51})  # side by side they are equal: the smaller error wins
+    assert best(rows).candidate == cands[1] and rows[1].remeasured
+    assert "1.51x*" in format_table(rows) and format_table(rows).endswith("(the figure the choice used)")
+    assert finalists(search(cands, evaluator({}), 1e9, FakeClock())) == []  # nothing passed
