@@ -36,9 +36,16 @@ def run_main_job(spec: str | Path, repository: str | Path = "runs/model_reposito
     name = result.context.spec.name
     announce("")
     announce(format_table(result.rows))
+    # the runtime gate for docker-compose.yml's Triton release (builder/repository/runtime_gate.py)
+    from builder.repository.triton_releases import COMPOSE_RELEASE
+    from builder.repository.validate import validate_model
+    announce(f"\n== runtime gate: can Triton {COMPOSE_RELEASE} (docker-compose.yml's) load and reproduce it?")
+    gate = validate_model(repository / name, triton_release=COMPOSE_RELEASE, progress=progress, regression_seconds=0)
+    for line in gate.lines():
+        announce("  " + line)
 
     announce("\n== 2/4 serve (embedded tritonserver)")
-    code = 0
+    code = 0 if gate.ok else 1
     with EmbeddedServer(repository, extra_args=["--metrics-config=summary_latencies=true"]) as server:
         announce(f"  HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}")
         announce(f"  log  {server.log_path}")
@@ -60,6 +67,7 @@ def run_main_job(spec: str | Path, repository: str | Path = "runs/model_reposito
             ("model", f"{name} version {report.version} ({result.published[0]['backend']} backend)"),
             ("selected variant", result.context.selected.name),
             ("served check", "OK (HTTP + gRPC)" if report.ok else "FAIL"),
+            (f"Triton {COMPOSE_RELEASE} runtime gate", "OK" if gate.ok else "FAIL"),
         ]
         if summary:
             rows += [("load", _format_load(summary))]

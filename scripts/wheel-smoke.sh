@@ -67,6 +67,11 @@ tar -C "$ROOT/examples" --exclude=__pycache__ -cf - digits | tar -xf - -C "$WORK
 t=$(now)
 triton-builder build digits/spec.yaml --repository repo --benchmark-seconds 1
 log "build: $(since "$t") s"
+# the runtime gate for docker-compose.yml's Triton release (its onnxruntime, in a cached side venv)
+t=$(now)
+release=$(python -c 'from builder.repository.triton_releases import COMPOSE_RELEASE; print(COMPOSE_RELEASE)')
+triton-builder validate repo/digits_cnn --triton-release "$release" || fail "validate --triton-release $release"
+log "validate --triton-release $release: $(since "$t") s"
 
 # free ports (serve defaults to Triton's 8000-8002, which another process may hold)
 read -r p_http p_grpc p_metrics < <(python -c 'import socket
