@@ -181,18 +181,19 @@ def test_tune_writes_the_winner_and_the_server_serves_it(own_server, tmp_path):
     budget = 50.0
     proc = run_cli("tune", MODEL, "--repository", str(repo), "--url", own_server.grpc_url, "--p99-budget-ms",
                    str(budget), "--seconds-per-candidate", "3", "--delays", "0", "--instances", "1,2",
-                   "--levels", "1,4", "--out", str(tmp_path), "--write", timeout=240)
+                   "--threads", "2", "--levels", "1,4", "--out", str(tmp_path), "--write", timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     for label in ("no batching", "default", "2 instances"):  # the table lists every candidate
         assert f"\n{label} " in out, out
+    assert " x 2 threads " in out, out  # intra-op threads tried with the best instance count
     assert "WINNER" in out and "x no batching" in out and "x default" in out
 
     record = json.loads((repo / MODEL / "tuning.json").read_text())
     assert record == json.loads((tmp_path / "tuning.json").read_text())
     winner = record["winner"]
     assert winner["best_level"]["p99_ms"] <= budget and winner["throughput_within_budget_rps"] > 0
-    assert len(record["candidates"]) == 3 and record["written"]
+    assert len(record["candidates"]) == 4 and record["written"]
     assert set(record["ratios"]) == {"vs_no_batching", "vs_default"}
 
     text = (repo / MODEL / "config.pbtxt").read_text()
@@ -211,7 +212,23 @@ def test_tune_writes_the_winner_and_the_server_serves_it(own_server, tmp_path):
     assert served["instance_group"][0]["count"] == winner["instances"]
     assert ("dynamic_batching" in served) == winner["dynamic_batching"]
     assert served["max_batch_size"] == winner["max_batch_size"]
+    assert served["parameters"]["intra_op_threads"]["string_value"] == str(winner["intra_op_threads"] or 1)
     assert own_server.model_ready(MODEL)
+
+
+def test_tune_publish_serves_the_winner_as_a_new_version(built_repository, tmp_path):
+    repo = _copy_repository(built_repository, tmp_path / "repo")
+    with EmbeddedServer(repo, load_models=[MODEL], ready_timeout=90) as server:
+        proc = run_cli("tune", MODEL, "--repository", str(repo), "--url", server.grpc_url, "--p99-budget-ms", "200",
+                       "--seconds-per-candidate", "2", "--delays", "0", "--instances", "1", "--threads", "2",
+                       "--levels", "1", "--no-confirm", "--out", str(tmp_path / "tune"), "--publish", timeout=180)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        record = json.loads((tmp_path / "tune" / "tuning.json").read_text())
+        assert record["published_version"] == 2
+        assert (repo / MODEL / "2" / "tuning.json").is_file()
+        assert server.model_ready(MODEL)
+        with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{MODEL}/versions/2/ready", timeout=10):
+            pass  # 200: the new version is served
 
 
 def test_tune_refuses_a_budget_nothing_meets(own_server, tmp_path):
