@@ -89,10 +89,13 @@ def gpu_profile() -> list[dict[str, str]]:
                             "--format=csv,noheader"], timeout=20)
     except Exception:  # noqa: BLE001 - a broken driver is "no GPU" for the profile
         return []
-    if done.returncode != 0:
-        return []
+    return parse_gpus(done.stdout) if done.returncode == 0 else []
+
+
+def parse_gpus(text: str) -> list[dict[str, str]]:
+    """nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader, as records."""
     gpus = []
-    for line in done.stdout.splitlines():
+    for line in text.splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 3:
             gpus.append({"name": parts[0], "compute_capability": parts[1], "driver": parts[2]})

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from builder.errors import BuilderError
-from builder.repository.triton_releases import TritonRelease, triton_release
+from builder.repository.triton_releases import Runtime, onnx_runtime_for, triton_release
 
 CACHE_ENV = "TRITON_BUILDER_CACHE"
 INSTALL_TIMEOUT_S = 600
@@ -74,13 +74,13 @@ def side_python(onnxruntime_version: str, progress: Callable[[str], object] = la
     return python
 
 
-def static_failures(model_path: Path, release: TritonRelease) -> list[str]:
+def static_failures(model_path: Path, release: Runtime) -> list[str]:
     """IR version, opset and operator domains the release's onnxruntime cannot load, each with its fix."""
     import onnx
 
     model = onnx.load(str(model_path), load_external_data=False)
     out = []
-    ort = f"onnxruntime {release.onnxruntime} (Triton {release.release})"
+    ort = release.label
     if model.ir_version > release.max_ir_version:
         out.append(f"{model_path.name}: ONNX IR version {model.ir_version} > {release.max_ir_version}, the newest "
                    f"{ort} loads: export with IR version <= {release.max_ir_version} (the spec's onnx.opset at most "
@@ -98,7 +98,7 @@ def static_failures(model_path: Path, release: TritonRelease) -> list[str]:
     return out
 
 
-def _explain_load_error(text: str, release: TritonRelease) -> str:
+def _explain_load_error(text: str, release: Runtime) -> str:
     found = re.search(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)", text)
     if found:
         return (f"IR version {found.group(1)} is newer than onnxruntime {release.onnxruntime} loads (max "
@@ -125,10 +125,11 @@ def runtime_gate(folder: Path, meta: dict[str, Any], release_name: str,
         return [], [f"Triton {release.release} ships TensorRT {release.tensorrt}: check the plan with "
                     f"--tensorrt-version {release.tensorrt} --gpu X.Y"]
     model = folder / artifact["file"]
-    failures = static_failures(model, release)
+    runtime = onnx_runtime_for(release, artifact.get("backend") or "onnxruntime")
+    failures = static_failures(model, runtime)
     if failures:
         return failures, []
-    python = side_python(release.onnxruntime, progress)
+    python = side_python(runtime.onnxruntime, progress)
     script = files("builder.repository").joinpath("ort_replay.py")
     output_names = [o["name"] for o in meta["spec"]["outputs"]]
     input_names = [i["name"] for i in meta["spec"]["inputs"]]
@@ -138,13 +139,13 @@ def runtime_gate(folder: Path, meta: dict[str, Any], release_name: str,
                             json.dumps(output_names)], REPLAY_TIMEOUT_S, env={**os.environ, "OMP_NUM_THREADS": "1"})
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
         if done.returncode != 0 or not lines:
-            raise BuilderError(f"the onnxruntime {release.onnxruntime} side environment failed (exit "
+            raise BuilderError(f"the onnxruntime {runtime.onnxruntime} side environment failed (exit "
                                f"{done.returncode}): {(done.stderr or done.stdout)[-800:]}; remove "
                                f"{runtimes_root()} to rebuild it")
         said = json.loads(lines[-1])
         if "load_error" in said:
-            return [f"{artifact['file']}: onnxruntime {release.onnxruntime} (Triton {release.release}) refuses it: "
-                    + _explain_load_error(said["load_error"], release)], []
+            return [f"{artifact['file']}: {runtime.label} refuses it: "
+                    + _explain_load_error(said["load_error"], runtime)], []
         import numpy as np
         cases, reference = read_reference(folder / "reference.npz")
         with np.load(out, allow_pickle=False) as archive:
@@ -152,11 +153,11 @@ def runtime_gate(folder: Path, meta: dict[str, Any], release_name: str,
             got = [{name: archive[f"{key}/{name}"] for name in output_names} for key in keys]
     metrics = merge_case_metrics([compare_outputs(ref, run) for ref, run in zip(reference, got)])
     tolerance = (meta.get("verification") or {}).get("tolerance") or {"rel_l2": 1e-5}
-    failures = [f"onnxruntime {release.onnxruntime} (Triton {release.release}): {line}; the model no longer matches "
+    failures = [f"{runtime.label}: {line}; the model no longer matches "
                 "its reference on that release: rebuild with the release's onnxruntime in mind (opset, passes)"
                 for line in tolerance_failures(metrics, tolerance)]
     worst = max((m.get("rel_l2", 0.0) for m in metrics.values()), default=0.0)
-    return failures, [f"Triton {release.release}: loads on onnxruntime {release.onnxruntime}, "
+    return failures, [f"Triton {release.release}: loads on {runtime.label}, "
                       f"{len(got)} reference cases, worst rel L2 {worst:.1e}"]
 
 

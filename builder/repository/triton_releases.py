@@ -49,6 +49,35 @@ RELEASES: dict[str, TritonRelease] = {r.release: r for r in (
 )}
 
 
+#: the onnxruntime that docker/triton/Dockerfile pip-installs into the release's image for python-backend
+#: models (its ARG ONNXRUNTIME_VERSION; a test keeps the two in step): the embedded/default target's
+#: model.py runs THAT onnxruntime, not the release's onnxruntime backend
+PYTHON_BACKEND_ONNXRUNTIME = {"24.10": "1.20.1"}
+
+#: onnxruntime release -> (newest ONNX IR version, newest ai.onnx opset) it loads
+#: (https://onnxruntime.ai/docs/reference/compatibility.html; the replay checks it for real)
+ONNXRUNTIME_LIMITS = {"1.19.2": (10, 21), "1.20.1": (10, 21)}
+
+
+@dataclass(frozen=True)
+class Runtime:
+    onnxruntime: str
+    max_ir_version: int
+    max_opset: int
+    label: str  # e.g. "onnxruntime 1.19.2 (Triton 24.10, onnxruntime backend)"
+
+
+def onnx_runtime_for(release: TritonRelease, backend: str) -> Runtime:
+    """The onnxruntime that runs an ONNX version with ``backend`` (python | onnxruntime) under ``release``."""
+    if backend == "python" and release.release in PYTHON_BACKEND_ONNXRUNTIME:
+        version = PYTHON_BACKEND_ONNXRUNTIME[release.release]
+        where = "python backend, docker/triton image"
+    else:
+        version, where = release.onnxruntime, f"{backend} backend"
+    ir, opset = ONNXRUNTIME_LIMITS.get(version, (release.max_ir_version, release.max_opset))
+    return Runtime(version, ir, opset, f"onnxruntime {version} (Triton {release.release}, {where})")
+
+
 def triton_release(release: str) -> TritonRelease:
     """The table's row for ``release`` (YY.MM, an NGC tag such as ``24.10`` or ``24.10-py3``)."""
     key = release.split("-")[0].strip()

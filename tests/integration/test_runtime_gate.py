@@ -13,32 +13,41 @@ import pytest
 
 from builder.repository import runtime_gate
 from builder.repository.metadata import read_metadata
-from builder.repository.triton_releases import COMPOSE_RELEASE, triton_release
+from builder.repository.triton_releases import (COMPOSE_RELEASE, PYTHON_BACKEND_ONNXRUNTIME, onnx_runtime_for,
+                                               triton_release)
 from tests.conftest import ROOT, in_ci, run_cli
 
 pytestmark = [pytest.mark.slow]
 
 
+PYTHON_ORT = PYTHON_BACKEND_ONNXRUNTIME[COMPOSE_RELEASE]  # docker/triton's, for python-backend models
+BACKEND_ORT = triton_release(COMPOSE_RELEASE).onnxruntime  # Triton's onnxruntime backend's
+
+
 @pytest.fixture(scope="module")
 def side(tmp_path_factory):
     try:
-        return runtime_gate.side_python(triton_release(COMPOSE_RELEASE).onnxruntime)
+        return [runtime_gate.side_python(version) for version in (PYTHON_ORT, BACKEND_ORT)]
     except Exception as err:  # noqa: BLE001 - no PyPI here
         if in_ci():
             raise
         pytest.skip(f"cannot install the release's onnxruntime here: {err}")
 
 
-def test_the_table_matches_the_compose_file():
+def test_the_table_matches_the_compose_file_and_the_triton_image():
     compose = (ROOT / "docker-compose.yml").read_text()
     assert re.search(r"nvcr\.io/nvidia/tritonserver:(\d\d\.\d\d)-py3", compose).group(1) == COMPOSE_RELEASE
+    dockerfile = (ROOT / "docker" / "triton" / "Dockerfile").read_text()
+    assert f"FROM nvcr.io/nvidia/tritonserver:{COMPOSE_RELEASE}-py3" in dockerfile
+    assert re.search(r"ARG ONNXRUNTIME_VERSION=(\S+)", dockerfile).group(1) == PYTHON_ORT
 
 
 @pytest.mark.parametrize("model", ["digits_cnn", "bert_tiny"])
 def test_every_example_passes_the_compose_release(built_repository, side, model):
     proc = run_cli("validate", str(built_repository / model), "--triton-release", COMPOSE_RELEASE)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"Triton {COMPOSE_RELEASE}: loads on onnxruntime 1.19.2" in proc.stdout
+    assert f"Triton {COMPOSE_RELEASE}: loads on onnxruntime {PYTHON_ORT} (Triton {COMPOSE_RELEASE}, python backend" \
+        in proc.stdout
 
 
 def _copy_version(built_repository: Path, tmp_path: Path) -> Path:
@@ -54,14 +63,18 @@ def test_a_model_the_release_cannot_load_is_refused_with_the_fix(built_repositor
     onnx.save(model, str(folder / "model.onnx"))
     meta = read_metadata(folder / "metadata.yaml")
     failures, _ = runtime_gate.runtime_gate(folder, meta, COMPOSE_RELEASE)
-    assert failures == [f"model.onnx: ONNX IR version 11 > 10, the newest onnxruntime 1.19.2 (Triton 24.10) loads: "
-                        "export with IR version <= 10 (the spec's onnx.opset at most 21, or onnx.version_converter "
-                        "and model.ir_version = 10)"]
-    # past the static check, the real onnxruntime 1.19.2 refuses it too, and the message keeps the fix
+    assert failures == [f"model.onnx: ONNX IR version 11 > 10, the newest onnxruntime {PYTHON_ORT} (Triton 24.10, "
+                        "python backend, docker/triton image) loads: export with IR version <= 10 (the spec's "
+                        "onnx.opset at most 21, or onnx.version_converter and model.ir_version = 10)"]
+    # past the static check, the real onnxruntimes refuse it too (the python backend's, and - as an
+    # onnxruntime_onnx model - Triton 24.10's own 1.19.2), and the message keeps the fix
     monkeypatch.setattr(runtime_gate, "static_failures", lambda *a: [])
-    failures, _ = runtime_gate.runtime_gate(folder, meta, COMPOSE_RELEASE)
-    assert len(failures) == 1 and "onnxruntime 1.19.2 (Triton 24.10) refuses it" in failures[0]
-    assert "IR version 11 is newer than onnxruntime 1.19.2 loads (max 10): export with IR version <= 10" in failures[0]
+    for backend, version in (("python", PYTHON_ORT), ("onnxruntime", BACKEND_ORT)):
+        meta["artifact"]["backend"] = backend
+        failures, _ = runtime_gate.runtime_gate(folder, meta, COMPOSE_RELEASE)
+        assert len(failures) == 1 and f"onnxruntime {version} (Triton 24.10, {backend} backend" in failures[0]
+        assert f"refuses it: IR version 11 is newer than onnxruntime {version} loads (max 10): export with IR " \
+               "version <= 10" in failures[0], failures[0]
 
 
 def test_opset_and_contrib_ops_are_named(built_repository, tmp_path):
@@ -70,7 +83,8 @@ def test_opset_and_contrib_ops_are_named(built_repository, tmp_path):
     model.opset_import[0].version = 23
     model.graph.node[0].domain = "com.microsoft"
     onnx.save(model, str(folder / "model.onnx"))
-    failures = runtime_gate.static_failures(folder / "model.onnx", triton_release(COMPOSE_RELEASE))
+    failures = runtime_gate.static_failures(folder / "model.onnx",
+                                            onnx_runtime_for(triton_release(COMPOSE_RELEASE), "onnxruntime"))
     assert any("opset 23 > 21" in f and "set onnx.opset: 21" in f for f in failures), failures
     assert any("non-standard operators com.microsoft::" in f and "plain 'onnx' variant" in f for f in failures)
 
@@ -80,9 +94,11 @@ def test_answers_that_no_longer_match_are_refused(built_repository, side, tmp_pa
     with np.load(folder / "reference.npz") as archive:
         arrays = {k: archive[k] + (0.5 if k.startswith("output/") else 0) for k in archive.files}
     np.savez_compressed(folder / "reference.npz", **arrays)
-    failures, _ = runtime_gate.runtime_gate(folder, read_metadata(folder / "metadata.yaml"), COMPOSE_RELEASE)
-    assert failures and all("onnxruntime 1.19.2 (Triton 24.10): " in f and "no longer matches" in f
-                            for f in failures), failures
+    meta = read_metadata(folder / "metadata.yaml")
+    meta["artifact"]["backend"] = "onnxruntime"  # as served by Triton 24.10's own onnxruntime backend
+    failures, notes = runtime_gate.runtime_gate(folder, meta, COMPOSE_RELEASE)
+    assert failures and all(f"onnxruntime {BACKEND_ORT} (Triton 24.10, onnxruntime backend): " in f
+                            and "no longer matches" in f for f in failures), failures
 
 
 def test_an_unknown_release_names_the_table(built_repository):

@@ -59,6 +59,15 @@ def test_profile_of_this_host_is_plain_yaml(tmp_path):
     assert yaml.safe_load(yaml.safe_dump(profile)) == profile
 
 
+def test_gpus_from_nvidia_smi_csv():
+    from builder.host import parse_gpus
+
+    text = "NVIDIA H100 80GB HBM3, 9.0, 550.54.15\nNVIDIA H100 80GB HBM3, 9.0, 550.54.15\n"
+    assert parse_gpus(text) == [{"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0",
+                                 "driver": "550.54.15"}] * 2
+    assert parse_gpus("") == []
+
+
 def test_same_host_gives_no_warning_and_a_different_one_says_what_to_run():
     assert compare_hosts(ZEN4_VNNI, dict(ZEN4_VNNI), model="m") == []
     lines = compare_hosts(ZEN4_VNNI, EPYC_AVX2, model="m")
