@@ -242,6 +242,20 @@ def rerank(rows: Sequence[Row], speedups: dict[int, float]) -> None:
         rows[i].remeasured = True
 
 
+def settle(rows: list[Row], remeasure: Callable[[list[Candidate]], list[float]], rounds: int = 3) -> int:
+    """Re-measure the finalists side by side until every finalist has been re-measured (a finalist
+    that drops out may let a row with a stale, lucky figure in: it meets the others next round).
+    ``remeasure`` returns the speeds vs FP32 of the given candidates, measured together. Returns
+    the number of rounds run."""
+    for done in range(rounds):
+        final = finalists(rows)
+        if len(final) < 2 or all(r.remeasured for r in final):
+            return done
+        speeds = remeasure([r.candidate for r in final])
+        rerank(rows, {rows.index(r): speed for r, speed in zip(final, speeds)})
+    return rounds
+
+
 def summary(rows: Sequence[Row]) -> str:
     """One sentence: which recipe won and why, or why none did."""
     tried = [r for r in rows if r.result is not None or r.verdict.startswith(ERROR)]

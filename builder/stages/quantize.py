@@ -255,22 +255,21 @@ RUNOFF_SECONDS = 3.0  # the finalists and FP32 side by side, in turns
 
 
 def _runoff(ctx: BuildContext, rows, quantize, fp32, out_dir: Path, names) -> None:
-    """Measure the fastest passing recipes again side by side (one round robin with FP32)."""
-    final = quant_search.finalists(rows)
-    if len(final) < 2:
-        return
-    ctx.progress(f"  re-measuring {len(final)} finalist recipes side by side ...")
+    """Measure the fastest passing recipes again side by side with FP32 (quant_search.settle)."""
     feed = _speed_feed(ctx)
-    calls = {"fp32": lambda: fp32(feed)}
-    paths = []
-    for i, row in enumerate(final):
-        paths.append(out_dir / f"finalist{i}.onnx")
-        quantize(row.candidate, paths[-1])
-        calls[str(i)] = (lambda run: lambda: run(feed))(open_runner("onnx", paths[-1], *names))
-    m = measure_round_robin(calls, window_seconds=SEARCH_WINDOW_SECONDS, max_seconds=RUNOFF_SECONDS)
-    index = [rows.index(row) for row in final]
-    quant_search.rerank(rows, {index[i]: _fastest(m[str(i)]) / _fastest(m["fp32"]) for i in range(len(final))})
-    _remove(*paths)
+
+    def remeasure(cands) -> list[float]:
+        ctx.progress(f"  re-measuring {len(cands)} finalist recipes side by side ...")
+        calls, paths = {"fp32": lambda: fp32(feed)}, []
+        for i, cand in enumerate(cands):
+            paths.append(out_dir / f"finalist{i}.onnx")
+            quantize(cand, paths[-1])
+            calls[str(i)] = (lambda run: lambda: run(feed))(open_runner("onnx", paths[-1], *names))
+        m = measure_round_robin(calls, window_seconds=SEARCH_WINDOW_SECONDS, max_seconds=RUNOFF_SECONDS)
+        _remove(*paths)
+        return [_fastest(m[str(i)]) / _fastest(m["fp32"]) for i in range(len(cands))]
+
+    quant_search.settle(rows, remeasure)
 
 
 def _fastest(measurement) -> float:

@@ -6,7 +6,7 @@ import math
 from dataclasses import replace
 
 from builder.quant_search import (DEFAULT, NOT_NEEDED, OVER_BUDGET, PASS, Candidate, Result, best, closest,
-                                  finalists, rerank,
+                                  finalists, rerank, settle,
                                   default_candidates, fallback, format_table, rank_nodes, search, summary)
 
 
@@ -185,3 +185,23 @@ def test_noisy_speeds_are_settled_by_a_side_by_side_rerun_of_the_finalists():
     assert best(rows).candidate == cands[1] and rows[1].remeasured
     assert "1.51x*" in format_table(rows) and format_table(rows).endswith("(the figure the choice used)")
     assert finalists(search(cands, evaluator({}), 1e9, FakeClock())) == []  # nothing passed
+
+
+def test_settle_rounds_until_every_finalist_met_the_others():
+    """A finalist that drops in the side-by-side run lets a stale lucky figure in: it is re-measured too."""
+    cands = default_candidates()[:4]
+    first = {cands[0]: 9.0, cands[1]: 6.8, cands[2]: 4.7, cands[3]: 1.0}
+    side_by_side = {cands[0]: 4.3, cands[1]: 4.0, cands[2]: 3.6, cands[3]: 1.0}  # the truth, measured together
+    rows = search(cands, evaluator({c: Result(True, 0.02 - i / 1000, speedup=v) for i, (c, v) in
+                                    enumerate(first.items())}), 1e9, FakeClock())
+    calls = []
+
+    def remeasure(group):
+        calls.append(list(group))
+        return [side_by_side[c] for c in group]
+
+    assert settle(rows, remeasure) == 2
+    assert calls[0] == [cands[0], cands[1]]  # 6.8 is outside 30 % of 9.0: the runner-up joins anyway
+    assert calls[1] == [cands[2], cands[0], cands[1]]  # the stale 4.7 leads now: all three meet, fastest first
+    assert best(rows).candidate == cands[1]  # 4.0 within 10 % of 4.3, smaller error
+    assert settle(rows, remeasure) == 0  # settled
