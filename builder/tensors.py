@@ -149,6 +149,8 @@ def compare_outputs(reference: dict[str, np.ndarray], got: dict[str, np.ndarray]
             "cosine": float(r @ o / max(ref_norm * out_norm, EPS)) if ref_norm and out_norm else float(ref_norm == out_norm),
             "compared": float(np.size(ref)),  # values compared (summed over cases): 0 = nothing was checked
             "finite": float(finite.sum()),
+            "ref_min": float(r.min()) if r.size else 0.0,  # equal over every case: the output ignores its input
+            "ref_max": float(r.max()) if r.size else 0.0,
         }
     return metrics
 
@@ -162,8 +164,8 @@ def merge_case_metrics(per_case: list[dict[str, dict[str, float]]]) -> dict[str,
             for key, value in m.items():
                 if not isinstance(value, (int, float)):
                     into[key] = value
-                elif key == "cosine":
-                    into[key] = min(into.get(key, 1.0), value)
+                elif key in ("cosine", "ref_min"):
+                    into[key] = min(into.get(key, value if key == "ref_min" else 1.0), value)
                 elif key in ("compared", "finite"):
                     into[key] = into.get(key, 0.0) + value
                 else:
@@ -174,6 +176,13 @@ def merge_case_metrics(per_case: list[dict[str, dict[str, float]]]) -> dict[str,
 def tolerance_failures(metrics: dict[str, dict[str, float]], tolerance: dict[str, float]) -> list[str]:
     """One line per failing output, with its numbers, e.g. 'logits: rel L2 3.1e-02 > 1e-05 (...)'."""
     failures = []
+    constant = [n for n, m in metrics.items() if m.get("compared") and m.get("ref_min", 0) == m.get("ref_max", 1)]
+    if constant and len(constant) == len(metrics):
+        # every output is one value whatever the input: comparing it proves nothing about the variant
+        return [f"{n}: the reference is {metrics[n]['ref_min']:g} for every input of every case "
+                f"({metrics[n]['compared']:.0f} values): the output does not depend on the inputs, so nothing was "
+                "verified (a degenerate model, e.g. random weights whose activations vanish, or inputs that "
+                "exercise nothing); give data.validation with real inputs, or inputs[].value_range" for n in constant]
     for name, m in metrics.items():
         if "missing" in m:
             failures.append(f"{name}: output missing from the variant's results")

@@ -106,7 +106,12 @@ def _import_module(ctx: BuildContext):
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise UserInputError(f"{_origin(ctx)}: field 'source.module': '{module_name}' has no callable '{attr}'")
-    model = factory()
+    try:
+        model = factory()
+    except Exception as exc:  # noqa: BLE001 - the user's code: say where it failed, without a traceback
+        detail = " ".join(str(exc).split())[:400] or type(exc).__name__
+        raise UserInputError(f"{_origin(ctx)}: field 'source.module': {ref}() raised {type(exc).__name__}: "
+                             f"{detail}; fix the model factory in {module_name.replace('.', '/')}.py") from None
     if not isinstance(model, torch.nn.Module):
         raise UserInputError(
             f"{_origin(ctx)}: field 'source.module': {ref}() returned {type(model).__name__}, not a torch.nn.Module")

@@ -3,6 +3,8 @@ dims [1] + reshape []), the wire shape helpers, and the error class of a config 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -110,3 +112,23 @@ def test_nan_everywhere_in_the_reference_is_not_a_pass():
     assert not tolerance_failures(same, {"rel_l2": 1e-5}) and same["y"]["finite"] == 2
     wrong = merge_case_metrics([compare_outputs(partial, {"y": np.array([0.0, 1.0, 2.0])})])
     assert "NaN/Inf where the reference has them differ" in tolerance_failures(wrong, {"rel_l2": 1e-5})[0]
+
+
+def test_a_model_factory_that_raises_is_a_user_error_naming_the_module(tmp_path, quiet):
+    spec = write_model(tmp_path, "embed")
+    (spec.parent / "model.py").write_text("def build():\n    raise IndexError('list index out of range')\n")
+    with pytest.raises(UserInputError, match=r"field 'source.module': model:build\(\) raised IndexError: list index "
+                                             r"out of range; fix the model factory in model.py"):
+        build(spec, tmp_path / "repo", variants=["onnx"], benchmark_seconds=0, progress=quiet)
+
+
+def test_outputs_that_ignore_the_inputs_are_not_a_pass():
+    from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures
+    cases = [compare_outputs({"logits": np.zeros((b, 10))}, {"logits": np.zeros((b, 10))}) for b in (1, 3)]
+    failures = tolerance_failures(merge_case_metrics(cases), {"rel_l2": 1e-5})
+    assert len(failures) == 1 and re.search(r"logits: the reference is 0 for every input of every case \(40 values\)"
+                                            r": the output does not depend on the inputs.*data\.validation",
+                                            failures[0])
+    # one constant output beside a live one is compared like any other
+    live = [compare_outputs({"a": np.ones(3), "b": np.arange(3.0)}, {"a": np.ones(3), "b": np.arange(3.0)})]
+    assert not tolerance_failures(merge_case_metrics(live), {"rel_l2": 1e-5})

@@ -1,0 +1,187 @@
+"""Model-zoo conformance: build, verify, publish, serve and check a broad set of architectures, one table.
+
+Each model is made from a transformers config, offline, with random weights (no downloads, no
+torchvision), written out as a spec folder the way a user would, then built with
+``triton-builder build`` (the library's ``build``), served on the embedded tritonserver and checked
+over HTTP and gRPC (``check``). Prints one row per model: build seconds, the exporter that produced
+the ONNX variant, variants verified, the published variant and the served rel L2 (worst output over
+both protocols and every reference case), or the refusal with its reason.
+
+Usage: python benchmarks/model_zoo.py [--models resnet,bert,...] [--variants onnx,torchscript] [--keep DIR]
+Not part of the test run (tests/integration/test_model_zoo.py builds a fast subset, marker slow).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import re
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+IMAGE = {"inputs": [{"name": "pixel_values", "dtype": "float32", "shape": [3, 32, 32]}],
+         "outputs": [{"name": "logits"}], "max_batch_size": 4}
+TEXT = {"inputs": [{"name": "input_ids", "dtype": "int64", "shape": [-1], "min_shape": [4], "opt_shape": [8],
+                    "max_shape": [16]}],
+        "outputs": [{"name": "logits"}], "max_batch_size": 4}
+
+_WRAP = '''
+import torch
+import transformers
+
+
+class Wrapped(torch.nn.Module):
+    """Called with keyword arguments, returns the logits tensor only (what Triton serves)."""
+
+    def __init__(self, model, key):
+        super().__init__()
+        self.model, self.key = model, key
+
+    def forward(self, x):
+        return self.model(**{{self.key: x}}).logits
+
+
+def build():
+    torch.manual_seed(0)
+    config = transformers.{config}({args})
+    return Wrapped(transformers.{cls}(config).eval(), "{key}")
+'''
+
+# name: (config class, model class, config kwargs, input key, spec)
+ZOO = {
+    "resnet": ("ResNetConfig", "ResNetForImageClassification",
+               "embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type='basic', num_labels=10",
+               "pixel_values", IMAGE),
+    "mobilenet_v2": ("MobileNetV2Config", "MobileNetV2ForImageClassification",
+                     "depth_multiplier=0.35, image_size=32, num_labels=10", "pixel_values", IMAGE),
+    "vit": ("ViTConfig", "ViTForImageClassification",
+            "image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, "
+            "intermediate_size=64, num_labels=10", "pixel_values", IMAGE),
+    "convnext": ("ConvNextConfig", "ConvNextForImageClassification",
+                 "num_stages=2, hidden_sizes=[16, 32], depths=[1, 1], num_labels=10", "pixel_values", IMAGE),
+    "swin": ("SwinConfig", "SwinForImageClassification",
+             "image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=4, "
+             "num_labels=10", "pixel_values", IMAGE),
+    "efficientnet": ("EfficientNetConfig", "EfficientNetForImageClassification",
+                     "image_size=32, width_coefficient=0.25, depth_coefficient=0.25, hidden_dim=320, num_labels=10",
+                     "pixel_values", IMAGE),
+    "regnet": ("RegNetConfig", "RegNetForImageClassification",
+               "embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], groups_width=8, num_labels=10",
+               "pixel_values", IMAGE),
+    "bert": ("BertConfig", "BertForSequenceClassification",
+             "vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, "
+             "max_position_embeddings=32, num_labels=3", "input_ids", TEXT),
+    "distilbert": ("DistilBertConfig", "DistilBertForSequenceClassification",
+                   "vocab_size=100, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=32, "
+                   "num_labels=3", "input_ids", TEXT),
+    "roberta": ("RobertaConfig", "RobertaForSequenceClassification",
+                "vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, "
+                "max_position_embeddings=40, num_labels=3", "input_ids", TEXT),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel",
+             "vocab_size=100, n_embd=32, n_layer=2, n_head=2, n_positions=32", "input_ids", TEXT),
+}
+
+
+def write_spec(root: Path, name: str, variants: list[str]) -> Path:
+    config, cls, args, key, spec = ZOO[name]
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "zoo_model.py").write_text(_WRAP.format(config=config, cls=cls, args=args, key=key).lstrip())
+    data = {"name": f"zoo_{name}", "source": {"module": "zoo_model:build"}, "variants": variants, **spec}
+    (folder / "spec.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return folder / "spec.yaml"
+
+
+def run_zoo(names: list[str], root: Path, variants: list[str]) -> list[dict]:
+    """Build every model into root/model_repository, serve them, check each; one record per model."""
+    from builder.errors import BuilderError
+    from builder.pipeline import build
+    from builder.serving.check import check_served
+    from builder.serving.embedded import EmbeddedServer
+
+    repo = root / "model_repository"
+    rows = []
+    for name in names:
+        row = {"model": name, "build_s": None, "exporter": "-", "verified": "-", "published": "-",
+               "served_rel_l2": None, "refusal": ""}
+        start = time.perf_counter()
+        try:
+            result = build(write_spec(root, name, variants), repo, benchmark_seconds=0, progress=lambda _: None)
+            row["build_s"] = time.perf_counter() - start
+            ctx = result.context
+            row["exporter"] = next((v.exporter for v in ctx.variants if v.format == "onnx"), "-") or "-"
+            row["verified"] = ",".join(v.name for v in ctx.variants if v.verified) or "-"
+            row["published"] = next((v.name for v in ctx.variants if v.selected), "-")
+        except Exception as exc:  # noqa: BLE001 - a refusal (BuilderError) or a bug: either is a row, not a stop
+            row["build_s"] = time.perf_counter() - start
+            kind = "" if isinstance(exc, BuilderError) else f"{type(exc).__name__} (not a BuilderError): "
+            row["refusal"] = kind + " ".join(str(exc).split())[:300]
+        rows.append(row)
+    built = [r for r in rows if not r["refusal"]]
+    if built:
+        server = EmbeddedServer(repo, ready_timeout=120)
+        server.start()
+        try:
+            for row in built:
+                try:
+                    report = check_served(f"zoo_{row['model']}", repository=repo, url=server.http_url,
+                                          grpc_url=server.grpc_url, protocol="both")
+                except BuilderError as exc:
+                    row["refusal"] = "check: " + " ".join(str(exc).split())[:300]
+                    continue
+                row["served_rel_l2"] = max((m.get("rel_l2", float("inf")) for per in report.metrics.values()
+                                            for m in per.values()), default=None)
+                if not report.ok:
+                    row["refusal"] = "check failed: " + "; ".join(report.failures)[:300]
+        finally:
+            server.stop()
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    head = ["model", "build s", "exporter", "variants verified", "published", "served rel L2", "refusal / reason"]
+    body = [[r["model"], f"{r['build_s']:.1f}" if r["build_s"] is not None else "-", r["exporter"], r["verified"],
+             r["published"], f"{r['served_rel_l2']:.1e}" if r["served_rel_l2"] is not None else "-",
+             r["refusal"] or "-"] for r in rows]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
+    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, body)])
+
+
+def host_line() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor() or "?")
+    flags = sorted(set(re.findall(r"\b(avx512_vnni|avx512f|avx2)\b", Path("/proc/cpuinfo").read_text())))
+    import torch
+    import transformers
+    return (f"{date.today()} | {cpu} | ISA {' '.join(flags) or 'none of avx2/avx512f/avx512_vnni'} | "
+            f"torch {torch.__version__}, transformers {transformers.__version__}, Python {platform.python_version()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(ZOO), help=f"comma-separated, from: {', '.join(ZOO)}")
+    parser.add_argument("--variants", default="onnx,torchscript")
+    parser.add_argument("--keep", help="build into this folder (kept) instead of a temporary one")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.models.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ZOO]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(ZOO)}")
+    with tempfile.TemporaryDirectory(prefix="model-zoo-") as tmp:
+        root = Path(args.keep) if args.keep else Path(tmp)
+        rows = run_zoo(names, root, args.variants.split(","))
+    print(host_line())
+    print(table(rows))
+    return 0 if all(not r["refusal"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
