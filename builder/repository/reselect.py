@@ -8,7 +8,8 @@ serving to this host). Each candidate is replayed against the stored reference (
 ``<name>``'s latest version, the candidate's own tolerance) and measured in-process here; the best
 by the build's objective (throughput or latency) is published with this host's profile, its
 serving size (builder/host.py size_serving) and the measurements in metadata.yaml. Where the winner
-and the size are what the latest version already serves, nothing is published.
+and the size are what the latest version already serves, measured on a host like this one, nothing is
+published.
 
 Usage::
 
@@ -26,7 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 from builder.errors import UserInputError
-from builder.host import host_profile, size_serving
+from builder.host import compare_hosts, host_profile, size_serving
 from builder.repository.description import VersionDescription
 from builder.repository.layout import existing_versions, latest_version, model_dir, reserve_version
 from builder.repository.metadata import read_metadata, read_reference
@@ -154,7 +155,10 @@ def select_for_host(repository: str | Path, name: str, *, measure: Measure | Non
     report.sizing = size_serving(cores, winner.measured["p50_ms"] / 1000.0)
     served_variant = served["artifact"]["variant"]
     served_size = ((served.get("serving") or {}).get("instances"), (served.get("serving") or {}).get("intra_op_threads"))
-    same = winner.variant == served_variant and served_size == report.sizing
+    # the same decision on the same kind of host: nothing to publish (a different host is recorded anew,
+    # so serve/check/validate stop warning)
+    same = (winner.variant == served_variant and served_size == report.sizing
+            and not compare_hosts(served.get("host"), host, model=name))
     where = f"{host.get('cpu_model')} ({host.get('isa_class')}, {cores} usable cores)"
     if same:
         report.why = (f"{name} version {number} already serves {served_variant} with {report.sizing[0]} instance(s) x "

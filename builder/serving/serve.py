@@ -72,9 +72,7 @@ def serve_forever(
     with stop_signals() as received:
         try:
             server.start()
-            _announce_started(server, announce)
-            for line in served_host_warnings(Path(repository), server.models, current_host):
-                announce(f"  warning  {line}")
+            _announce_started(server, announce, served_host_warnings(Path(repository), server.models, current_host))
             while not received:
                 if not server.is_running():
                     announce(
@@ -106,7 +104,7 @@ def served_host_warnings(repository: Path, models: Sequence[str], current_host: 
     return out
 
 
-def _announce_started(server: EmbeddedServer, announce: Callable[[str], object]) -> None:
+def _announce_started(server: EmbeddedServer, announce: Callable[[str], object], warnings: Sequence[str] = ()) -> None:
     announce(f"Triton server (embedded, backends: {', '.join(EMBEDDED_BACKENDS)}) is ready, pid {server.pid}")
     announce(f"  HTTP     {server.http_url}   (http://{server.http_url}/v2/health/ready)")
     announce(f"  gRPC     {server.grpc_url}")
@@ -115,4 +113,6 @@ def _announce_started(server: EmbeddedServer, announce: Callable[[str], object])
     announce(f"  serving  {', '.join(server.models) if server.models else '(no models)'}")
     for name, reason in server.left_out.items():
         announce(f"  left out {name}: {reason}")
+    for line in warnings:
+        announce(f"  warning  {line}")
     announce("Stop with Ctrl-C (SIGINT) or SIGTERM.")

@@ -107,3 +107,14 @@ def test_a_variant_that_differs_from_the_reference_is_excluded(variants_reposito
     excluded = [c for c in report.candidates if c.excluded]
     assert len(excluded) == 1 and "differs from the reference" in excluded[0].excluded
     assert np.isfinite(report.winner.measured["p50_ms"])
+
+
+def test_same_decision_on_a_different_host_is_recorded_so_the_warnings_stop(variants_repository, tmp_path):
+    from builder.host import host_warnings
+
+    repo = _copy(variants_repository, tmp_path)
+    served = _served(repo)
+    first = select_for_host(repo, "digits_cnn", measure=_measure("digits_cnn/"), current_host=HERE)
+    meta = yaml.safe_load((repo / "digits_cnn" / "2" / "metadata.yaml").read_text())
+    assert first.winner.variant == served and first.published["version"] == 2  # same variant, this host recorded
+    assert host_warnings(meta, "digits_cnn", HERE) == []
