@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps test test-unit demo wheel-smoke bench bench-tuning bench-drift bench-replicas bench-faults clean
+.PHONY: setup system-deps test test-unit demo wheel-smoke bench bench-tuning bench-drift bench-replicas bench-faults bench-zoo clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	bash scripts/make-venv.sh "$(PYTHON)" $(VENV)
@@ -51,6 +51,9 @@ bench-replicas: setup
 
 bench-faults: setup
 	$(BIN)/python benchmarks/fault_kills.py
+
+bench-zoo: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/model_zoo.py
 
 clean:
 	rm -rf runs .pytest_cache

@@ -110,7 +110,7 @@ def run_zoo(names: list[str], root: Path, variants: list[str]) -> list[dict]:
     rows = []
     for name in names:
         row = {"model": name, "build_s": None, "exporter": "-", "verified": "-", "published": "-",
-               "served_rel_l2": None, "refusal": ""}
+               "served_rel_l2": None, "refusal": "", "note": ""}
         start = time.perf_counter()
         try:
             result = build(write_spec(root, name, variants), repo, benchmark_seconds=0, progress=lambda _: None)
@@ -119,6 +119,8 @@ def run_zoo(names: list[str], root: Path, variants: list[str]) -> list[dict]:
             row["exporter"] = next((v.exporter for v in ctx.variants if v.format == "onnx"), "-") or "-"
             row["verified"] = ",".join(v.name for v in ctx.variants if v.verified) or "-"
             row["published"] = next((v.name for v in ctx.variants if v.selected), "-")
+            notes = [n for v in ctx.variants if v.format == "onnx" for n in v.notes]
+            row["note"] = re.sub(r"\x1b\[[0-9;]*m", "", " ".join(" ".join(notes).split()))[:160]
         except Exception as exc:  # noqa: BLE001 - a refusal (BuilderError) or a bug: either is a row, not a stop
             row["build_s"] = time.perf_counter() - start
             kind = "" if isinstance(exc, BuilderError) else f"{type(exc).__name__} (not a BuilderError): "
@@ -146,10 +148,10 @@ def run_zoo(names: list[str], root: Path, variants: list[str]) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    head = ["model", "build s", "exporter", "variants verified", "published", "served rel L2", "refusal / reason"]
+    head = ["model", "build s", "exporter", "variants verified", "published", "served rel L2", "refusal / reason (or exporter note)"]
     body = [[r["model"], f"{r['build_s']:.1f}" if r["build_s"] is not None else "-", r["exporter"], r["verified"],
              r["published"], f"{r['served_rel_l2']:.1e}" if r["served_rel_l2"] is not None else "-",
-             r["refusal"] or "-"] for r in rows]
+             r["refusal"] or r["note"] or "-"] for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
     line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
     return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, body)])

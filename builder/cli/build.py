@@ -29,6 +29,9 @@ def cmd_build(args: argparse.Namespace, reporter: Reporter) -> int:
 def cmd_validate(args: argparse.Namespace, reporter: Reporter) -> int:
     from builder.repository.validate import validate_model
 
+    if args.model.startswith("models:/"):  # a registry version, materialised into a local repository first
+        from builder.storage.mlflow_registry import materialise
+        args.model = str(materialise(args.model, args.registry))
     report = validate_model(args.model, args.version, gpu=args.gpu, tensorrt_version=args.tensorrt_version,
                             public_key=args.public_key, require_signature=args.require_signature,
                             triton_release=args.triton_release, progress=reporter,
@@ -84,7 +87,8 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("validate", parents=[common], help="re-check hashes and equivalence of a published model")
-    p.add_argument("model", help="<repository>/<model name>")
+    p.add_argument("model", help="<repository>/<model name>, or models:/NAME/VERSION | models:/NAME@ALIAS (MLflow)")
+    p.add_argument("--registry", help="MLflow server URL for models:/ (default: $MLFLOW_TRACKING_URI)")
     p.add_argument("--version", type=int, help="the version to check (default: the latest)")
     p.add_argument("--gpu", help="target GPU compute capability (e.g. 9.0) for TensorRT plans")
     p.add_argument("--tensorrt-version", help="target TensorRT version for TensorRT plans")

@@ -12,6 +12,7 @@ Exit codes: 0 ok; 1 invalid manifests; 2 bad arguments or an unreachable store/s
 from __future__ import annotations
 
 import argparse
+import os
 
 from builder.progress import Reporter
 
@@ -23,6 +24,14 @@ def cmd_publish(args: argparse.Namespace, reporter: Reporter) -> int:
                                  progress=reporter)
     for item in results:
         print(item.line())
+    return 0
+
+
+def cmd_register(args: argparse.Namespace, reporter: Reporter) -> int:
+    from builder.storage.mlflow_registry import register_version
+
+    done = register_version(args.registry, args.model, version=args.version, alias=args.alias)
+    print(f"registered {args.model} as {done['uri']} (run {done['run_id']}; source {done['source']})")
     return 0
 
 
@@ -60,6 +69,15 @@ def cmd_k8s(args: argparse.Namespace, reporter: Reporter) -> int:
 
 
 def register(sub, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("register", parents=[common],
+                       help="register a published version in MLflow's model registry (artifacts, metrics, tags)")
+    p.add_argument("model", help="<repository>/<model name>")
+    p.add_argument("--registry", default=os.environ.get("MLFLOW_TRACKING_URI"),
+                   help="MLflow server URL (default: $MLFLOW_TRACKING_URI)")
+    p.add_argument("--version", type=int, help="the version to register (default: the latest)")
+    p.add_argument("--alias", help="also point this registry alias (e.g. prod) at it")
+    p.set_defaults(func=cmd_register)
+
     p = sub.add_parser("publish", parents=[common], help="upload a local repository's versions to object storage (s3://), "
                                        "each visible only once complete")
     p.add_argument("--repository", default="model_repository", help="local model repository (default: %(default)s)")

@@ -43,6 +43,9 @@ def cmd_serve(args: argparse.Namespace, reporter: Reporter) -> int:
     from builder import serve
 
     extra = ["--metrics-config=summary_latencies=true"] if args.latency_summaries else []
+    if args.repository.startswith("models:/"):  # a registry version, materialised into a local repository
+        from builder.storage.mlflow_registry import materialise
+        args.repository = str(materialise(args.repository, args.registry).parent)
     ports = _ports(args, reporter)
     return serve(args.repository, http_port=ports["http"], grpc_port=ports["grpc"],
                  metrics_port=ports["metrics"], host=args.host, extra_args=extra,
@@ -74,6 +77,8 @@ def register(sub, common: argparse.ArgumentParser) -> None:
                    help="publish p50/p95/p99 latency summaries (the dashboards' percentile panels need them; "
                         "they cost throughput)")
     add_signature_arguments(p)
+    p.add_argument("--registry", help="MLflow server URL when --repository is models:/NAME/VERSION or "
+                   "models:/NAME@ALIAS (default: $MLFLOW_TRACKING_URI)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("check", parents=[common],

@@ -1,0 +1,266 @@
+"""MLflow's model registry: register a published version, and materialise ``models:/NAME/VERSION`` (or
+``models:/NAME@ALIAS``) back into a local model repository that ``validate`` and ``serve`` take.
+
+Spoken over MLflow's REST API (tracking, model registry, and the server's artifact proxy), so no
+MLflow client enters triton-builder's environment (mlflow 3 wants numpy 2; nvidia-pytriton pins
+numpy<2). ``MlflowServer`` runs a real ``mlflow server`` (sqlite backend, artifacts served by the
+server, 127.0.0.1) from its own cached virtualenv (``~/.cache/triton-builder/tools/mlflow-X``).
+
+What a registered version carries: the version folder and config.pbtxt as run artifacts under
+``model/``; metrics (accuracy, accuracy drop, batch-1 latency, best throughput); tags (the host
+profile and the variant table as JSON, the triton-builder model name and version). The registry
+version's source is that ``model/`` folder.
+
+Usage::
+
+    with MlflowServer(tmp / "mlflow") as server:
+        registered = register_version(server.url, Path("model_repository/digits_cnn"), alias="prod")
+        model_folder = materialise("models:/digits_cnn@prod", server.url, cache=tmp / "registry")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable
+
+from builder.errors import ServerError, UserInputError
+from builder.processes import LocalService, free_port, http_get
+
+MLFLOW_VERSION = "3.17.2"
+EXPERIMENT = "triton-builder"
+REGISTRY_ENV = "MLFLOW_TRACKING_URI"
+TAG_LIMIT = 5000  # MLflow's tag value limit (older servers)
+
+
+def mlflow_python(progress: Callable[[str], object] = lambda m: None) -> Path:
+    """The interpreter of a cached virtualenv with mlflow==MLFLOW_VERSION (built on first use)."""
+    import sys
+
+    from builder.processes import run_command
+
+    root = Path(os.environ.get("TRITON_BUILDER_CACHE") or Path.home() / ".cache" / "triton-builder") / "tools"
+    home = root / f"mlflow-{MLFLOW_VERSION}"
+    if (home / "ready").is_file():
+        return home / "bin" / "python"
+    root.mkdir(parents=True, exist_ok=True)
+    progress(f"installing mlflow {MLFLOW_VERSION} into {home} (once) ...")
+    staging = Path(tempfile.mkdtemp(prefix=f".mlflow-{MLFLOW_VERSION}-", dir=root))
+    try:
+        run_command([sys.executable, "-m", "venv", str(staging)], 600, check=True)
+        run_command([staging / "bin" / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                     f"mlflow=={MLFLOW_VERSION}"], 900, check=True)
+        (staging / "ready").write_text(MLFLOW_VERSION + "\n")
+        shutil.rmtree(home, ignore_errors=True)
+        os.rename(staging, home)
+    except Exception as err:  # noqa: BLE001
+        raise ServerError(f"could not install mlflow {MLFLOW_VERSION} into {home}: {err}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return home / "bin" / "python"
+
+
+class MlflowServer(LocalService):
+    """``mlflow server`` on 127.0.0.1: sqlite backend store and served artifacts under ``store``."""
+
+    label = "the MLflow server"
+    error = ServerError
+    stop_timeout = 10.0
+
+    def __init__(self, store: Path | str, host: str = "127.0.0.1", ready_timeout: float = 120.0):
+        super().__init__(host, ready_timeout)
+        self.store = Path(store).resolve()
+        self._port: int | None = None
+        self._python: Path | None = None
+        self.log_path = self.store / "mlflow-server.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self._port}"
+
+    def _prepare(self) -> None:
+        self._python = mlflow_python()
+        self.store.mkdir(parents=True, exist_ok=True)
+        self._port = free_port(self.host)
+
+    def _command(self) -> list[str]:
+        return [str(self._python), "-m", "mlflow", "server", "--backend-store-uri",
+                f"sqlite:///{self.store / 'mlflow.db'}", "--artifacts-destination", str(self.store / "artifacts"),
+                "--host", self.host, "--port", str(self._port), "--workers", "1"]
+
+    def _env(self) -> dict[str, str]:
+        return dict(os.environ, PYTHONUNBUFFERED="1")
+
+    def _ready(self) -> bool:
+        status, _ = http_get(f"{self.url}/health", timeout=1)
+        return status == 200
+
+    def _exit_error(self, code: int) -> Exception:
+        return ServerError(f"the MLflow server exited with code {code} while starting: {self._tail()}")
+
+    def _timeout_error(self) -> Exception:
+        return ServerError(f"the MLflow server did not answer on {self.url} within {self.ready_timeout:g} s: "
+                           f"{self._tail()}")
+
+    def _tail(self) -> str:
+        return " | ".join(self.read_log(0).strip().splitlines()[-8:]) or "(no output)"
+
+
+class _Rest:
+    def __init__(self, url: str):
+        self.url = url.rstrip("/")
+        self._open = urllib.request.build_opener(urllib.request.ProxyHandler({})).open
+
+    def call(self, method: str, path: str, body: Any = None, query: dict | None = None, raw: bool = False) -> Any:
+        target = f"{self.url}/{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        data = body if isinstance(body, bytes) else (json.dumps(body).encode() if body is not None else None)
+        request = urllib.request.Request(target, data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with self._open(request, timeout=60) as response:
+                payload = response.read()
+        except urllib.error.HTTPError as err:
+            text = err.read().decode(errors="replace")
+            raise ServerError(f"MLflow at {self.url}: {method} {path} -> HTTP {err.code}: {text[:300]}") from None
+        except (urllib.error.URLError, OSError) as err:
+            raise UserInputError(f"--registry {self.url}: no MLflow server answers there ({err}); start one "
+                                 "(mlflow server) or set MLFLOW_TRACKING_URI") from None
+        return payload if raw else (json.loads(payload) if payload else {})
+
+
+def _artifact_root(run: dict) -> str:
+    uri = run["info"]["artifact_uri"]
+    if not uri.startswith("mlflow-artifacts:/"):
+        raise ServerError(f"MLflow run artifacts at {uri}: triton-builder needs a server that serves artifacts "
+                          "(mlflow server --serve-artifacts, the default)")
+    return uri[len("mlflow-artifacts:/"):].lstrip("/")
+
+
+def register_version(registry: str, model_folder: Path, version: int | None = None, alias: str | None = None,
+                     name: str | None = None) -> dict[str, Any]:
+    """Register ``version`` (default: the latest) of the model in ``model_folder``; returns
+    {"name", "version" (the registry's), "run_id", "source", "uri"}."""
+    from builder.repository.layout import latest_version
+    from builder.repository.metadata import read_metadata
+
+    folder = Path(model_folder).resolve()
+    version = version or latest_version(folder)
+    if version is None or not (folder / str(version)).is_dir():
+        raise UserInputError(f"{folder}: no version {version or ''} to register; pass <repository>/<model name>")
+    name = name or folder.name
+    meta = read_metadata(folder / str(version) / "metadata.yaml")
+    rest = _Rest(registry)
+    experiment = _experiment_id(rest)
+    tags = {"triton_builder.model": folder.name, "triton_builder.version": str(version),
+            "host": json.dumps(meta.get("host") or {})[:TAG_LIMIT],
+            "variants": json.dumps((meta.get("selection") or {}).get("candidates") or {})[:TAG_LIMIT],
+            "variant": str((meta.get("artifact") or {}).get("variant", ""))}
+    run = rest.call("POST", "api/2.0/mlflow/runs/create", {
+        "experiment_id": experiment, "run_name": f"{folder.name}-v{version}", "start_time": int(time.time() * 1000),
+        "tags": [{"key": k, "value": v} for k, v in tags.items()]})["run"]
+    run_id, root = run["info"]["run_id"], _artifact_root(run)
+    now = int(time.time() * 1000)
+    metrics = {k: v for k, v in _metrics(meta).items() if isinstance(v, (int, float))}
+    rest.call("POST", "api/2.0/mlflow/runs/log-batch", {"run_id": run_id, "metrics": [
+        {"key": k, "value": float(v), "timestamp": now, "step": 0} for k, v in metrics.items()]})
+    files = [(f"model/{version}/{p.relative_to(folder / str(version))}", p)
+             for p in sorted((folder / str(version)).rglob("*")) if p.is_file()]
+    files.append(("model/config.pbtxt", folder / "config.pbtxt"))
+    for relative, path in files:
+        rest.call("PUT", f"api/2.0/mlflow-artifacts/artifacts/{root}/{urllib.parse.quote(relative)}",
+                  path.read_bytes())
+    rest.call("POST", "api/2.0/mlflow/runs/update", {"run_id": run_id, "status": "FINISHED",
+                                                     "end_time": int(time.time() * 1000)})
+    try:
+        rest.call("POST", "api/2.0/mlflow/registered-models/create", {"name": name})
+    except ServerError as err:
+        if "RESOURCE_ALREADY_EXISTS" not in str(err):
+            raise
+    source = f"mlflow-artifacts:/{root}/model"
+    created = rest.call("POST", "api/2.0/mlflow/model-versions/create", {
+        "name": name, "source": source, "run_id": run_id,
+        "tags": [{"key": "triton_builder.version", "value": str(version)}]})["model_version"]
+    if alias:
+        rest.call("POST", "api/2.0/mlflow/registered-models/alias",
+                  {"name": name, "alias": alias, "version": created["version"]})
+    return {"name": name, "version": int(created["version"]), "run_id": run_id, "source": source,
+            "uri": f"models:/{name}/{created['version']}", "metrics": metrics}
+
+
+def _experiment_id(rest: _Rest) -> str:
+    try:
+        found = rest.call("GET", "api/2.0/mlflow/experiments/get-by-name", query={"experiment_name": EXPERIMENT})
+        return found["experiment"]["experiment_id"]
+    except ServerError as err:
+        if "RESOURCE_DOES_NOT_EXIST" not in str(err) and "HTTP 404" not in str(err):
+            raise
+    return rest.call("POST", "api/2.0/mlflow/experiments/create", {"name": EXPERIMENT})["experiment_id"]
+
+
+def _metrics(meta: dict[str, Any]) -> dict[str, Any]:
+    accuracy = meta.get("accuracy") or {}
+    bench = meta.get("benchmark") or {}
+    return {"accuracy": accuracy.get("variant"), "accuracy_reference": accuracy.get("reference"),
+            "accuracy_drop": accuracy.get("drop"), "latency_p50_ms_b1": (bench.get("latency_ms_b1") or {}).get("p50"),
+            "latency_p99_ms_b1": (bench.get("latency_ms_b1") or {}).get("p99"),
+            "best_throughput": bench.get("best_throughput"), "peak_memory_mb": bench.get("peak_memory_mb")}
+
+
+def parse_registry_uri(uri: str) -> tuple[str, str | None, str | None]:
+    """``models:/NAME/VERSION`` -> (NAME, VERSION, None); ``models:/NAME@ALIAS`` -> (NAME, None, ALIAS)."""
+    body = uri[len("models:/"):] if uri.startswith("models:/") else ""
+    if "@" in body and "/" not in body:
+        name, alias = body.split("@", 1)
+        if name and alias:
+            return name, None, alias
+    parts = body.split("/")
+    if len(parts) == 2 and parts[0] and parts[1].isdigit():
+        return parts[0], parts[1], None
+    raise UserInputError(f"{uri}: not a registry URI; give models:/NAME/VERSION or models:/NAME@ALIAS")
+
+
+def materialise(uri: str, registry: str | None = None, cache: Path | None = None) -> Path:
+    """Download the registry version ``uri`` into ``cache``/NAME-vN/model_repository/NAME (config.pbtxt and
+    the version folder) and return that model folder (a fresh download each time)."""
+    registry = registry or os.environ.get(REGISTRY_ENV)
+    if not registry:
+        raise UserInputError(f"{uri}: which MLflow server? pass --registry URL or set ${REGISTRY_ENV}")
+    name, number, alias = parse_registry_uri(uri)
+    rest = _Rest(registry)
+    if alias:
+        found = rest.call("GET", "api/2.0/mlflow/registered-models/alias", query={"name": name, "alias": alias})
+    else:
+        found = rest.call("GET", "api/2.0/mlflow/model-versions/get", query={"name": name, "version": number})
+    record = found["model_version"]
+    source = record["source"]
+    if not source.startswith("mlflow-artifacts:/"):
+        raise UserInputError(f"{uri}: its source {source} was not registered by triton-builder")
+    root = Path(cache or Path(tempfile.gettempdir()) / "triton-builder-registry") / f"{name}-v{record['version']}"
+    shutil.rmtree(root, ignore_errors=True)
+    target = root / "model_repository" / name
+    prefix = source[len("mlflow-artifacts:/"):].lstrip("/")
+    _download(rest, prefix, prefix, target)
+    if not (target / "config.pbtxt").is_file():
+        raise UserInputError(f"{uri}: no config.pbtxt among its artifacts: not a triton-builder registration")
+    return target
+
+
+def _download(rest: _Rest, prefix: str, path: str, target: Path) -> None:
+    listing = rest.call("GET", "api/2.0/mlflow-artifacts/artifacts", query={"path": path})
+    for entry in listing.get("files", []):
+        child = f"{path}/{entry['path'].rsplit('/', 1)[-1]}"
+        local = target / child[len(prefix):].lstrip("/")
+        if ".." in Path(local).relative_to(target).parts:
+            raise ServerError(f"refusing artifact path {child}: it leaves the download folder")
+        if entry.get("is_dir"):
+            _download(rest, prefix, child, target)
+        else:
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_bytes(rest.call("GET", f"api/2.0/mlflow-artifacts/artifacts/{urllib.parse.quote(child)}",
+                                        raw=True))
