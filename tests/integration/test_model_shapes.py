@@ -106,3 +106,12 @@ def test_drift_profile_covers_scalar_inputs_and_outputs(shapes_served):
     _, repo = shapes_served
     profile = json.loads((repo / "argmax" / "1" / "drift_profile.json").read_text())
     assert {"input:temperature", "output:label"} <= set(profile["features"]), sorted(profile["features"])
+
+
+def test_load_test_sends_scalar_inputs_in_the_wire_shape(shapes_served, tmp_path):
+    from builder.tuning.loadtest import run_loadtest
+    server, repo = shapes_served
+    result = run_loadtest("mixed", server.http_url, protocol="http", users=2, run_time_s=3, out_dir=tmp_path,
+                          repository=repo, timeout_s=120)
+    assert result["requests"] > 0 and result["failures"] == 0, result
+    assert str(result["payload"]).endswith("reference.npz")
