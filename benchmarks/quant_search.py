@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     from builder.measure import cpu_cores
     from builder.pipeline import build
-    from builder.quant_search import Candidate, Row, Result, format_table, summary
+    from builder.quant_search import Candidate, Row, summary
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--example", default="digits")
@@ -70,7 +70,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {v.name}: verified={v.verified} rel L2 {rel} top-1 drop {(v.accuracy or {}).get('drop')} "
                   f"best {bench.get('best_throughput', 0):.0f} inf/s, p50 b1 "
                   f"{(bench.get('latency_ms_b1') or {}).get('p50')} ms; {v.selection_reason}")
-        del Result, format_table
         return 0
 
 

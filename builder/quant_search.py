@@ -38,8 +38,8 @@ class Candidate:
     weight_type: str = "S8"  # S8 | U8
     reduce_range: bool = False  # 7-bit weights: no u8 x s8 saturation without VNNI
     per_channel: bool = True
-    quant_format: str = "QDQ"  # QDQ | QOperator
-    calibration: str = "minmax"  # minmax | entropy | percentile
+    quant_format: str = "QDQ"  # QDQ | QOperator | dynamic (quantize_dynamic: activations at run time)
+    calibration: str = "minmax"  # minmax | entropy | percentile | none (dynamic)
     samples: int | None = None  # calibration samples (None: the spec's quantization.calibration_samples)
     op_types: tuple[str, ...] | None = None  # None: every op type onnxruntime quantises
     exclude: tuple[str, ...] = ()  # nodes kept in FP32
@@ -49,8 +49,9 @@ class Candidate:
         return f"{self.activation_type}{self.weight_type}"
 
     def label(self) -> str:
-        parts = [self.quant_format, self.types, "per-channel" if self.per_channel else "per-tensor",
-                 self.calibration]
+        parts = [self.quant_format, self.types, "per-channel" if self.per_channel else "per-tensor"]
+        if self.quant_format != "dynamic":
+            parts.append(self.calibration)
         if self.reduce_range:
             parts.append("reduce_range")
         if self.samples:
@@ -63,7 +64,7 @@ class Candidate:
 
     def changes(self, reference: "Candidate | None" = None) -> str:
         """What differs from ``reference`` (the default recipe), in words."""
-        ref = reference or Candidate()
+        ref = reference or (DYNAMIC if self.quant_format == "dynamic" else Candidate())
         out = []
         if self.types != ref.types:
             out.append(f"types {ref.types} -> {self.types}")
@@ -85,6 +86,9 @@ class Candidate:
 
 
 DEFAULT = Candidate()
+# onnxruntime's dynamic INT8 (the onnx_int8_dynamic default): u8 activations at run time, s8 weights
+DYNAMIC = Candidate(activation_type="U8", weight_type="S8", per_channel=False, quant_format="dynamic",
+                    calibration="none", op_types=("MatMul", "Gemm"))
 
 
 def default_candidates(calibration_samples: int = 128) -> list[Candidate]:
@@ -105,6 +109,14 @@ def default_candidates(calibration_samples: int = 128) -> list[Candidate]:
         replace(DEFAULT, op_types=("Conv",)),
         replace(DEFAULT, op_types=("MatMul", "Gemm")),
     ]
+
+
+def dynamic_candidates() -> list[Candidate]:
+    """Dynamic INT8 where it applies (MatMul/Gemm weights): the default, reduce_range, u8 weights,
+    per-channel weights. (Op types stay MatMul+Gemm together: onnxruntime rewrites a Gemm as MatMul +
+    Add before quantising it, so "only Gemm" would quantise nothing.)"""
+    return [DYNAMIC, replace(DYNAMIC, reduce_range=True), replace(DYNAMIC, weight_type="U8"),
+            replace(DYNAMIC, per_channel=True)]
 
 
 @dataclass
@@ -170,7 +182,7 @@ def closest(rows: Sequence[Row]) -> Candidate:
     """The evaluated candidate with the smallest error (the starting point of the fallback)."""
     scored = [r for r in rows if r.result is not None and r.result.error is not None]
     if not scored:
-        return DEFAULT
+        return rows[0].candidate if rows else DEFAULT
     return min(scored, key=lambda r: r.result.error).candidate
 
 

@@ -173,7 +173,21 @@ def _recipe_text(cand) -> str:
 
 def _quantized_ops(model) -> int:
     return sum(1 for n in model.graph.node
-               if n.op_type == "QuantizeLinear" or n.op_type.startswith("QLinear") or n.op_type.endswith("Integer"))
+               if n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear") or n.op_type.startswith(("QLinear",
+                                                                                                   "DynamicQuantize"))
+               or n.op_type.endswith("Integer"))
+
+
+def _quantize_dynamic(prepared: Path, target: Path, cand, large: bool, only: list[str] | None = None) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantize_dynamic(str(prepared), str(target), op_types_to_quantize=list(cand.op_types),
+                         per_channel=cand.per_channel, reduce_range=cand.reduce_range,
+                         weight_type=QuantType.QInt8 if cand.weight_type == "S8" else QuantType.QUInt8,
+                         nodes_to_exclude=list(cand.exclude), nodes_to_quantize=only or [],
+                         use_external_data_format=large)
 
 
 def _move_model(source: Path, target: Path) -> None:
@@ -216,7 +230,7 @@ SEARCH_MEASURE_SECONDS = 0.6  # per candidate, FP32 and INT8 in turn (builder.me
 SENSITIVE_OPS = ("Conv", "MatMul", "Gemm", "ConvTranspose")
 
 
-def _search(ctx: BuildContext, base: Variant, prepared: Path, quantize, first, out_dir: Path):
+def _search(ctx: BuildContext, base: Variant, prepared: Path, quantize, first, out_dir: Path, candidates=None):
     """Run builder.quant_search with the real evaluate; the chosen recipe's model is left in
     out_dir/candidate.onnx. Returns (rows, chosen candidate)."""
     q = ctx.spec.quantization
@@ -232,7 +246,8 @@ def _search(ctx: BuildContext, base: Variant, prepared: Path, quantize, first, o
             return quant_search.Result(False, failures=["no node was quantised (no op of these types)"])
         return _evaluate_model(ctx, open_runner("onnx", trial, *names), fp32)
 
-    candidates = [first] + [c for c in quant_search.default_candidates(q.calibration_samples) if c != first]
+    candidates = [first] + [c for c in (candidates or quant_search.default_candidates(q.calibration_samples))
+                            if c != first]
     good = lambda row: row.verdict == quant_search.PASS and (row.result.speedup or 1.0) >= 1.0  # noqa: E731
     stop = (lambda rows: len(rows) == 1 and good(rows[0])) if q.search == "auto" else None
     ctx.progress(f"  quantisation search ({q.search}, budget {q.search_seconds:g} s) ...")
@@ -353,8 +368,6 @@ def _preprocess(source: Path, target: Path, passes: list[str], notes: list[str])
 @register_variant("onnx_int8_dynamic", format="onnx", precision="int8", stage=STAGE, base="onnx",
                   description="ONNX dynamic INT8 (MatMul/Gemm weights QInt8, activations quantized at run time)")
 def make_int8_dynamic(ctx: BuildContext) -> str:
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
     base = _onnx_base(ctx)
     model = onnx_tools.clean_value_info(onnx_tools.load(base.path))
     targets = sorted(onnx_tools.op_types(model) & set(DYNAMIC_OPS))
@@ -368,16 +381,29 @@ def make_int8_dynamic(ctx: BuildContext) -> str:
     passes, notes = [], []
     prepared = _preprocess(source, out_dir / "preprocessed.onnx", passes, notes)
     final = out_dir / "model.onnx"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        quantize_dynamic(str(prepared), str(final), op_types_to_quantize=list(DYNAMIC_OPS),
-                         weight_type=QuantType.QInt8, use_external_data_format=large)
-    _remove(source, out_dir / "preprocessed.onnx")
-    passes.append(f"quantize_dynamic(op_types {', '.join(DYNAMIC_OPS)}, weights QInt8)")
+    first = quant_search.DYNAMIC
+    quantize = lambda cand, target, only=None: _quantize_dynamic(prepared, target, cand, large, only)  # noqa: E731
+    rows: list[quant_search.Row] = []
+    if ctx.spec.quantization.search == "off" or ctx.reference is None:
+        chosen = first
+        quantize(first, final)
+    else:
+        rows, chosen = _search(ctx, base, prepared, quantize, first, out_dir, quant_search.dynamic_candidates())
+        _move_model(out_dir / "candidate.onnx", final)
+    _remove(source, out_dir / "preprocessed.onnx", out_dir / "candidate.onnx")
+    passes.append(f"quantize_dynamic(op_types {', '.join(chosen.op_types)}, weights "
+                  f"{'QInt8' if chosen.weight_type == 'S8' else 'QUInt8'}"
+                  + (", per_channel=True" if chosen.per_channel else "")
+                  + (", reduce_range=True" if chosen.reduce_range else "")
+                  + (f", FP32 nodes {', '.join(chosen.exclude)}" if chosen.exclude else "") + ")")
     variant = Variant("onnx_int8_dynamic", "onnx", "int8", final, exporter=f"{base.exporter}+int8", opset=base.opset,
                       passes=passes,
                       notes=[f"quantized ops: {', '.join(targets)}; everything else (Conv included) stays FP32",
                              *notes])
+    if rows:
+        variant.notes += [quant_search.summary(rows), "quantisation search (this host):\n"
+                          + quant_search.format_table(rows)]
+        variant.search = [r.to_dict() for r in rows]
     ctx.add_variant(variant)
     return f"quantized {', '.join(targets)}"
 

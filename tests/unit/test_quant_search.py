@@ -6,7 +6,7 @@ import math
 from dataclasses import replace
 
 from builder.quant_search import (DEFAULT, NOT_NEEDED, OVER_BUDGET, PASS, Candidate, Result, best, closest,
-                                  finalists, rerank, settle,
+                                  DYNAMIC, dynamic_candidates, finalists, rerank, settle,
                                   default_candidates, fallback, format_table, rank_nodes, search, summary)
 
 
@@ -205,3 +205,11 @@ def test_settle_rounds_until_every_finalist_met_the_others():
     assert calls[1] == [cands[2], cands[0], cands[1]]  # the stale 4.7 leads now: all three meet, fastest first
     assert best(rows).candidate == cands[1]  # 4.0 within 10 % of 4.3, smaller error
     assert settle(rows, remeasure) == 0  # settled
+
+
+def test_dynamic_candidates_where_dynamic_applies():
+    cands = dynamic_candidates()
+    assert cands[0] == DYNAMIC and cands[0].changes() == "default recipe"
+    assert cands[0].label() == "dynamic, U8S8, per-tensor, ops MatMul+Gemm"  # no calibration: run-time scales
+    assert [c.changes() for c in cands[1:]] == ["reduce_range False -> True", "types U8S8 -> U8U8",
+                                                "per-channel weights"]

@@ -133,3 +133,27 @@ def test_search_spec_keys_are_validated(digits_copy):
     q = load_spec(spec).quantization
     assert (q.search, q.search_seconds) == ("on", 30.5)
     assert load_spec(edit_spec(digits_copy, quantization=None)).quantization.search == "auto"
+
+
+def test_dynamic_int8_runs_its_own_search_where_it_applies(digits_copy, tmp_path, quiet, monkeypatch):
+    # injected: the default dynamic recipe fails, reduce_range passes (a verdict, not this host's figures)
+    last = {}
+    real = quantize._quantize_dynamic
+
+    def quantize_dynamic(prepared, target, cand, large, only=None):
+        last["cand"] = cand
+        return real(prepared, target, cand, large, only)
+
+    def evaluate(ctx, run, fp32):
+        ok = last["cand"].reduce_range
+        return quant_search.Result(ok, 0.02 if ok else 0.2, failures=[] if ok else ["logits: rel L2 0.2 > 0.1"])
+
+    monkeypatch.setattr(quantize, "_quantize_dynamic", quantize_dynamic)
+    monkeypatch.setattr(quantize, "_evaluate_model", evaluate)
+    result = build(digits_copy / "spec.yaml", tmp_path / "repo", variants=["onnx", "onnx_int8_dynamic"],
+                   benchmark_seconds=0, progress=quiet)
+    dynamic = result.context.variant("onnx_int8_dynamic")
+    assert [r["candidate"] for r in dynamic.search] == [c.label() for c in quant_search.dynamic_candidates()]
+    assert dynamic.search[0]["verdict"] == "FAIL: logits: rel L2 0.2 > 0.1"
+    assert dynamic.passes[-1] == "quantize_dynamic(op_types MatMul, Gemm, weights QInt8, reduce_range=True)"
+    assert dynamic.verified is True
