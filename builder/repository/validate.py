@@ -107,7 +107,9 @@ def validate_model(model_path: str | Path, version: int | None = None, *, gpu: s
         report.versions.append(_check_version(folder / str(number), number, gpu, tensorrt_version))
         if triton_release:  # can that Triton release's runtimes load and reproduce it (runtime_gate.py)
             gate_version(report.versions[-1], folder / str(number), triton_release, progress)
-    if versions and (folder / str(versions[-1]) / "metadata.yaml").is_file():
+    signed_ok = not any(line.startswith(f"version {versions[-1]}: ") for line in signature_failures) if versions \
+        else True  # a version whose signature failed is not read further (its metadata.yaml may be anything)
+    if versions and signed_ok and (folder / str(versions[-1]) / "metadata.yaml").is_file():
         meta = read_metadata(folder / str(versions[-1]) / "metadata.yaml")
         report.host_warnings = host_warnings(meta, folder.name, current_host)
     if versions and not report.versions[-1].failures and not report.versions[-1].skipped:
