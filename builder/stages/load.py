@@ -48,7 +48,7 @@ def run(ctx: BuildContext) -> StageResult:
     if spec.data.calibration:
         _read_npz(spec.data.calibration, "data.calibration", ctx)
 
-    probed = _probe_id_ranges(runner, ctx) if validation is None else {}
+    probed = _probe_id_ranges(runner, ctx)  # generated inputs are used with data too (trace example, dynamic sizes)
     example = trace_example(spec)
     outputs = _call_checked(runner, example, ctx)
     if len(outputs) != len(spec.outputs):
@@ -183,14 +183,17 @@ def _probe_id_ranges(runner, ctx: BuildContext) -> dict[str, list[int]]:
     record it on the spec (so every later stage and the metadata use it) and say which was used."""
     ids = [t for t in ctx.spec.inputs if t.value_range is None and t.dtype not in ("bool",)
            and np.issubdtype(np.dtype(t.dtype), np.integer)]
-    if not ids or _accepts(runner, ctx):
+    if not ids:
+        return {}
+    problem = _rejection(runner, ctx)
+    if problem is None:
         return {}
     high = 100
     while high > 1:
         high //= 2
         for tensor in ids:
             tensor.value_range = (0, high)
-        if _accepts(runner, ctx):
+        if _rejection(runner, ctx) is None:
             names = ", ".join(t.name for t in ids)
             ctx.progress(f"  inputs {names}: no value_range and no data; the model rejects ids in [0, 100), "
                          f"accepts [0, {high}): generated inputs use that (set inputs[].value_range to choose)")
@@ -200,11 +203,13 @@ def _probe_id_ranges(runner, ctx: BuildContext) -> dict[str, list[int]]:
     names = ", ".join(t.name for t in ids)
     raise UserInputError(
         f"{_origin(ctx)}: field 'inputs': the model rejected every generated value of the integer input(s) {names} "
-        f"(ids in [0, 100), then [0, 50) ... down to [0, 1)); give inputs[].value_range with the ids the model "
-        "accepts (e.g. [0, vocabulary size)), or real inputs in data.validation")
+        f"(ids in [0, 100), then [0, 50) ... down to [0, 1)): {problem}. Give inputs[].value_range with the ids "
+        "the model accepts (e.g. [0, vocabulary size)), or real inputs in data.validation; if the ids are not the "
+        "problem, fix inputs[].shape / dtype (per-sample shape, no batch dimension)")
 
 
-def _accepts(runner, ctx: BuildContext) -> bool:
+def _rejection(runner, ctx: BuildContext) -> str | None:
+    """None when the model runs on several generated batches, else its error (one line)."""
     from builder.tensors import random_tensor
     rng = np.random.default_rng(7)
     batch = min(4, ctx.spec.max_batch_size) if ctx.spec.batching else None
@@ -213,9 +218,9 @@ def _accepts(runner, ctx: BuildContext) -> bool:
     try:
         for _ in range(3):
             runner({t.name: random_tensor(t, batch, dyn, rng) for t in ctx.spec.inputs})
-    except Exception:  # noqa: BLE001 - any rejection: try a smaller range
-        return False
-    return True
+    except Exception as exc:  # noqa: BLE001 - any rejection: try a smaller range
+        return " ".join(str(exc).split())[:300] or type(exc).__name__
+    return None
 
 
 def _call_checked(runner, inputs: dict[str, np.ndarray], ctx: BuildContext) -> dict[str, np.ndarray]:
