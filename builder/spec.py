@@ -131,9 +131,9 @@ class VerifySpec:
 class DeploySpec:
     target: str = "embedded"
     instances: int = 1
+    instances_auto: bool = True  # instances not set in the spec: the build sizes serving to the host
     dynamic_batching: bool = True
     max_queue_delay_microseconds: int = 0
-    instances_auto: bool = True  # instances not set in the spec: the build sizes serving to the host
     preferred_batch_sizes: list[int] = field(default_factory=list)
     warmup: bool = True
     publish_variants: bool = False
@@ -397,6 +397,7 @@ def _parse_deploy(raw: Any, origin: str, max_batch_size: int) -> DeploySpec:
     return DeploySpec(
         target=f.choice("target", "embedded", TARGETS),
         instances=f.integer("instances", 1, minimum=1),
+        instances_auto=f.get("instances") is None,
         dynamic_batching=dynamic_batching,
         max_queue_delay_microseconds=f.integer("max_queue_delay_microseconds", 0, minimum=0),
         preferred_batch_sizes=preferred,
@@ -404,7 +405,6 @@ def _parse_deploy(raw: Any, origin: str, max_batch_size: int) -> DeploySpec:
         publish_variants=f.boolean("publish_variants", False),
         version_policy=f.choice("version_policy", "latest", ("latest", "all")),
         non_finite_inputs=f.choice("non_finite_inputs", "count", NON_FINITE_POLICIES),
-        instances_auto=f.get("instances") is None,
         onnx_tensorrt=_parse_onnx_tensorrt(f.get("onnx_tensorrt"), origin),
     )
 
