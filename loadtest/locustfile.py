@@ -283,51 +283,85 @@ BACKOFF_MIN_S, BACKOFF_MAX_S = 0.05, 0.5
 
 
 class Reachability:
-    """When requests last reached the server, and since when none has (None: reachable)."""
+    """When a request last reached the server, and what the last failure without an answer said."""
 
     def __init__(self):
-        self.unreachable_since = None  # wall-clock time of the first connection error in a row
+        self.last_success = time.time()  # the server answered the pre-run checks just now
+        self.connection_errors = 0  # failures without an answer since the last success
         self.reason = ""
         self.given_up = ""  # the message once the run was stopped for it
 
     def failed(self, exc):
-        if self.unreachable_since is None:
-            self.unreachable_since, self.reason = time.time(), " ".join(str(exc).split())[:200]
+        self.connection_errors += 1
+        self.reason = " ".join(f"{type(exc).__name__}: {_describe(exc)}".split())[:200]
 
     def reached(self):
-        self.unreachable_since = None
+        self.last_success, self.connection_errors = time.time(), 0
 
-    def down_for(self):
-        return 0.0 if self.unreachable_since is None else time.time() - self.unreachable_since
+    def silent_for(self):
+        return time.time() - self.last_success
 
 
 _reachability = Reachability()
 
 
+class RequestFailed(Exception):
+    """What Locust's error report shows for a failed request: the client's exception type, status and
+    message (tritonclient's exceptions print as an empty repr)."""
+
+
+def _describe(exc):
+    status = exc.status() if callable(getattr(exc, "status", None)) else None
+    text = str(exc) or (exc.message() if callable(getattr(exc, "message", None)) else "") or ""
+    return f"[{status}] {text}" if status else text
+
+
 def is_connection_error(exc):
-    """Refused/reset connections (HTTP) and UNAVAILABLE (gRPC): the server is not there, as opposed
-    to a request it answered with an error."""
-    if isinstance(exc, (ConnectionError, OSError)) and not isinstance(exc, TimeoutError):
+    """A failure without an answer from the server: refused/reset/closed connections and timeouts
+    (HTTP), UNAVAILABLE / DEADLINE_EXCEEDED or no status at all (gRPC) - as opposed to a request the
+    server answered with an error."""
+    if isinstance(exc, (ConnectionError, OSError)):
         return True
-    status = exc.status() if callable(getattr(exc, "status", None)) else ""
+    status = exc.status() if callable(getattr(exc, "status", None)) else None
+    if status is None or str(status).strip() in ("", "None"):
+        return True
     text = f"{status} {exc}".lower()
-    return "unavailable" in text or "connection refused" in text or "failed to connect" in text
+    return any(mark in text for mark in ("unavailable", "deadline", "connection", "failed to connect", "timed out"))
+
+
+def _port_refuses(host):
+    """True when nothing listens at host:port any more (a dead server), False when it accepts or is slow."""
+    import socket
+
+    address, _, port = host.rpartition(":")
+    try:
+        with socket.create_connection((address.strip("[]") or "127.0.0.1", int(port)), timeout=1.0):
+            return False
+    except (ConnectionRefusedError, ConnectionResetError):
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def unreachable_message(host, reachability):
-    since = time.strftime("%H:%M:%S", time.localtime(reachability.unreachable_since))
-    return (f"server at {host} unreachable since {since} ({reachability.down_for():.1f} s; "
-            f"last error: {reachability.reason})")
+    since = time.strftime("%H:%M:%S", time.localtime(reachability.last_success))
+    return (f"server at {host} unreachable since {since} ({reachability.silent_for():.1f} s without an answer; "
+            f"last error: {reachability.reason or 'connection refused'})")
 
 
 def _watch_reachability(environment):
-    """Local or worker process: stop the run (worker: tell the master) once the server stayed down."""
+    """Local or worker process: once no request has reached the server for --triton-unreachable-s
+    seconds and either requests failed without an answer or its port refuses connections (a hung
+    transport fails only at the request timeout), stop the run (a worker tells the master)."""
     limit = float(environment.parsed_options.triton_unreachable_s)
+    host = _address(environment.host)
     while True:
         gevent.sleep(0.25)
-        if _reachability.given_up or _reachability.down_for() < limit:
+        if _reachability.given_up or _reachability.silent_for() < limit:
             continue
-        _reachability.given_up = unreachable_message(_address(environment.host), _reachability)
+        if not (_reachability.connection_errors or _port_refuses(host)):
+            continue  # alive, just slow
+        _reachability.given_up = unreachable_message(host, _reachability)
         if isinstance(environment.runner, WorkerRunner):
             environment.runner.send_message("triton_unreachable", _reachability.given_up)
         else:
@@ -339,6 +373,7 @@ def _watch_reachability(environment):
 @events.test_start.add_listener
 def _on_test_start(environment, **_kwargs):
     if not isinstance(environment.runner, MasterRunner):
+        _reachability.reached()  # the clock starts with the load
         gevent.spawn(_watch_reachability, environment)
 
 
@@ -375,9 +410,10 @@ class TritonUser(User):
             self.backoff = 0.0
         except Exception as exc:  # noqa: BLE001 - every error is a failed request in the report
             exception = exc
+        reported = RequestFailed(f"{type(exception).__name__}: {_describe(exception)}") if exception else None
         self.environment.events.request.fire(
             request_type=self.kind, name=self.name, response_time=(time.perf_counter() - start) * 1000.0,
-            response_length=size, exception=exception, context={})
+            response_length=size, exception=reported, context={})
         if exception is not None and is_connection_error(exception):
             # no retry storm against a dead server: wait, doubling up to BACKOFF_MAX_S
             _reachability.failed(exception)
