@@ -3,7 +3,6 @@ the default policy (count), refused with a 400 naming the input with policy reje
 
 from __future__ import annotations
 
-import json
 import re
 import urllib.request
 
@@ -11,6 +10,8 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
+
+from tests.integration.conftest import reloaded
 
 pytestmark = pytest.mark.integration
 
@@ -51,20 +52,12 @@ def test_non_finite_inputs_are_counted_and_served_by_default(served):
 
 @pytest.fixture
 def digits_rejecting(served):
-    """digits_cnn reloaded with non_finite_inputs: reject (unload + load; restored after)."""
-    client = httpclient.InferenceServerClient(served.http_url)
-    config = client.get_model_config("digits_cnn")
-    client.close()
-    config["parameters"]["non_finite_inputs"] = {"string_value": "reject"}
-    served.unload_model("digits_cnn")
-    try:
-        served.load_model("digits_cnn", config_json=json.dumps(config))
-        served.wait_for_model("digits_cnn")
-        yield served
-    finally:
-        served.unload_model("digits_cnn")
-        served.load_model("digits_cnn")
-        served.wait_for_model("digits_cnn")
+    """digits_cnn reloaded with non_finite_inputs: reject (restored after)."""
+    def reject(config):
+        config["parameters"]["non_finite_inputs"] = {"string_value": "reject"}
+
+    with reloaded(served, "digits_cnn", reject) as server:
+        yield server
 
 
 def test_reject_policy_refuses_with_an_error_naming_the_input(digits_rejecting):

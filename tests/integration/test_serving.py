@@ -24,6 +24,7 @@ from builder.errors import ServerError
 from builder.pipeline import build
 from builder.serving.check import check_served
 from builder.serving.embedded import EmbeddedServer
+from tests.integration.conftest import reloaded
 from tests.conftest import EXAMPLES, ROOT, run_cli
 
 pytestmark = pytest.mark.integration
@@ -67,22 +68,13 @@ def test_check_cli_exit_codes(served, built_repository):
 
 @pytest.fixture
 def digits_with_queue_delay(served):
-    """digits_cnn reloaded with a 200 ms queue delay, so 16 concurrent requests meet in the queue on
-    any host however fast it executes (delay 0, the default, batches only what piles up by chance).
-    Unload + load, never an in-place reload (segfaults Triton 2.51's python backend); restored after."""
-    client = httpclient.InferenceServerClient(served.http_url)
-    config = client.get_model_config("digits_cnn")
-    client.close()
-    config["dynamic_batching"] = dict(config.get("dynamic_batching") or {}, max_queue_delay_microseconds=200_000)
-    served.unload_model("digits_cnn")
-    try:
-        served.load_model("digits_cnn", config_json=json.dumps(config))
-        served.wait_for_model("digits_cnn")
-        yield served
-    finally:
-        served.unload_model("digits_cnn")
-        served.load_model("digits_cnn")
-        served.wait_for_model("digits_cnn")
+    """digits_cnn with a 200 ms queue delay, so 16 concurrent requests meet in the queue on any host
+    however fast it executes (delay 0, the default, batches only what piles up by chance)."""
+    def delay(config):
+        config["dynamic_batching"] = dict(config.get("dynamic_batching") or {}, max_queue_delay_microseconds=200_000)
+
+    with reloaded(served, "digits_cnn", delay) as server:
+        yield server
 
 
 def test_dynamic_batching_forms_batches_larger_than_one(digits_with_queue_delay):
