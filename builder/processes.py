@@ -89,14 +89,22 @@ def killpg(pgid: int, sig: int) -> None:
         pass
 
 
-def group_alive(pgid: int) -> bool:
+def _signal_reaches(send, target: int) -> bool:
     try:
-        os.killpg(pgid, 0)
+        send(target, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except PermissionError:  # someone else's: alive all the same
         return True
     return True
+
+
+def group_alive(pgid: int) -> bool:
+    return _signal_reaches(os.killpg, pgid)
+
+
+def pid_alive(pid: int) -> bool:
+    return _signal_reaches(os.kill, pid)
 
 
 def die_with_parent():

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from builder.processes import pid_alive
+
 WORK_PREFIX = "triton-builder-work-"  # a build's work folder, in the temp dir
 LOCK_NAME = ".owner.lock"
 
@@ -66,16 +68,6 @@ class OwnedFolder:
             self._lock = None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _owner_pid(name: str, prefix: str) -> int | None:
     head = name[len(prefix):].split("-", 1)[0]
     return int(head) if head.isdigit() else None
@@ -95,7 +87,7 @@ def sweep(parent: Path, prefix: str) -> list[Path]:
         except FileNotFoundError:
             # killed between creating the folder and its lock: the pid in the name decides
             pid = _owner_pid(folder.name, prefix)
-            if pid is None or not _pid_alive(pid):
+            if pid is None or not pid_alive(pid):
                 shutil.rmtree(folder, ignore_errors=True)
                 removed.append(folder)
             continue
