@@ -38,7 +38,7 @@ import yaml
 
 from builder import assets
 from builder.errors import ServerError, UserInputError
-from builder.monitoring.configured_service import ConfiguredService
+from builder.monitoring.configured_service import ConfiguredService, find_binary
 from builder.processes import http_get as _http
 from builder.processes import run_command
 
@@ -54,18 +54,7 @@ _BINARIES = ("prometheus-alertmanager", "alertmanager")  # Debian's name, upstre
 
 def find_alertmanager(binary: str | os.PathLike | None = None) -> str:
     """Path of the Alertmanager binary (``binary``, else ``$ALERTMANAGER_BINARY``, else PATH)."""
-    wanted = binary or os.environ.get("ALERTMANAGER_BINARY")
-    if wanted:
-        path = shutil.which(str(wanted))
-        if path is None:
-            raise ServerError(f"alertmanager binary {wanted} not found or not executable; {INSTALL_HINT}")
-        return path
-    for name in _BINARIES:
-        path = shutil.which(name)
-        if path:
-            return path
-    raise ServerError(f"alertmanager is not installed (no `prometheus-alertmanager` or `alertmanager` on PATH); "
-                      f"{INSTALL_HINT}")
+    return find_binary("alertmanager", "ALERTMANAGER_BINARY", _BINARIES, binary, INSTALL_HINT)
 
 
 def _webhook_configs(config: dict) -> list[dict]:

@@ -19,12 +19,31 @@ Usage::
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from builder.errors import ServerError
 from builder.processes import LocalService, free_port, http_get
+
+def find_binary(label: str, env_var: str, names: tuple[str, ...], binary: str | os.PathLike | None,
+                install_hint: str) -> str:
+    """Path of a service binary: ``binary``, else ``$env_var``, else the first of ``names`` on PATH;
+    ``ServerError`` naming what was looked for and how to install it."""
+    wanted = binary or os.environ.get(env_var)
+    if wanted:
+        path = shutil.which(str(wanted))
+        if path is None:
+            raise ServerError(f"{label} binary {wanted} not found or not executable; {install_hint}")
+        return path
+    for name in names:
+        path = shutil.which(name)
+        if path:
+            return path
+    on_path = " or ".join(f"`{name}`" for name in names)
+    raise ServerError(f"{label} is not installed (no {on_path} on PATH); {install_hint}")
+
 
 class ConfiguredService(LocalService):
     """A LocalService with one HTTP port, a temp work folder (config, data, log) and ``/-/ready``."""

@@ -66,7 +66,7 @@ import yaml
 from builder import assets
 from builder.errors import ServerError, UserInputError
 from builder.monitoring.local_exporter import LocalExporter
-from builder.monitoring.configured_service import ConfiguredService
+from builder.monitoring.configured_service import ConfiguredService, find_binary
 from builder.processes import http_get as _http
 from builder.processes import stop_signals
 
@@ -96,16 +96,7 @@ _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y"
 
 def find_prometheus(binary: str | os.PathLike | None = None) -> str:
     """Path of the ``prometheus`` binary (``binary``, else ``$PROMETHEUS_BINARY``, else PATH)."""
-    wanted = binary or os.environ.get("PROMETHEUS_BINARY")
-    if wanted:
-        path = shutil.which(str(wanted))
-        if path is None:
-            raise ServerError(f"prometheus binary {wanted} not found or not executable; {INSTALL_HINT}")
-        return path
-    path = shutil.which("prometheus")
-    if path is None:
-        raise ServerError(f"prometheus is not installed (no `prometheus` on PATH); {INSTALL_HINT}")
-    return path
+    return find_binary("prometheus", "PROMETHEUS_BINARY", ("prometheus",), binary, INSTALL_HINT)
 
 
 def _seconds(duration: str) -> float:

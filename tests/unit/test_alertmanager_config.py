@@ -95,3 +95,22 @@ def test_prometheus_alerting_block():
                               alertmanager_url="http://127.0.0.1:9999")
     assert local["alerting"] == {"alertmanagers": [
         {"static_configs": [{"targets": ["127.0.0.1:9999"]}], "scheme": "http", "api_version": "v2"}]}
+
+
+def test_missing_binaries_say_what_was_looked_for_and_how_to_install(monkeypatch, tmp_path):
+    from builder.errors import ServerError
+    from builder.monitoring.alertmanager import find_alertmanager
+    from builder.monitoring.prometheus import find_prometheus
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("PROMETHEUS_BINARY", raising=False)
+    monkeypatch.delenv("ALERTMANAGER_BINARY", raising=False)
+    with pytest.raises(ServerError, match=r"^prometheus is not installed \(no `prometheus` on PATH\); run "
+                                          r"scripts/install-system-deps.sh"):
+        find_prometheus()
+    with pytest.raises(ServerError, match=r"^alertmanager is not installed \(no `prometheus-alertmanager` or "
+                                          r"`alertmanager` on PATH\); run scripts/install-system-deps.sh"):
+        find_alertmanager()
+    monkeypatch.setenv("PROMETHEUS_BINARY", "nope")
+    with pytest.raises(ServerError, match=r"^prometheus binary nope not found or not executable; run "):
+        find_prometheus()
