@@ -4,7 +4,7 @@ the plan path; the builder's half is builder/tensorrt/plan_recipe.py).
 Run by ``scripts/build-plans.sh`` (compose service ``build-plans``, in the pinned NGC Triton image,
 so the plan is made by the same TensorRT as the server that loads it). That image has bash, python3,
 trtexec and nvidia-smi, not the builder's packages: this module uses the standard library only
-(and builder.errors / builder.tensorrt.compatibility, which do too).
+(and builder.errors, builder.files, builder.processes and builder.tensorrt.compatibility, which do too).
 
 For each recipe (``<repo>/<model>/<version>/plan_recipe.json``; per model, the latest version that
 has one):
@@ -40,7 +40,6 @@ import argparse
 import contextlib
 import datetime as dt
 import fcntl
-import hashlib
 import json
 import os
 import platform
@@ -52,6 +51,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from builder.errors import BuilderError, UserInputError
+from builder.files import sha256_file
 from builder.processes import TimeoutExpired, run_command
 from builder.tensorrt.compatibility import (find_trtexec, probe_trtexec_version, query_gpus,
                                               tensorrt_version_from_log)
@@ -145,14 +145,6 @@ def parse_performance(log: str) -> dict[str, Any] | None:
 
 # --------------------------------------------------------------------------------------------
 # files
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _versions(folder: Path) -> list[int]:
