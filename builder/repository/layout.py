@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -150,23 +149,21 @@ def publish_version(repository: Path, name: str, version: int | None = None,
     staged_model = reservation.staging.path / "model"
     draft = Draft(name=name, folder=staged_model / "version", version=reservation.version)
     draft.folder.mkdir(parents=True)
-    try:
-        yield draft
-        if draft.config_text is None:
-            raise RuntimeError("publish_version: config_text was not set")
-        (staged_model / "config.pbtxt").write_text(draft.config_text)
-        _readable_by_all(staged_model)
-        with _repository_lock(root):
-            if draft.version in existing_versions(target_model):
-                raise UserInputError(f"version {draft.version} of model '{name}' already exists (published while "
-                                     "this build ran?); versions are never overwritten: build again")
-            destination = target_model / str(draft.version)
-            if not target_model.exists():
-                draft.folder.rename(staged_model / str(draft.version))
-                os.rename(staged_model, target_model)  # atomic: model, config and version at once
-            else:
-                os.rename(draft.folder, destination)  # atomic: the version appears complete or not at all
-                os.replace(staged_model / "config.pbtxt", target_model / "config.pbtxt")
-            draft.path = destination
-    finally:
-        shutil.rmtree(staged_model, ignore_errors=True)
+    # a failure leaves the staged folder to the reservation, which removes it on release
+    yield draft
+    if draft.config_text is None:
+        raise RuntimeError("publish_version: config_text was not set")
+    (staged_model / "config.pbtxt").write_text(draft.config_text)
+    _readable_by_all(staged_model)
+    with _repository_lock(root):
+        if draft.version in existing_versions(target_model):
+            raise UserInputError(f"version {draft.version} of model '{name}' already exists (published while "
+                                 "this build ran?); versions are never overwritten: build again")
+        destination = target_model / str(draft.version)
+        if not target_model.exists():
+            draft.folder.rename(staged_model / str(draft.version))
+            os.rename(staged_model, target_model)  # atomic: model, config and version at once
+        else:
+            os.rename(draft.folder, destination)  # atomic: the version appears complete or not at all
+            os.replace(staged_model / "config.pbtxt", target_model / "config.pbtxt")
+        draft.path = destination
