@@ -232,7 +232,10 @@ def test_latency_objective_picks_lowest_p50_and_calibration_choices(digits_copy,
     (digits_copy / "data" / "calib.npz").unlink()
     data = yaml.safe_load((digits_copy / "spec.yaml").read_text())
     data["data"].pop("calibration")
-    data.update(objective="latency", quantization={"calibration_method": "percentile", "calibration_samples": 64})
+    # search off: this test is about the spec's calibration choices reaching the recipe, and the auto
+    # search (run when the default measures slower than FP32 - noise on a busy host) may pick another method
+    data.update(objective="latency", quantization={"calibration_method": "percentile", "calibration_samples": 64,
+                                                   "search": False})
     (digits_copy / "spec.yaml").write_text(yaml.safe_dump(data))
     result = build(digits_copy / "spec.yaml", tmp_path / "repo", variants=["onnx", "onnx_opt", "onnx_int8_static"],
                    benchmark_seconds=CAP, progress=quiet)
