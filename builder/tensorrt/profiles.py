@@ -5,7 +5,8 @@
   ``deploy.preferred_batch_sizes`` (what the dynamic batcher is asked to form), else
   ``max_batch_size // 2`` (at least 1). With ``max_batch_size: 0`` there is no batch dimension.
 - every other dimension: ``TensorSpec.profile_shapes()`` (the spec's min/opt/max_shape, else each
-  -1 dim at 1 / 16 / 64).
+  -1 dim at 1 / 16 / 64). A scalar input (``shape: []``) is ``[batch]`` when the model batches and a
+  0-d tensor ``()`` when it does not; the shape strings leave static inputs (the 0-d one included) out.
 
 Usage::
 
@@ -71,8 +72,14 @@ def is_static(profiles: list[InputProfile]) -> bool:
 
 
 def shape_string(profiles: list[InputProfile], level: str) -> str:
-    """trtexec / onnxruntime form: ``image:32x1x8x8,mask:32x16`` (our tensor names never contain ':' or ',')."""
-    return ",".join(f"{p.name}:{'x'.join(str(d) for d in p.shape(level))}" for p in profiles)
+    """trtexec / onnxruntime form: ``image:32x1x8x8,mask:32x16`` (our tensor names never contain ':' or ',').
+
+    Only the inputs with a dynamic dimension are listed: a static input takes its shape from the ONNX
+    file in both consumers, and an unbatched scalar input (``shape: []``, ``max_batch_size: 0``: a 0-d
+    tensor, always static) cannot be written at all - ``t:`` is an empty shape, which onnxruntime's
+    trt_profile_*_shapes parser rejects as a wrong format and trtexec cannot parse (it spells a 0-d
+    shape ``scalar``)."""
+    return ",".join(f"{p.name}:{'x'.join(str(d) for d in p.shape(level))}" for p in profiles if not p.static)
 
 
 def trtexec_shape_args(profiles: list[InputProfile]) -> list[str]:

@@ -84,6 +84,24 @@ def test_profiles_without_batch_dimension():
     assert profiles_as_dict(dynamic) == {"x": {"min": [1, 4], "opt": [16, 4], "max": [64, 4]}}
 
 
+def test_profiles_unbatched_scalar_input_is_left_out_of_the_shape_strings():
+    """A 0-d input (shape [], max_batch_size 0) used to render as ``t:`` - an empty shape onnxruntime's
+    trt_profile_*_shapes parser rejects and trtexec cannot read. It is static: listed nowhere."""
+    from builder.tensorrt.gpu_config import onnx_tensorrt_parameters
+    scalar = {"name": "t", "dtype": "float32", "shape": []}
+    mixed = make_spec(max_batch_size=0, inputs=[scalar, {"name": "x", "shape": [-1, 4]}])
+    profiles = derive_profiles(mixed)
+    assert profiles_as_dict(profiles)["t"] == {"min": [], "opt": [], "max": []}
+    assert trtexec_shape_args(profiles) == ["--minShapes=x:1x4", "--optShapes=x:16x4", "--maxShapes=x:64x4"]
+    assert onnx_tensorrt_parameters(mixed, {"profiles": True}) == {
+        "trt_profile_min_shapes": "x:1x4", "trt_profile_opt_shapes": "x:16x4", "trt_profile_max_shapes": "x:64x4"}
+    only = derive_profiles(make_spec(max_batch_size=0, inputs=[scalar]))
+    assert is_static(only) and trtexec_shape_args(only) == [] and shape_string(only, "min") == ""
+    assert onnx_tensorrt_parameters(make_spec(max_batch_size=0, inputs=[scalar]), {"profiles": True}) == {}
+    batched = derive_profiles(make_spec(max_batch_size=8, inputs=[scalar]))  # [batch]: dynamic, listed
+    assert trtexec_shape_args(batched) == ["--minShapes=t:1", "--optShapes=t:4", "--maxShapes=t:8"]
+
+
 # --------------------------------------------------------------------------------------------
 # configs
 
