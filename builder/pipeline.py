@@ -35,11 +35,16 @@ class BuildResult:
 def build(spec: str | Path | ModelSpec, repository: str | Path = "model_repository", *,
           variants: list[str] | None = None, target: str | None = None, strict: bool = False,
           publish_variants: bool | None = None, benchmark_seconds: float | None = None,
-          progress: Callable[[str], object] | None = None, signing_key: str | Path | None = None) -> BuildResult:
+          progress: Callable[[str], object] | None = None, signing_key: str | Path | None = None,
+          register: bool = False, registry: str | None = None, alias: str | None = None) -> BuildResult:
     """Build, verify and publish one model spec into the repository. Raises BuilderError subclasses.
 
     ``signing_key``: an elliptic-curve private key (PEM) that signs every published version (else
     $TRITON_BUILDER_SIGNING_KEY; neither: unsigned, said in progress). builder/repository/signing.py.
+
+    ``register``: also register every published version in MLflow's model registry at ``registry`` (else
+    $MLFLOW_TRACKING_URI), checked to answer before anything is built; ``alias`` goes on the main model's
+    version. builder/stages/register.py.
 
     ``progress`` gets one line per stage (None: silent; the CLI passes a builder.progress.Reporter,
     which also draws a bar over the stages on a terminal)."""
@@ -52,6 +57,12 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = "model_reposito
                            benchmark_seconds=benchmark_seconds, publish_variants=publish_variants)
     from builder.repository.signing import KEY_ENV, signing_key as _signing_key
     options.signing_key = _signing_key(signing_key, options.repository)
+    if alias and not register:
+        from builder.errors import UserInputError
+        raise UserInputError(f"--alias {alias}: only with --register (the alias names the registered version)")
+    if register:
+        from builder.storage.mlflow_registry import registry_url
+        options.registry, options.registry_alias = registry_url(registry), alias
     if target is not None:
         from builder.spec import TARGETS
         if target not in TARGETS:

@@ -18,11 +18,16 @@ def cmd_build(args: argparse.Namespace, reporter: Reporter) -> int:
     variants = args.variants.split(",") if args.variants else None
     result = build(args.spec, args.repository, variants=variants, target=args.target, strict=args.strict,
                    publish_variants=args.publish_variants or None, benchmark_seconds=args.benchmark_seconds,
-                   progress=reporter, signing_key=args.signing_key)
+                   progress=reporter, signing_key=args.signing_key, register=args.register, registry=args.registry,
+                   alias=args.alias)
     print()
     print(format_table(result.rows))
     for item in result.published:
         print(f"published {item['name']} version {item['version']} ({item['backend']}) -> {item['path']}")
+    registered = next((r.outputs.get("registered") for r in result.results if r.stage == "register"), None) or []
+    for item in registered:
+        print(f"registered {item['name']} version {item['version']} as {item['uri']}"
+              + (f" (alias {item['alias']})" if item.get("alias") else ""))
     return 0
 
 
@@ -84,6 +89,10 @@ def register(sub, common: argparse.ArgumentParser) -> None:
                    help="measuring time cap per variant (default 2; 0 skips measuring and selects by preference)")
     p.add_argument("--signing-key", help="elliptic-curve private key (PEM) that signs each published version "
                    "(default: $TRITON_BUILDER_SIGNING_KEY; its password only via $TRITON_BUILDER_SIGNING_KEY_PASSWORD)")
+    p.add_argument("--register", action="store_true",
+                   help="also register each published version in MLflow's model registry (artifacts, metrics, tags)")
+    p.add_argument("--registry", help="MLflow server URL for --register (default: $MLFLOW_TRACKING_URI)")
+    p.add_argument("--alias", help="with --register: set this alias (e.g. prod) on the model's registered version")
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("validate", parents=[common], help="re-check hashes and equivalence of a published model")

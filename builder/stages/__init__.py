@@ -6,8 +6,8 @@ the build; an optional one is recorded and the build goes on.
 
 from __future__ import annotations
 
-from builder.stages import (benchmark, export_onnx, export_torchscript, load, optimize, publish, quantize, select,
-                            tensorrt, verify)
+from builder.stages import (benchmark, export_onnx, export_torchscript, load, optimize, publish, quantize, register,
+                            select, tensorrt, verify)
 
 PIPELINE = [
     ("load", load, True),
@@ -20,4 +20,5 @@ PIPELINE = [
     ("benchmark", benchmark, False),
     ("select", select, True),
     ("publish", publish, True),
+    ("register", register, True),
 ]

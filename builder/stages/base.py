@@ -127,6 +127,8 @@ class BuildOptions:
     benchmark_seconds: float | None = None  # cap per variant
     publish_variants: bool | None = None
     signing_key: Any = None  # builder.repository.signing.SigningKey: sign every published version
+    registry: str | None = None  # MLflow server URL: register every published version there
+    registry_alias: str | None = None  # alias set on the main model's registered version
 
 
 @dataclass
@@ -143,6 +145,7 @@ class BuildContext:
     base_only: dict[str, list[str]] = field(default_factory=dict)  # base export -> derived variants it serves
     selected: Variant | None = None
     tensorrt: TensorRTOutput | None = None  # set by stage tensorrt when it built or deferred plans
+    published: list[dict[str, Any]] = field(default_factory=list)  # set by stage publish: name, version, path...
     notes: list[str] = field(default_factory=list)
     source_hashes: dict[str, str] = field(default_factory=dict)
     results: list[StageResult] = field(default_factory=list)

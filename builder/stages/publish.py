@@ -120,5 +120,6 @@ def run(ctx: BuildContext) -> StageResult:
                 name = f"{ctx.spec.name}__{variant.name}"
                 published.append(_publish_one(ctx, variant, name, None))
                 variant.published_as = name
+    ctx.published = published
     main = published[0]
     return StageResult.ok(STAGE, f"{main['name']} version {main['version']} -> {main['path']}", published=published)

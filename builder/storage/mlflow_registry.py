@@ -142,6 +142,21 @@ def _artifact_root(run: dict) -> str:
     return uri[len("mlflow-artifacts:/"):].lstrip("/")
 
 
+def registry_url(registry: str | None, where: str = "--registry") -> str:
+    """The MLflow server to talk to: ``registry``, else $MLFLOW_TRACKING_URI; checked to answer, so a build
+    that registers fails before it writes anything rather than after it published."""
+    url = registry or os.environ.get(REGISTRY_ENV)
+    if not url:
+        raise UserInputError(f"{where}: which MLflow server? pass --registry URL or set ${REGISTRY_ENV}")
+    if not url.startswith(("http://", "https://")):
+        raise UserInputError(f"{where} {url}: give the MLflow server's http(s):// URL (e.g. http://127.0.0.1:5000)")
+    status, _ = http_get(f"{url.rstrip('/')}/health", timeout=5)
+    if status != 200:
+        raise UserInputError(f"{where} {url}: no MLflow server answers there (GET /health -> {status or 'no answer'});"
+                             " start one (mlflow server) or fix the URL")
+    return url.rstrip("/")
+
+
 def register_version(registry: str, model_folder: Path, version: int | None = None, alias: str | None = None,
                      name: str | None = None) -> dict[str, Any]:
     """Register ``version`` (default: the latest) of the model in ``model_folder``; returns

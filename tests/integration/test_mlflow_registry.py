@@ -76,6 +76,43 @@ def test_register_then_validate_and_serve_by_uri(server, built_repository, tmp_p
     assert any("is ready" in line for line in seen), "".join(seen) + out
 
 
+def test_build_registers_what_it_publishes(server, digits_copy, tmp_path):
+    repo = tmp_path / "repo"
+    proc = run_cli("build", str(digits_copy / "spec.yaml"), "--repository", str(repo), "--variants", "onnx,onnx_opt",
+                   "--publish-variants", "--benchmark-seconds", "0", "--register", "--registry", server.url,
+                   "--alias", "staging")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "registered digits_cnn version 1 as models:/digits_cnn/" in proc.stdout
+    assert "(alias staging)" in proc.stdout
+    registered = [line for line in proc.stdout.splitlines() if line.startswith("registered ")]
+    assert len(registered) == 2, proc.stdout  # the main model and its published sibling variant
+    found = _get(f"{server.url}/api/2.0/mlflow/registered-models/alias?name=digits_cnn&alias=staging")
+    run = _get(f"{server.url}/api/2.0/mlflow/runs/get?run_id={found['model_version']['run_id']}")["run"]
+    tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
+    assert tags["triton_builder.model"] == "digits_cnn" and tags["variant"] in ("onnx", "onnx_opt")
+    # the registered artifacts are the published version: validate by URI checks its hashes
+    proc = run_cli("validate", "models:/digits_cnn@staging", "--registry", server.url)
+    assert proc.returncode == 0 and "version 1: OK (hashes match" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_register_stage_failing_after_publish_names_the_manual_fix(built_repository, tmp_path):
+    from builder.processes import free_port
+    from builder.spec import load_spec
+    from builder.stages import register
+    from builder.stages.base import BuildContext, BuildOptions, Status
+
+    dead = f"http://127.0.0.1:{free_port('127.0.0.1')}"
+    ctx = BuildContext(spec=load_spec(ROOT / "examples" / "digits" / "spec.yaml"),
+                       options=BuildOptions(repository=built_repository, registry=dead), workdir=tmp_path)
+    ctx.published = [{"name": "digits_cnn", "version": 1}]
+    result = register.run(ctx)
+    assert result.status is Status.FAIL
+    assert "digits_cnn version 1 is published but not registered" in result.reason
+    assert f"triton-builder register {built_repository / 'digits_cnn'} --version 1 --registry {dead}" in result.reason
+    ctx.options.registry = None
+    assert register.run(ctx).status is Status.SKIPPED
+
+
 def test_registry_uris_are_checked():
     assert mlflow_registry.parse_registry_uri("models:/m/3") == ("m", "3", None)
     assert mlflow_registry.parse_registry_uri("models:/m@prod") == ("m", None, "prod")

@@ -156,3 +156,22 @@ def test_existing_version_is_never_overwritten(digits_copy, tmp_path, quiet):
     with pytest.raises(UserInputError, match=r"version 1 of model 'digits_cnn' already exists .* never overwritten"):
         build(spec, repo, variants=["onnx"], progress=quiet)
     assert sorted(p.name for p in (repo / "digits_cnn" / "1").iterdir()) == before
+
+
+def test_register_without_a_reachable_registry_fails_before_writing(digits_copy, tmp_path, monkeypatch):
+    from builder.processes import free_port
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    repo = tmp_path / "repo"
+    with pytest.raises(UserInputError, match=r"--registry: which MLflow server\? pass --registry URL or set "
+                                             r"\$MLFLOW_TRACKING_URI"):
+        build(digits_copy / "spec.yaml", repo, register=True, benchmark_seconds=0)
+    dead = f"http://127.0.0.1:{free_port('127.0.0.1')}"
+    with pytest.raises(UserInputError, match=rf"--registry {dead}: no MLflow server answers there"):
+        build(digits_copy / "spec.yaml", repo, register=True, registry=dead, benchmark_seconds=0)
+    with pytest.raises(UserInputError, match="--alias prod: only with --register"):
+        build(digits_copy / "spec.yaml", repo, alias="prod", benchmark_seconds=0)
+    proc = run_cli("build", str(digits_copy / "spec.yaml"), "--repository", str(repo), "--register",
+                   "--registry", "ftp://example")
+    assert proc.returncode == 2 and "give the MLflow server's http(s):// URL" in proc.stderr, proc.stderr
+    assert_nothing_written(tmp_path, repo)
