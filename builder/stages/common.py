@@ -5,11 +5,22 @@ Usage::
     failure = accuracy_drop_failure(variant.accuracy, spec.verify.max_accuracy_drop)
     if failure:   # "drop 1.50 points > 1.0 allowed"
         ...
+    exporter, opset = export_module_onnx(module, spec, workdir / "onnx_pruned" / "model.onnx")
 """
 
 from __future__ import annotations
 
+import shutil
+import warnings
+from pathlib import Path
 from typing import Any
+
+import numpy as np
+
+from builder.tensors import random_tensor, trace_example
+
+LEGACY_DEFAULT_OPSET = 17
+EXTERNAL_DATA_THRESHOLD = 1 << 30  # bytes of weights above which they go to model.onnx.data
 
 
 def accuracy_drop_failure(accuracy: dict[str, Any] | None, limit: float) -> str:
@@ -19,3 +30,160 @@ def accuracy_drop_failure(accuracy: dict[str, Any] | None, limit: float) -> str:
     if drop is None or drop <= limit:
         return ""
     return f"drop {drop:.2f} points > {limit} allowed"
+
+
+# ------------------------------------------------------------------------------------------------
+# ONNX export of a torch module (stage export_onnx for the user's model, stage compress for the
+# models it trains)
+
+
+def dynamic_axes(spec) -> list[dict[int, str]]:
+    offset = 1 if spec.batching else 0
+    axes = []
+    for tensor in spec.inputs:
+        dims = {0: "batch"} if spec.batching else {}
+        for j, size in enumerate(tensor.shape):
+            if size == -1:
+                dims[j + offset] = f"{tensor.name}_d{j}"
+        axes.append(dims)
+    return axes
+
+
+def example_args(spec):
+    import torch
+    example = trace_example(spec)
+    return tuple(torch.from_numpy(example[t.name]) for t in spec.inputs)
+
+
+def export_dynamo(model, spec, path: Path) -> None:
+    import logging
+
+    import torch
+
+    # the exporter logs one warning per torchvision op it cannot register; torchvision is not needed
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+    from torch.export import Dim
+
+    dynamic_shapes = tuple({axis: Dim.DYNAMIC for axis in dims} or None for dims in dynamic_axes(spec))
+    kwargs = {"opset_version": spec.onnx.opset} if spec.onnx.opset else {}
+    torch.onnx.export(model, example_args(spec), str(path), dynamo=True,
+                      input_names=[t.name for t in spec.inputs], dynamic_shapes=dynamic_shapes,
+                      external_data=True, report=False, verbose=False, **kwargs)
+
+
+def export_legacy(model, spec, path: Path) -> None:
+    import torch
+
+    names = [t.name for t in spec.inputs]
+    torch.onnx.export(model, example_args(spec), str(path), dynamo=False, input_names=names,
+                      output_names=[o.name for o in spec.outputs],
+                      dynamic_axes={n: axes for n, axes in zip(names, dynamic_axes(spec)) if axes},
+                      opset_version=spec.onnx.opset or LEGACY_DEFAULT_OPSET)
+
+
+def export_module_onnx(model, spec, dest: Path) -> tuple[str, int]:
+    """Export ``model`` as export_onnx exports the user's model (the spec's exporter order: dynamo,
+    legacy on failure; outputs renamed; checked) to ``dest``; (exporter, opset). Raises RuntimeError
+    with every exporter's error when none works."""
+    raw_dir = dest.parent / "raw"
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    raw = raw_dir / "model.onnx"
+    attempts = {}
+    try:
+        for name in {"auto": ["dynamo", "legacy"], "dynamo": ["dynamo"], "legacy": ["legacy"]}[spec.onnx.exporter]:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    (export_dynamo if name == "dynamo" else export_legacy)(model, spec, raw)
+            except Exception as exc:  # noqa: BLE001 - recorded, then the next exporter is tried
+                attempts[name] = " ".join(str(exc).split())[:300] or type(exc).__name__
+                continue
+            return name, finalize_onnx(raw, [o.name for o in spec.outputs], rename=True, dest=dest)
+    finally:
+        shutil.rmtree(raw_dir, ignore_errors=True)
+    raise RuntimeError("every ONNX exporter failed: " + "; ".join(f"{k}: {v}" for k, v in attempts.items()))
+
+
+def rename_value(graph, old: str, new: str) -> None:
+    """Rename a value everywhere in the graph (producers, consumers, outputs, value_info)."""
+    for node in graph.node:
+        for i, name in enumerate(node.output):
+            if name == old:
+                node.output[i] = new
+        for i, name in enumerate(node.input):
+            if name == old:
+                node.input[i] = new
+    for collection in (graph.output, graph.value_info, graph.input):
+        for value in collection:
+            if value.name == old:
+                value.name = new
+
+
+def finalize_onnx(path: Path, output_names: list[str], rename: bool, dest: Path | None = None) -> int:
+    """Rename outputs to the spec's names (moving clashing internal names aside), run the checker and
+    shape inference, save (external data for large weights), return the default-domain opset."""
+    import onnx
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    if rename:
+        if len(graph.output) != len(output_names):
+            raise ValueError(f"exported graph has {len(graph.output)} outputs, spec lists {len(output_names)}")
+        current = [o.name for o in graph.output]
+        used = {n for node in graph.node for n in (*node.input, *node.output)} | {i.name for i in graph.initializer}
+        for wanted, have in zip(output_names, current):
+            if wanted != have and wanted in used:
+                # an internal value already carries the name we want: move it aside first
+                rename_value(graph, wanted, f"{wanted}__internal")
+        for wanted, have in zip(output_names, [o.name for o in graph.output]):
+            if wanted != have:
+                rename_value(graph, have, wanted)
+    model = onnx.shape_inference.infer_shapes(model)
+    target = dest or path
+    weights = sum(len(t.raw_data) for t in graph.initializer)
+    if target.exists() and target != path:
+        target.unlink()
+    onnx.save_model(model, str(target), save_as_external_data=weights > EXTERNAL_DATA_THRESHOLD,
+                    location=target.name + ".data", all_tensors_to_one_file=True)
+    onnx.checker.check_model(str(target), full_check=True)
+    return next((op.version for op in model.opset_import if op.domain in ("", "ai.onnx")), 0)
+
+
+# ------------------------------------------------------------------------------------------------
+# calibration data (stage quantize; stage openvino)
+
+
+def calibration_samples(ctx: BuildContext) -> tuple[dict[str, np.ndarray] | list[dict[str, np.ndarray]], str]:
+    """The calibration inputs and a sentence saying where they came from.
+
+    Batched specs: {input: array[N, ...]}. Unbatched specs: a list of per-sample feeds."""
+    spec = ctx.spec
+    wanted = spec.quantization.calibration_samples
+    names = [t.name for t in spec.inputs]
+    data, where = None, ""
+    if spec.data.calibration is not None:
+        with np.load(spec.data.calibration, allow_pickle=False) as archive:
+            data = {t.name: archive[t.name].astype(t.dtype) for t in spec.inputs}
+        where = f"data.calibration ({spec.data.calibration.name})"
+    elif ctx.reference is not None and ctx.reference.validation_inputs is not None:
+        data = {n: ctx.reference.validation_inputs[n] for n in names}
+        where = "the validation inputs (data.validation; no data.calibration given)"
+    if data is not None and not spec.batching:
+        return [data], where + ", 1 sample (the model has no batch dimension)"
+    if data is not None:
+        count = min(wanted, len(next(iter(data.values()))))
+        return {n: np.ascontiguousarray(v[:count]) for n, v in data.items()}, f"{where}, {count} samples"
+    rng = np.random.default_rng(spec.verify.seed + 7)
+    dyn = _opt_size(spec)
+    where = (f"{wanted} generated samples (no data.calibration or data.validation: random inputs within each "
+             "input's value_range; real data calibrates better)")
+    if spec.batching:
+        return {t.name: random_tensor(t, wanted, dyn, rng) for t in spec.inputs}, where
+    return [{t.name: random_tensor(t, None, dyn, rng) for t in spec.inputs} for _ in range(wanted)], where
+
+
+def _opt_size(spec) -> int:
+    for t in spec.inputs:
+        if t.dynamic:
+            return t.profile_shapes()["opt"][t.shape.index(-1)]
+    return 0

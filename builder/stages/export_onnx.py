@@ -10,12 +10,10 @@ import warnings
 from pathlib import Path
 
 from builder.stages.base import BuildContext, StageResult, Variant
-from builder.tensors import trace_example
+from builder.stages.common import export_dynamo, export_legacy, finalize_onnx
 from builder.variants import register_variant
 
 STAGE = "export_onnx"
-LEGACY_DEFAULT_OPSET = 17
-EXTERNAL_DATA_THRESHOLD = 1 << 30  # bytes of weights above which they go to model.onnx.data
 
 
 @register_variant("onnx", format="onnx", precision="fp32", stage=STAGE,
@@ -47,7 +45,7 @@ def make_onnx(ctx: BuildContext) -> StageResult:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                (_export_dynamo if name == "dynamo" else _export_legacy)(ctx, raw)
+                (export_dynamo if name == "dynamo" else export_legacy)(ctx.model, ctx.spec, raw)
             exporter = name
             break
         except Exception as exc:  # noqa: BLE001 - exporter failures are recorded, then we fall back
@@ -86,95 +84,6 @@ def mark_symbolic_output_dims(ctx: BuildContext, path: Path) -> dict[str, list[i
         if merged != current:
             ctx.reference.output_shapes[output.name] = changed[output.name] = merged
     return changed
-
-
-def _dynamic_axes(ctx: BuildContext) -> list[dict[int, str]]:
-    offset = 1 if ctx.spec.batching else 0
-    axes = []
-    for tensor in ctx.spec.inputs:
-        dims = {0: "batch"} if ctx.spec.batching else {}
-        for j, size in enumerate(tensor.shape):
-            if size == -1:
-                dims[j + offset] = f"{tensor.name}_d{j}"
-        axes.append(dims)
-    return axes
-
-
-def _example_args(ctx: BuildContext):
-    import torch
-    example = trace_example(ctx.spec)
-    return tuple(torch.from_numpy(example[t.name]) for t in ctx.spec.inputs)
-
-
-def _export_dynamo(ctx: BuildContext, path: Path) -> None:
-    import logging
-
-    import torch
-
-    # the exporter logs one warning per torchvision op it cannot register; torchvision is not needed
-    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-    from torch.export import Dim
-
-    dynamic_shapes = tuple({axis: Dim.DYNAMIC for axis in dims} or None for dims in _dynamic_axes(ctx))
-    kwargs = {"opset_version": ctx.spec.onnx.opset} if ctx.spec.onnx.opset else {}
-    torch.onnx.export(ctx.model, _example_args(ctx), str(path), dynamo=True,
-                      input_names=[t.name for t in ctx.spec.inputs], dynamic_shapes=dynamic_shapes,
-                      external_data=True, report=False, verbose=False, **kwargs)
-
-
-def _export_legacy(ctx: BuildContext, path: Path) -> None:
-    import torch
-
-    names = [t.name for t in ctx.spec.inputs]
-    torch.onnx.export(ctx.model, _example_args(ctx), str(path), dynamo=False, input_names=names,
-                      output_names=[o.name for o in ctx.spec.outputs],
-                      dynamic_axes={n: axes for n, axes in zip(names, _dynamic_axes(ctx)) if axes},
-                      opset_version=ctx.spec.onnx.opset or LEGACY_DEFAULT_OPSET)
-
-
-def rename_value(graph, old: str, new: str) -> None:
-    """Rename a value everywhere in the graph (producers, consumers, outputs, value_info)."""
-    for node in graph.node:
-        for i, name in enumerate(node.output):
-            if name == old:
-                node.output[i] = new
-        for i, name in enumerate(node.input):
-            if name == old:
-                node.input[i] = new
-    for collection in (graph.output, graph.value_info, graph.input):
-        for value in collection:
-            if value.name == old:
-                value.name = new
-
-
-def finalize_onnx(path: Path, output_names: list[str], rename: bool, dest: Path | None = None) -> int:
-    """Rename outputs to the spec's names (moving clashing internal names aside), run the checker and
-    shape inference, save (external data for large weights), return the default-domain opset."""
-    import onnx
-
-    model = onnx.load(str(path))
-    graph = model.graph
-    if rename:
-        if len(graph.output) != len(output_names):
-            raise ValueError(f"exported graph has {len(graph.output)} outputs, spec lists {len(output_names)}")
-        current = [o.name for o in graph.output]
-        used = {n for node in graph.node for n in (*node.input, *node.output)} | {i.name for i in graph.initializer}
-        for wanted, have in zip(output_names, current):
-            if wanted != have and wanted in used:
-                # an internal value already carries the name we want: move it aside first
-                rename_value(graph, wanted, f"{wanted}__internal")
-        for wanted, have in zip(output_names, [o.name for o in graph.output]):
-            if wanted != have:
-                rename_value(graph, have, wanted)
-    model = onnx.shape_inference.infer_shapes(model)
-    target = dest or path
-    weights = sum(len(t.raw_data) for t in graph.initializer)
-    if target.exists() and target != path:
-        target.unlink()
-    onnx.save_model(model, str(target), save_as_external_data=weights > EXTERNAL_DATA_THRESHOLD,
-                    location=target.name + ".data", all_tensors_to_one_file=True)
-    onnx.checker.check_model(str(target), full_check=True)
-    return next((op.version for op in model.opset_import if op.domain in ("", "ai.onnx")), 0)
 
 
 def run(ctx: BuildContext) -> StageResult:
