@@ -59,6 +59,7 @@ def run(ctx: BuildContext) -> StageResult:
 
     cases = build_cases(spec, validation)
     reference_outputs = [_call_checked(runner, case["inputs"], ctx) for case in cases]
+    _check_batch_dimension(ctx, cases, reference_outputs)
     ctx.reference = Reference(cases=cases, outputs=reference_outputs)
     _infer_output_signature(ctx, reference_outputs + _signature_samples(runner, ctx))
 
@@ -238,6 +239,27 @@ def _call_checked(runner, inputs: dict[str, np.ndarray], ctx: BuildContext) -> d
                if any(np.issubdtype(v.dtype, np.integer) for v in inputs.values()) else "")
         ) from None
     return outputs
+
+
+def _check_batch_dimension(ctx: BuildContext, cases: list[dict], outputs: list[dict[str, np.ndarray]]) -> None:
+    """With max_batch_size > 0 Triton splits a batched answer along its first dimension: every output
+    must have one entry per sample there. A model that returns, say, the detections of the whole batch
+    concatenated ([rows, 4]) would be served split at the wrong places: refused, naming the fix."""
+    if not ctx.spec.batching:
+        return
+    for case, produced in zip(cases, outputs):
+        batch = len(next(iter(case["inputs"].values())))
+        for name, array in produced.items():
+            rows = array.shape[0] if array.ndim else None
+            if rows != batch:
+                got = f"{rows} rows" if rows is not None else "a single value (0-d)"
+                raise UserInputError(
+                    f"{_origin(ctx)}: field 'max_batch_size': output '{name}' has {got} for a batch of {batch} "
+                    f"(case {case['id']}, shape {list(array.shape)}); with max_batch_size > 0 the first dimension "
+                    "of every output must be the batch (one entry per sample: Triton splits answers along it). "
+                    "If its length depends on the data (e.g. detections above a score threshold), set "
+                    "max_batch_size: 0 (no batch dimension, one input per request) or pad each sample's output "
+                    "to a fixed count ([batch, N, ...] plus a count output)")
 
 
 def _signature_samples(runner, ctx: BuildContext, count: int = 12) -> list[dict[str, np.ndarray]]:

@@ -132,3 +132,14 @@ def test_outputs_that_ignore_the_inputs_are_not_a_pass():
     # one constant output beside a live one is compared like any other
     live = [compare_outputs({"a": np.ones(3), "b": np.arange(3.0)}, {"a": np.ones(3), "b": np.arange(3.0)})]
     assert not tolerance_failures(merge_case_metrics(live), {"rel_l2": 1e-5})
+
+
+def test_a_batched_model_whose_output_length_depends_on_the_data_is_refused_naming_max_batch_size(tmp_path, quiet):
+    """Detections of the whole batch concatenated ([rows, 4], rows != batch) used to publish with dims [ 4 ]
+    and dynamic batching: Triton would split the answer at the wrong places."""
+    with pytest.raises(UserInputError, match=r"field 'max_batch_size': output 'boxes' has \d+ rows for a batch of \d+.*"
+                                             r"first dimension of every output must be the batch.*"
+                                             r"set max_batch_size: 0"):
+        build(write_model(tmp_path, "detect", max_batch_size=8), tmp_path / "repo", variants=["onnx"],
+              benchmark_seconds=0, progress=quiet)
+    assert not (tmp_path / "repo" / "detect").exists()
