@@ -36,7 +36,8 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = "model_reposito
           variants: list[str] | None = None, target: str | None = None, strict: bool = False,
           publish_variants: bool | None = None, benchmark_seconds: float | None = None,
           progress: Callable[[str], object] | None = None, signing_key: str | Path | None = None,
-          register: bool = False, registry: str | None = None, alias: str | None = None) -> BuildResult:
+          register: bool = False, registry: str | None = None, alias: str | None = None,
+          triton_release: str | None = None) -> BuildResult:
     """Build, verify and publish one model spec into the repository. Raises BuilderError subclasses.
 
     ``signing_key``: an elliptic-curve private key (PEM) that signs every published version (else
@@ -45,6 +46,9 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = "model_reposito
     ``register``: also register every published version in MLflow's model registry at ``registry`` (else
     $MLFLOW_TRACKING_URI), checked to answer before anything is built; ``alias`` goes on the main model's
     version. builder/stages/register.py.
+
+    ``triton_release``: the NGC Triton release the versions must load on (default docker-compose.yml's,
+    builder/repository/triton_releases.py): ONNX variants beyond its IR version / opset are rejected.
 
     ``progress`` gets one line per stage (None: silent; the CLI passes a builder.progress.Reporter,
     which also draws a bar over the stages on a terminal)."""
@@ -57,6 +61,7 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = "model_reposito
                            benchmark_seconds=benchmark_seconds, publish_variants=publish_variants)
     from builder.repository.signing import KEY_ENV, signing_key as _signing_key
     options.signing_key = _signing_key(signing_key, options.repository)
+    options.triton_release = _checked_release(triton_release, model_spec)
     if alias and not register:
         from builder.errors import UserInputError
         raise UserInputError(f"--alias {alias}: only with --register (the alias names the registered version)")
@@ -101,6 +106,18 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = "model_reposito
         return BuildResult(ctx, published, variant_rows(ctx))
     finally:
         work.release()
+
+
+def _checked_release(name: str | None, spec: ModelSpec) -> str:
+    from builder.errors import UserInputError
+    from builder.repository.triton_releases import COMPOSE_RELEASE, triton_release
+
+    release = triton_release(name or COMPOSE_RELEASE)
+    if spec.onnx.opset and spec.onnx.opset > release.max_opset:
+        raise UserInputError(f"onnx.opset: {spec.onnx.opset} is newer than Triton {release.release} loads (its "
+                             f"onnxruntime {release.onnxruntime} implements opset <= {release.max_opset}); set "
+                             f"onnx.opset: {release.max_opset} or lower, or build for a newer --triton-release")
+    return release.release
 
 
 def _silent(message: str) -> None:

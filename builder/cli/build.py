@@ -19,7 +19,7 @@ def cmd_build(args: argparse.Namespace, reporter: Reporter) -> int:
     result = build(args.spec, args.repository, variants=variants, target=args.target, strict=args.strict,
                    publish_variants=args.publish_variants or None, benchmark_seconds=args.benchmark_seconds,
                    progress=reporter, signing_key=args.signing_key, register=args.register, registry=args.registry,
-                   alias=args.alias)
+                   alias=args.alias, triton_release=args.triton_release)
     print()
     print(format_table(result.rows))
     for item in result.published:
@@ -89,6 +89,8 @@ def register(sub, common: argparse.ArgumentParser) -> None:
                    help="measuring time cap per variant (default 2; 0 skips measuring and selects by preference)")
     p.add_argument("--signing-key", help="elliptic-curve private key (PEM) that signs each published version "
                    "(default: $TRITON_BUILDER_SIGNING_KEY; its password only via $TRITON_BUILDER_SIGNING_KEY_PASSWORD)")
+    p.add_argument("--triton-release", help="the NGC Triton release the versions must load on; ONNX variants beyond "
+                   "its onnxruntime's IR version / opset are rejected (default: docker-compose.yml's)")
     p.add_argument("--register", action="store_true",
                    help="also register each published version in MLflow's model registry (artifacts, metrics, tags)")
     p.add_argument("--registry", help="MLflow server URL for --register (default: $MLFLOW_TRACKING_URI)")

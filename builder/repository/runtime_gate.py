@@ -74,8 +74,9 @@ def side_python(onnxruntime_version: str, progress: Callable[[str], object] = la
     return python
 
 
-def static_failures(model_path: Path, release: Runtime) -> list[str]:
-    """IR version, opset and operator domains the release's onnxruntime cannot load, each with its fix."""
+def limit_failures(model_path: Path, release: Runtime) -> list[str]:
+    """The IR version and default-domain opset beyond what the release's onnxruntime loads, each with its
+    fix (hard limits: the build's verify stage rejects such a variant before anything is published)."""
     import onnx
 
     model = onnx.load(str(model_path), load_external_data=False)
@@ -89,6 +90,16 @@ def static_failures(model_path: Path, release: Runtime) -> list[str]:
     if opset > release.max_opset:
         out.append(f"{model_path.name}: opset {opset} > {release.max_opset}, the newest {ort} implements: set "
                    f"onnx.opset: {release.max_opset} (or lower) in the spec and build again")
+    return out
+
+
+def static_failures(model_path: Path, release: Runtime) -> list[str]:
+    """IR version, opset and operator domains the release's onnxruntime cannot load, each with its fix."""
+    import onnx
+
+    out = limit_failures(model_path, release)
+    model = onnx.load(str(model_path), load_external_data=False)
+    ort = release.label
     contrib = sorted({n.domain for n in model.graph.node if n.domain not in STANDARD_DOMAINS})
     if contrib:
         ops = sorted({f"{n.domain}::{n.op_type}" for n in model.graph.node if n.domain in contrib})

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from builder.repository.triton_releases import COMPOSE_RELEASE
 from builder.spec import ModelSpec
 
 
@@ -129,6 +130,7 @@ class BuildOptions:
     signing_key: Any = None  # builder.repository.signing.SigningKey: sign every published version
     registry: str | None = None  # MLflow server URL: register every published version there
     registry_alias: str | None = None  # alias set on the main model's registered version
+    triton_release: str = COMPOSE_RELEASE  # the NGC release the versions must load on (IR/opset limits)
 
 
 @dataclass

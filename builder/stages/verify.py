@@ -2,10 +2,14 @@
 tolerance; with labelled validation data also the top-1 accuracy and its drop. A variant that fails
 is never published; the reason lists every failing output with its numbers. TensorRT plans run on
 the GPU through builder.runtime's plan runner; where that cannot run, a plan is rejected, never
-passed unchecked."""
+passed unchecked. An ONNX variant must also load on the Triton release it is built for (``build
+--triton-release``, default docker-compose.yml's): an IR version or opset beyond that release's
+onnxruntime is rejected here, with the fix, before anything is published."""
 
 from __future__ import annotations
 
+from builder.repository.runtime_gate import limit_failures
+from builder.repository.triton_releases import onnx_runtime_for, triton_release
 from builder.runtime import open_runner, tensorrt_unavailable_reason
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import accuracy_drop_failure
@@ -15,8 +19,19 @@ from builder.tensors import (compare_outputs, merge_case_metrics, run_batched, t
 STAGE = "verify"
 
 
+def release_failures(ctx: BuildContext, variant: Variant) -> list[str]:
+    """What keeps an ONNX variant from loading on the build's Triton release (IR version, opset)."""
+    if variant.format != "onnx":
+        return []
+    backend = "python" if ctx.target == "embedded" else "onnxruntime"
+    return limit_failures(variant.path, onnx_runtime_for(triton_release(ctx.options.triton_release), backend))
+
+
 def verify_variant(ctx: BuildContext, variant: Variant) -> list[str]:
     spec = ctx.spec
+    too_new = release_failures(ctx, variant)
+    if too_new:
+        return too_new
     outputs = [o.name for o in spec.outputs]
     run = open_runner(variant.format, variant.path, outputs, [t.name for t in spec.inputs])
     per_case = []

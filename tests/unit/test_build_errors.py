@@ -175,3 +175,26 @@ def test_register_without_a_reachable_registry_fails_before_writing(digits_copy,
                    "--registry", "ftp://example")
     assert proc.returncode == 2 and "give the MLflow server's http(s):// URL" in proc.stderr, proc.stderr
     assert_nothing_written(tmp_path, repo)
+
+
+def test_onnx_beyond_the_target_release_is_refused_before_publishing(digits_copy, tmp_path, quiet, monkeypatch):
+    from builder.repository import triton_releases
+
+    repo = tmp_path / "repo"
+    spec = edit_spec(digits_copy, onnx={"opset": 23})
+    with pytest.raises(UserInputError, match=r"onnx.opset: 23 is newer than Triton 24.10 loads \(its onnxruntime "
+                                             r"1.19.2 implements opset <= 21\); set onnx.opset: 21 or lower"):
+        build(spec, repo, progress=quiet)
+    edit_spec(digits_copy, onnx=None)
+    with pytest.raises(UserInputError, match=r"--triton-release 19.01: not in triton-builder's runtime table "
+                                             r"\(known: 24.10\)"):
+        build(digits_copy / "spec.yaml", repo, triton_release="19.01", progress=quiet)
+    # a release whose onnxruntime loads only IR <= 9 (a stand-in row): the IR-10 export is rejected with the fix
+    old = triton_releases.TritonRelease("19.02", "1.0.0", "0.2.0", "-", "-", "-", 9, 21)
+    monkeypatch.setitem(triton_releases.RELEASES, "19.02", old)
+    with pytest.raises(VerificationError, match="no variant passed verification") as err:
+        build(digits_copy / "spec.yaml", repo, variants=["onnx"], triton_release="19.02", benchmark_seconds=0,
+              progress=quiet)
+    assert "model.onnx: ONNX IR version 10 > 9, the newest onnxruntime 0.2.0 (Triton 19.02, python backend) loads: " \
+           "export with IR version <= 9" in str(err.value), str(err.value)
+    assert_nothing_written(tmp_path, repo)
