@@ -91,6 +91,22 @@ def _atomic_write(root: Path, target: Path, text: str) -> None:
         raise
 
 
+def refuse_if_signed(repository: str | Path, name: str) -> None:
+    """A signed latest version's signature covers a copy of the config it was published with
+    (signing.SIGNED_CONFIG): rewriting config.pbtxt in place would make `serve --public-key` refuse it.
+    Raises UserInputError naming the way that keeps it signed: ``tune --publish`` (a new, signed version)."""
+    from builder.repository.layout import latest_version
+    from builder.repository.signing import SIGNED_CONFIG
+
+    folder = model_dir(Path(repository).resolve(), name)
+    version = latest_version(folder) if folder.is_dir() else None
+    if version is not None and (folder / str(version) / SIGNED_CONFIG).is_file():
+        raise UserInputError(f"{name} version {version} is signed: writing the tuned config into {folder / 'config.pbtxt'}"
+                             " in place would break its signature (serve --public-key would refuse it); use "
+                             "`tune --publish` with --signing-key (or $TRITON_BUILDER_SIGNING_KEY) to publish the "
+                             "tuned config as a new signed version")
+
+
 def write_tuned_config(repository: str | Path, name: str, config_text: str,
                        record: dict[str, Any]) -> tuple[Path, Path]:
     """Replace ``<repository>/<name>/config.pbtxt`` with ``config_text`` and write ``record`` as
@@ -98,8 +114,9 @@ def write_tuned_config(repository: str | Path, name: str, config_text: str,
 
     The new config must parse with Triton's schema, name this model, and keep its backend/platform,
     inputs and outputs (tuning changes how a model is scheduled, never what it is); otherwise
-    ``BuilderError`` and nothing is written.
+    ``BuilderError`` and nothing is written. A signed latest version is refused (``refuse_if_signed``).
     """
+    refuse_if_signed(repository, name)
     root = Path(repository).resolve()
     folder = model_dir(root, name)
     current_path = folder / "config.pbtxt"

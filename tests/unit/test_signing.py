@@ -126,3 +126,16 @@ def test_key_conventions(tmp_path, monkeypatch):
         signing.signing_key(inside, repo)
     with pytest.raises(UserInputError, match="--public-key: .*nope.pub is not a file"):
         signing.public_key(tmp_path / "nope.pub")
+
+
+def test_tune_write_refuses_a_signed_version_and_writes_nothing(signed, tmp_path):
+    from builder.repository.tuned import write_tuned_config
+
+    repo = _copy(signed[0], tmp_path)
+    config = repo / "digits_cnn" / "config.pbtxt"
+    before = config.read_bytes()
+    with pytest.raises(UserInputError, match=r"digits_cnn version 1 is signed: writing the tuned config into .* in "
+                                             r"place would break its signature .* use `tune --publish` with "
+                                             r"--signing-key"):
+        write_tuned_config(repo, "digits_cnn", before.decode(), {"winner": "x"})
+    assert config.read_bytes() == before and not (repo / "digits_cnn" / "tuning.json").exists()
