@@ -54,7 +54,8 @@ def make_onnx_opt(ctx: BuildContext) -> str:
     ort_only = _ms_ops(optimised)
     if ort_only:
         variant.notes.append(f"contains onnxruntime-only ops ({', '.join(ort_only)}): serve it with onnxruntime "
-                             "(onnxruntime or python backend) of this version or newer")
+                             "(onnxruntime or python backend); `validate --triton-release R` replays it on that "
+                             "release's onnxruntime")
     before, after = len(onnx_tools.load(base.path).graph.node), len(optimised.graph.node)
     variant.notes.append(f"nodes {before} -> {after}")
     ctx.add_variant(variant)
