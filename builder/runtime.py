@@ -6,8 +6,10 @@ Usage::
     run = open_runner("onnx", Path("model.onnx"), output_names=["logits"])
     outputs = run({"image": x})
 
-Formats: onnx (onnxruntime, CPU provider), torchscript (torch, CPU), plan (TensorRT on a CUDA GPU;
-``tensorrt_unavailable_reason()`` says why not here). Heavy imports happen inside the functions.
+Formats: onnx (onnxruntime, CPU provider), torchscript (torch, CPU), openvino (an OpenVINO IR on the
+CPU plugin, latency hint, FP32 inference precision, threads = usable cores: builder/openvino_tools.py),
+plan (TensorRT on a CUDA GPU; ``tensorrt_unavailable_reason()`` says why not here). Heavy imports
+happen inside the functions.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ def open_runner(fmt: str, path: Path, output_names: list[str], input_names: list
         return torch_runner(module, output_names, input_names)
     if fmt == "plan":
         return plan_runner(path, output_names)
+    if fmt == "openvino":
+        from builder.openvino_tools import openvino_runner
+        return openvino_runner(path, output_names, threads)
     raise UserInputError(f"cannot run a '{fmt}' model in-process on this machine ({path.name})")
 
 

@@ -44,7 +44,8 @@ def register_backend(info: BackendInfo) -> BackendInfo:
 register_backend(BackendInfo("onnxruntime_onnx", "onnxruntime_onnx.pbtxt.j2", "model.onnx", ("onnx",), False, "onnxruntime"))
 register_backend(BackendInfo("pytorch_libtorch", "pytorch_libtorch.pbtxt.j2", "model.pt", ("torchscript",), False, "pytorch"))
 register_backend(BackendInfo("tensorrt_plan", "tensorrt_plan.pbtxt.j2", "model.plan", ("plan",), False, "tensorrt"))
-register_backend(BackendInfo("python", "python.pbtxt.j2", "model.py", ("onnx", "torchscript"), True, "python"))
+register_backend(BackendInfo("openvino", "openvino.pbtxt.j2", "model.xml", ("openvino",), False, "openvino"))
+register_backend(BackendInfo("python", "python.pbtxt.j2", "model.py", ("onnx", "torchscript", "openvino"), True, "python"))
 
 
 def backend_info(name: str) -> BackendInfo:
@@ -59,7 +60,7 @@ def backend_for(target: str, fmt: str) -> str:
     """Which backend serves a variant of this format on this target."""
     if target == "embedded":
         if fmt not in BACKENDS["python"].formats:
-            raise UserInputError(f"the embedded target serves ONNX and TorchScript only, not '{fmt}'; "
+            raise UserInputError(f"the embedded target serves ONNX, TorchScript and OpenVINO IR only, not '{fmt}'; "
                                  "use target gpu for TensorRT plans")
         return "python"
     native = [b.name for b in BACKENDS.values() if fmt in b.formats and not b.embedded]

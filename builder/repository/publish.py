@@ -30,7 +30,8 @@ from builder.repository.signing import SIGNED_CONFIG, sign_version
 from builder.files import sha256_file
 from builder.spec import TRITON_DTYPES, ModelSpec
 
-RUNTIME_FOR_FORMAT = {"onnx": "onnxruntime", "torchscript": "torchscript"}
+RUNTIME_FOR_FORMAT = {"onnx": "onnxruntime", "torchscript": "torchscript", "openvino": "openvino"}
+MODEL_FILES = {"onnx": "model.onnx", "torchscript": "model.pt", "openvino": "model.xml", "plan": "model.plan"}
 
 
 def config_for(spec: ModelSpec, variant_format: str, target: str, name: str,
@@ -58,6 +59,8 @@ def config_for(spec: ModelSpec, variant_format: str, target: str, name: str,
     if backend == "python":
         parameters = {"model_file": _model_file_for(variant_format), "runtime": RUNTIME_FOR_FORMAT[variant_format],
                       "intra_op_threads": str(threads), "non_finite_inputs": spec.deploy.non_finite_inputs}
+    elif backend == "openvino":  # Triton's openvino backend: one synchronous request per instance
+        parameters = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1", "INFERENCE_NUM_THREADS": str(threads)}
     return ModelConfig(name=name, backend=backend, max_batch_size=spec.max_batch_size, inputs=inputs,
                        outputs=outputs, dynamic_batching=batching,
                        instance_groups=[InstanceGroup(kind, instances)],
@@ -66,7 +69,16 @@ def config_for(spec: ModelSpec, variant_format: str, target: str, name: str,
 
 
 def _model_file_for(variant_format: str) -> str:
-    return {"onnx": "model.onnx", "torchscript": "model.pt", "plan": "model.plan"}[variant_format]
+    return MODEL_FILES[variant_format]
+
+
+def companion_name(model_name: str, main: Path, companion: Path) -> str:
+    """A companion's name in the version folder: ONNX external data keeps its suffix after the main
+    file's name (``model.onnx.data``), a file sharing the main file's stem keeps its extension (an
+    OpenVINO IR's ``model.bin`` beside ``model.xml``)."""
+    if companion.name.startswith(main.name):
+        return model_name + companion.name[len(main.name):]
+    return Path(model_name).stem + companion.name[len(main.stem):]
 
 
 def python_backend_files(config: ModelConfig) -> dict[str, Path]:
@@ -88,8 +100,8 @@ def publish_model(repository: Path, description: VersionDescription,
         model_files = description.model_files
         model_name = _model_file_for(description.model_format)
         for source in model_files:
-            # the main file takes the backend's default name; companions keep their suffix (.data)
-            target = draft.folder / (model_name + source.name[len(model_files[0].name):])
+            # the main file takes the backend's default name; companions keep their suffix (.data, .bin)
+            target = draft.folder / companion_name(model_name, model_files[0], source)
             with _writing(target, description.name):
                 shutil.copyfile(source, target)
         for name, source in description.runtime_files.items():

@@ -6,8 +6,8 @@ the build; an optional one is recorded and the build goes on.
 
 from __future__ import annotations
 
-from builder.stages import (benchmark, export_onnx, export_torchscript, load, optimize, publish, quantize, register,
-                            select, tensorrt, verify)
+from builder.stages import (benchmark, export_onnx, export_torchscript, load, openvino, optimize, publish, quantize,
+                            register, select, tensorrt, verify)
 
 PIPELINE = [
     ("load", load, True),
@@ -15,6 +15,7 @@ PIPELINE = [
     ("export_onnx", export_onnx, False),
     ("optimize", optimize, False),
     ("quantize", quantize, False),
+    ("openvino", openvino, False),
     ("tensorrt", tensorrt, False),
     ("verify", verify, True),
     ("benchmark", benchmark, False),

@@ -60,7 +60,7 @@ class Variant:
     """One candidate model file (or files) the build may publish."""
 
     name: str  # registry name: onnx, torchscript, onnx_int8_static, ...
-    format: str  # onnx | torchscript | plan
+    format: str  # onnx | torchscript | openvino | plan
     precision: str  # fp32 | fp16 | int8
     path: Path  # the main model file, inside the build's work folder
     exporter: str = ""
@@ -80,8 +80,11 @@ class Variant:
 
     @property
     def files(self) -> list[Path]:
-        """The model file and its companions (ONNX external data) that travel together."""
+        """The model file and its companions that travel together (ONNX external data ``model.onnx.*``,
+        an OpenVINO IR's weights ``model.bin`` beside ``model.xml``)."""
         extra = sorted(p for p in self.path.parent.glob(self.path.name + ".*") if p != self.path)
+        if self.format == "openvino" and self.path.with_suffix(".bin").exists():
+            extra.append(self.path.with_suffix(".bin"))
         return [self.path, *extra]
 
     @property

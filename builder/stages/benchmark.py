@@ -62,6 +62,10 @@ def _runtime(variant: Variant, threads: int) -> str:
         return f"onnxruntime {ort.__version__} CPUExecutionProvider, intra_op_num_threads={threads} (all cores)"
     if variant.format == "plan":
         return "TensorRT on the first CUDA GPU (builder.runtime plan runner)"
+    if variant.format == "openvino":
+        from builder.openvino_tools import version
+        return (f"openvino {version()} CPU plugin, PERFORMANCE_HINT LATENCY, INFERENCE_NUM_THREADS={threads}, "
+                "inference precision f32, one synchronous request")
     import torch
     return f"libtorch {torch.__version__} CPU, torch.set_num_threads({threads}) (all cores)"
 

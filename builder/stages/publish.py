@@ -13,7 +13,7 @@ from builder.monitoring.drift_profile import build_profile, profile_text
 from builder.repository.description import VersionDescription
 from builder.repository.layout import check_version_free, reserve_version
 from builder.repository.metadata import library_versions, reference_bytes
-from builder.repository.publish import config_for, publish_model, python_backend_files
+from builder.repository.publish import MODEL_FILES, config_for, publish_model, python_backend_files
 from builder.report import report_files
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.tensorrt.plan_build import BUILD_PLANS, RECIPE_FILE
@@ -39,7 +39,7 @@ def _metadata(ctx: BuildContext, variant: Variant, name: str, version: int, hash
                  "outputs": [{"name": o.name, "dtype": ctx.reference.output_dtypes[o.name],
                               "shape": ctx.reference.output_shapes[o.name]} for o in spec.outputs]},
         "artifact": {"variant": variant.name, "format": variant.format, "precision": variant.precision,
-                     "file": {"onnx": "model.onnx", "torchscript": "model.pt", "plan": "model.plan"}[variant.format],
+                     "file": MODEL_FILES[variant.format],
                      "exporter": variant.exporter, "opset": variant.opset, "passes": list(variant.passes),
                      "backend": backend, "target": ctx.target},
         "files_sha256": hashes,

@@ -1,9 +1,10 @@
 """Triton python-backend model written by triton-builder.
 
-Runs the ONNX file (onnxruntime) or TorchScript file (torch) that sits beside it in the version
-folder. Settings come from config.pbtxt parameters:
-  model_file        file name in the version folder (model.onnx / model.pt)
-  runtime           onnxruntime | torchscript
+Runs the ONNX file (onnxruntime), TorchScript file (torch) or OpenVINO IR (openvino: model.xml +
+model.bin, CPU plugin, latency hint, FP32 precision) that sits beside it in the version folder.
+Settings come from config.pbtxt parameters:
+  model_file        file name in the version folder (model.onnx / model.pt / model.xml)
+  runtime           onnxruntime | torchscript | openvino
   intra_op_threads  threads per model instance (default 1: Triton scales with instances)
 Requests that Triton's dynamic batcher groups together are run as one batch when their
 per-sample shapes agree, and one by one otherwise (dynamic dims of different sizes).
@@ -66,8 +67,24 @@ class TritonPythonModel:
                 return {n: r.numpy() for n, r in zip(names, result)}
 
             self._run = run_torch
+        elif runtime == "openvino":
+            import openvino as ov
+
+            # the settings the build verified and measured with (builder/openvino_tools.py)
+            compiled = ov.Core().compile_model(path, "CPU", {"PERFORMANCE_HINT": "LATENCY",
+                                                             "INFERENCE_PRECISION_HINT": "f32",
+                                                             "INFERENCE_NUM_THREADS": threads})
+            request = compiled.create_infer_request()
+            order = [name for name, _ in self.inputs]
+            ports = [(name, next(p for p in compiled.outputs if name in p.get_names())) for name, _ in self.outputs]
+
+            def run_openvino(feeds):
+                result = request.infer({n: np.ascontiguousarray(feeds[n]) for n in order}, share_inputs=False)
+                return {name: np.array(result[port]) for name, port in ports}
+
+            self._run = run_openvino
         else:
-            raise pb_utils.TritonModelException(f"unknown runtime '{runtime}' (use onnxruntime or torchscript)")
+            raise pb_utils.TritonModelException(f"unknown runtime '{runtime}' (use onnxruntime, torchscript or openvino)")
         self.drift = _DriftHook.create(folder, self.model_name, self.version, params)
         self.non_finite = _NonFiniteGuard(self.model_name, self.version, params.get("non_finite_inputs", "count"),
                                           [name for name, dtype in self.inputs if np.issubdtype(dtype, np.floating)])

@@ -12,6 +12,7 @@ from builder.repository.config import (BACKENDS, DynamicBatching, InstanceGroup,
                                        render_config)
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+OPENVINO_PARAMETERS = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1", "INFERENCE_NUM_THREADS": "2"}
 
 
 def sample_config(backend: str, **overrides) -> ModelConfig:
@@ -23,7 +24,8 @@ def sample_config(backend: str, **overrides) -> ModelConfig:
         instance_groups=[InstanceGroup("KIND_GPU" if backend == "tensorrt_plan" else "KIND_CPU", 2)],
         warmups=[Warmup("warmup_batch1", 1, [WarmupInput("image", "TYPE_FP32", [1, 8, 8]),
                                              WarmupInput("ids", "TYPE_INT64", [16], zero=True)])],
-        parameters={"model_file": "model.onnx", "runtime": "onnxruntime"} if backend == "python" else {},
+        parameters=OPENVINO_PARAMETERS if backend == "openvino" else
+        {"model_file": "model.onnx", "runtime": "onnxruntime"} if backend == "python" else {},
     )
     fields.update(overrides)
     return ModelConfig(**fields)
@@ -50,6 +52,10 @@ def test_rendered_config_parses_with_triton_schema(backend):
     assert parsed.version_policy.latest.num_versions == 1
     if backend == "python":
         assert parsed.backend == "python" and parsed.parameters["runtime"].string_value == "onnxruntime"
+    elif backend == "openvino":  # Triton's openvino backend: a backend, not a platform; reads model.xml + model.bin
+        assert parsed.backend == "openvino" and not parsed.platform
+        assert parsed.default_model_filename == "model.xml"
+        assert {k: v.string_value for k, v in parsed.parameters.items()} == OPENVINO_PARAMETERS
     else:
         assert parsed.platform == backend and parsed.default_model_filename == backend_info(backend).model_filename
 
@@ -89,7 +95,7 @@ def test_invalid_configs_are_refused_before_rendering(overrides, message):
 
 
 def test_unknown_backend_lists_supported_and_how_to_add():
-    with pytest.raises(UserInputError, match=r"unknown backend 'tflite'; supported: onnxruntime_onnx, python, "
+    with pytest.raises(UserInputError, match=r"unknown backend 'tflite'; supported: onnxruntime_onnx, openvino, python, "
                                              r"pytorch_libtorch, tensorrt_plan. To add one: add a template"):
         backend_info("tflite")
 
@@ -100,5 +106,7 @@ def test_backend_choice_per_target():
     assert backend_for("cpu", "onnx") == "onnxruntime_onnx"
     assert backend_for("gpu", "torchscript") == "pytorch_libtorch"
     assert backend_for("gpu", "plan") == "tensorrt_plan"
-    with pytest.raises(UserInputError, match="embedded target serves ONNX and TorchScript only"):
+    assert backend_for("embedded", "openvino") == "python"  # model.py runs the IR
+    assert backend_for("cpu", "openvino") == "openvino"
+    with pytest.raises(UserInputError, match="embedded target serves ONNX, TorchScript and OpenVINO IR only"):
         backend_for("embedded", "plan")

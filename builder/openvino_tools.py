@@ -1,0 +1,131 @@
+"""OpenVINO in one place: ONNX -> IR, the in-process runner, NNCF post-training INT8, and no telemetry.
+
+Usage::
+
+    ir = to_ir(Path("model.onnx"), Path("work/openvino"))          # work/openvino/model.xml + model.bin
+    run = openvino_runner(ir, ["logits"], threads=2)                # run({"image": x}) -> {"logits": y}
+    nncf = import_nncf()                                            # telemetry off before NNCF loads
+
+Settings every runner here uses (stage verify, stage benchmark, `select`, the peers benchmark and the
+python backend's model.py use the same ones, so what is verified is what is measured and served):
+
+- ``PERFORMANCE_HINT: LATENCY`` with ``INFERENCE_NUM_THREADS`` = the usable cores (builder/host.py):
+  one synchronous request at a time; the THROUGHPUT hint wants several requests in flight and runs
+  ~0.5x with one (docs/PLATFORM.md).
+- ``INFERENCE_PRECISION_HINT: f32``: on CPUs with bf16 (AVX-512 BF16, AMX) OpenVINO's CPU plugin
+  otherwise runs FP32 models in bfloat16 (rel L2 ~3e-3 on digits): an "FP32" variant must be FP32.
+  Triton's own openvino backend cannot set this (it knows only HINT_BF16=YES), see config.py.
+
+Telemetry: ``openvino.convert_model`` (ovc) and NNCF send usage data through ``openvino_telemetry``
+unless a consent file says no or the process looks like CI. The builder converts with
+``Core.read_model`` (the same ONNX frontend convert_model uses, without ovc's telemetry session)
+and sets ``NNCF_CI`` before NNCF is imported (NNCF then installs its telemetry stub; the variable
+has no other effect in NNCF 3.4). Nothing is written to ``~/intel``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+NNCF_TELEMETRY_OFF = {"NNCF_CI": "1"}  # nncf/telemetry/wrapper.py: a stub instead of openvino_telemetry
+IR_FILE = "model.xml"
+LATENCY_CONFIG = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
+
+
+def disable_telemetry() -> None:
+    """Make NNCF install its telemetry stub (call before ``import nncf``; import_nncf does)."""
+    for key, value in NNCF_TELEMETRY_OFF.items():
+        os.environ.setdefault(key, value)
+
+
+def import_nncf():
+    disable_telemetry()
+    import nncf
+
+    return nncf
+
+
+def version() -> str:
+    import openvino as ov
+
+    return ov.__version__.split("-")[0]
+
+
+def read_onnx(path: Path):
+    """The ov.Model of an ONNX file (OpenVINO's ONNX frontend; external data beside it is read too)."""
+    import openvino as ov
+
+    return ov.Core().read_model(str(path))
+
+
+def save_ir(model, folder: Path) -> Path:
+    """Write ``model`` as IR (``model.xml`` + ``model.bin``) into ``folder``; weights stay FP32."""
+    import openvino as ov
+
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / IR_FILE
+    ov.save_model(model, str(target), compress_to_fp16=False)
+    return target
+
+
+def to_ir(onnx_path: Path, folder: Path) -> Path:
+    return save_ir(read_onnx(onnx_path), folder)
+
+
+def ir_files(xml: Path) -> list[Path]:
+    """The IR's files: model.xml first, then its weights (model.bin)."""
+    return [xml, *([xml.with_suffix(".bin")] if xml.with_suffix(".bin").exists() else [])]
+
+
+def compile_ir(path: Path, threads: int | None = None, hint: str = "LATENCY"):
+    import openvino as ov
+
+    from builder.host import usable_cores
+
+    config = {**LATENCY_CONFIG, "PERFORMANCE_HINT": hint,
+              "INFERENCE_NUM_THREADS": int(threads or usable_cores())}
+    return ov.Core().compile_model(str(path), "CPU", config)
+
+
+def openvino_runner(path: Path, output_names: list[str], threads: int | None = None,
+                    hint: str = "LATENCY") -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """Run an IR (or an ONNX file) on the CPU plugin, one synchronous request at a time."""
+    compiled = compile_ir(path, threads, hint)
+    request = compiled.create_infer_request()
+    feeds = [port.get_any_name() for port in compiled.inputs]
+    ports = {}
+    for name in output_names:
+        ports[name] = next((p for p in compiled.outputs if name in p.get_names()), None)
+        if ports[name] is None:
+            raise ValueError(f"{path.name} has no output '{name}' (it has "
+                             f"{', '.join(sorted(n for p in compiled.outputs for n in p.get_names()))})")
+
+    def run(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        result = request.infer({name: np.ascontiguousarray(inputs[name]) for name in feeds}, share_inputs=True)
+        return {name: result[port] for name, port in ports.items()}
+
+    run.compiled = compiled  # type: ignore[attr-defined]
+    return run
+
+
+_OPSET = re.compile(r'<layer\b[^>]*\bversion="opset(\d+)"')
+
+
+def ir_opsets(xml: Path) -> list[int]:
+    """The OpenVINO opset numbers the IR's layers use (``version="opsetN"``), sorted."""
+    return sorted({int(m) for m in _OPSET.findall(Path(xml).read_text(errors="replace"))})
+
+
+def count_ops(xml: Path, op_type: str) -> int:
+    """How many layers of ``op_type`` (e.g. FakeQuantize) the IR holds."""
+    return len(re.findall(rf'<layer\b[^>]*\btype="{re.escape(op_type)}"', Path(xml).read_text(errors="replace")))
+
+
+def ir_version(xml: Path) -> int | None:
+    found = re.search(r'<net\b[^>]*\bversion="(\d+)"', Path(xml).read_text(errors="replace")[:4000])
+    return int(found.group(1)) if found else None

@@ -1,0 +1,180 @@
+"""Stage `openvino`: OpenVINO IR variants of the ONNX export, for the CPU plugin.
+
+- ``openvino``: the ONNX export read by OpenVINO's ONNX frontend and saved as IR (``model.xml`` +
+  ``model.bin``, FP32 weights); it runs with FP32 inference precision (builder/openvino_tools.py).
+- ``openvino_int8``: NNCF post-training quantisation (``nncf.quantize``, its default preset) of that
+  model on the spec's calibration data (the same samples as onnx_int8_static). With labelled
+  validation data, when the plain result drops more top-1 than ``verify.max_accuracy_drop``, NNCF's
+  accuracy-aware ``quantize_with_accuracy_control`` runs once with that budget (it keeps the layers
+  that cost the most accuracy in FP32); what was done is in the variant's notes.
+
+Both are verified (stage verify: FP32 resp. INT8 tolerance, accuracy drop) and measured like every
+other variant (builder/runtime.py runs them in-process: latency hint, threads = usable cores);
+selection publishes one only when it measures better here. They are not in any target's default
+variant list (converting and quantising add seconds to every build): ask for them with
+``variants: [onnx, openvino, openvino_int8]`` or ``--variants``.
+
+Served: target ``cpu`` with Triton's ``backend: "openvino"`` (model.xml + model.bin in the version
+folder); target ``embedded`` with the python backend's model.py running the IR (runtime openvino).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shutil
+import warnings
+
+import numpy as np
+
+from builder import onnx_tools, openvino_tools
+from builder.stages.base import BuildContext, StageResult, Variant
+from builder.stages.common import accuracy_drop_failure, calibration_samples
+from builder.tensors import run_batched, top1_accuracy
+from builder.variants import register_variant
+
+STAGE = "openvino"
+CALIBRATION_BATCH = 16
+
+
+def _base(ctx: BuildContext) -> Variant:
+    base = ctx.variant("onnx")
+    if base is None or not base.path.exists():
+        raise RuntimeError("the base ONNX export is missing (see stage export_onnx)")
+    return base
+
+
+def _conversion(base: Variant) -> str:
+    return (f"openvino {openvino_tools.version()}: Core.read_model (ONNX frontend) + save_model(compress_to_fp16="
+            "False); inference precision f32, PERFORMANCE_HINT LATENCY")
+
+
+@register_variant("openvino", format="openvino", precision="fp32", stage=STAGE, base="onnx", targets=(),
+                  description="OpenVINO IR FP32 from the ONNX export (CPU plugin, latency hint; opt-in)")
+def make_openvino(ctx: BuildContext) -> str:
+    base = _base(ctx)
+    ir = openvino_tools.to_ir(base.path, ctx.workdir / "openvino")
+    variant = Variant("openvino", "openvino", "fp32", ir, exporter=f"{base.exporter}+openvino", opset=base.opset,
+                      passes=[_conversion(base)])
+    variant.notes.append(f"OpenVINO IR version {openvino_tools.ir_version(ir)}, opsets "
+                         + ", ".join(f"opset{n}" for n in openvino_tools.ir_opsets(ir)))
+    ctx.add_variant(variant)
+    return f"IR {ir.name} + {ir.with_suffix('.bin').name} ({variant.size_mb:.2f} MB)"
+
+
+def _batches(samples) -> list[dict[str, np.ndarray]]:
+    if isinstance(samples, list):
+        return list(samples)
+    count = len(next(iter(samples.values())))
+    return [{k: v[i:i + CALIBRATION_BATCH] for k, v in samples.items()} for i in range(0, count, CALIBRATION_BATCH)]
+
+
+@contextlib.contextmanager
+def _quiet():
+    """NNCF prints progress bars and warnings: the library never prints (builder/progress.py)."""
+    import logging
+
+    nncf = openvino_tools.import_nncf()
+    from nncf.common.logging import nncf_logger
+
+    level = nncf_logger.level
+    nncf.set_log_level(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield nncf
+    finally:
+        nncf.set_log_level(level)
+
+
+def _top1_drop(ctx: BuildContext, ir) -> float | None:
+    """The top-1 drop of the IR at ``ir`` on the labelled validation set (None without labels)."""
+    ref, spec = ctx.reference, ctx.spec
+    if ref is None or ref.validation_inputs is None or ref.labels is None:
+        return None
+    first = spec.outputs[0].name
+    run = openvino_tools.openvino_runner(ir, [first])
+    batch = spec.max_batch_size or len(next(iter(ref.validation_inputs.values())))
+    got = run_batched(run, ref.validation_inputs, batch) if spec.batching else run(ref.validation_inputs)
+    return top1_accuracy(ref.validation_outputs[first], ref.labels) - top1_accuracy(got[first], ref.labels)
+
+
+def _accuracy_aware(ctx: BuildContext, nncf, model, dataset):
+    """nncf.quantize_with_accuracy_control with the spec's top-1 budget (absolute, in points)."""
+    ref, spec = ctx.reference, ctx.spec
+    first = spec.outputs[0].name
+    names = [t.name for t in spec.inputs]
+    batch = spec.max_batch_size or len(ref.labels)
+    items = [({n: ref.validation_inputs[n][i:i + batch] for n in names}, ref.labels[i:i + batch])
+             for i in range(0, len(ref.labels), batch)]
+
+    def validate(compiled, data) -> float:
+        hits = total = 0
+        port = next(p for p in compiled.outputs if first in p.get_names())
+        for feeds, labels in data:
+            logits = compiled(feeds)[port]
+            hits += int((np.argmax(logits, axis=-1) == labels).sum())
+            total += len(labels)
+        return hits / max(total, 1)
+
+    validation = nncf.Dataset(items, lambda item: item)
+    return nncf.quantize_with_accuracy_control(model, dataset, validation, validate,
+                                               max_drop=spec.verify.max_accuracy_drop / 100.0,
+                                               drop_type=nncf.DropType.ABSOLUTE)
+
+
+@register_variant("openvino_int8", format="openvino", precision="int8", stage=STAGE, base="onnx", targets=(),
+                  description="OpenVINO IR INT8: NNCF post-training quantisation on the spec's calibration data "
+                              "(accuracy-aware when labels exist and the plain result is over budget; opt-in)")
+def make_openvino_int8(ctx: BuildContext) -> str:
+    base = _base(ctx)
+    samples, where = calibration_samples(ctx)
+    batches = _batches(samples)
+    out_dir = ctx.workdir / "openvino_int8"
+    with _quiet() as nncf:
+        model = openvino_tools.read_onnx(base.path)
+        dataset = nncf.Dataset(batches)
+        quantized = nncf.quantize(model, dataset, subset_size=len(batches))
+    ir = openvino_tools.save_ir(quantized, out_dir)
+    passes = [_conversion(base), f"nncf {nncf.__version__} quantize (default preset, {len(batches)} calibration "
+                                 "batches)"]
+    notes = [f"calibrated on {where}"]
+    drop = _top1_drop(ctx, ir)
+    over = accuracy_drop_failure({"drop": drop}, ctx.spec.verify.max_accuracy_drop)
+    if over:
+        notes.append(f"plain nncf.quantize: top-1 {over}: ran nncf.quantize_with_accuracy_control")
+        with _quiet() as nncf:
+            controlled = _accuracy_aware(ctx, nncf, openvino_tools.read_onnx(base.path), dataset)
+        ir = openvino_tools.save_ir(controlled, out_dir)
+        passes.append(f"nncf quantize_with_accuracy_control(max_drop={ctx.spec.verify.max_accuracy_drop} points, "
+                      "absolute)")
+        drop = _top1_drop(ctx, ir)
+    variant = Variant("openvino_int8", "openvino", "int8", ir, exporter=f"{base.exporter}+openvino+nncf",
+                      opset=base.opset, passes=passes, notes=notes)
+    ctx.add_variant(variant)
+    fake_quantize = openvino_tools.count_ops(ir, "FakeQuantize")
+    return (f"{fake_quantize} FakeQuantize ops; calibration: {where}"
+            + (f"; top-1 drop {drop:+.2f} points" if drop is not None else ""))
+
+
+MAKERS = {"openvino": make_openvino, "openvino_int8": make_openvino_int8}
+
+
+def run(ctx: BuildContext) -> StageResult:
+    wanted = [name for name in MAKERS if ctx.wants(name)]
+    if not wanted:
+        return StageResult.skipped(STAGE, "no OpenVINO variant requested (openvino, openvino_int8: opt-in)")
+    made, failed = {}, {}
+    for name in wanted:
+        ctx.progress(f"  making {name} ...")
+        try:
+            made[name] = MAKERS[name](ctx)
+        except Exception as exc:  # noqa: BLE001 - one variant failing must not stop the others
+            failed[name] = onnx_tools.short_error(exc)
+            ctx.notes.append(f"{name}: not made: {failed[name]}")
+            shutil.rmtree(ctx.workdir / name, ignore_errors=True)
+    text = "; ".join([f"{k}: {v}" for k, v in made.items()] + [f"{k} FAILED: {v}" for k, v in failed.items()])
+    if made:
+        return StageResult.ok(STAGE, text, made=made, failed=failed)
+    return StageResult.fail(STAGE, text, made=made, failed=failed)

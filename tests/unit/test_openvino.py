@@ -1,0 +1,155 @@
+"""OpenVINO variants on a tiny conv net: conversion to IR, the in-process runtime (latency hint, FP32
+precision, threads = usable cores), NNCF INT8, verification (a pass and a forced failure),
+publishing for the embedded target (python backend running the IR) and for target cpu (Triton's
+openvino backend), validate's replay of a published IR, and NNCF's telemetry switched off."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+from builder.host import usable_cores
+from builder.openvino_tools import count_ops, ir_opsets, openvino_runner
+from builder.pipeline import build
+from builder.repository.config import parse_config
+from builder.repository.validate import validate_model
+from builder.variants import registered, resolve_variants
+
+MODEL = '''
+import torch
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__(); torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(1, 8, 3, padding=1); self.fc = torch.nn.Linear(8 * 6 * 6, 5)
+    def forward(self, image):
+        return self.fc(torch.relu(self.conv(image)).flatten(1))
+
+def build():
+    return M().eval()
+'''
+VARIANTS = ["onnx", "openvino", "openvino_int8"]
+
+
+def tiny_spec(root, **changes):
+    folder = root / "tiny"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.py").write_text(MODEL)
+    data = {"name": "tiny", "source": {"module": "model:build"},
+            "inputs": [{"name": "image", "dtype": "float32", "shape": [1, 6, 6], "value_range": [0.0, 1.0]}],
+            "outputs": [{"name": "logits"}], "max_batch_size": 8, "quantization": {"calibration_samples": 32}}
+    data.update(changes)
+    (folder / "spec.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return folder / "spec.yaml"
+
+
+@pytest.fixture(scope="module")
+def tiny_build(tmp_path_factory):
+    root = tmp_path_factory.mktemp("openvino")
+    repo = root / "repo"
+    result = build(tiny_spec(root), repo, variants=VARIANTS, benchmark_seconds=0, publish_variants=True,
+                   progress=lambda m: None)
+    return result, repo
+
+
+def test_openvino_variants_are_opt_in_on_every_target():
+    assert {"openvino", "openvino_int8"} <= set(registered())
+    for target in ("embedded", "cpu", "gpu"):
+        assert not {"openvino", "openvino_int8"} & set(resolve_variants(None, target)), target
+
+
+def test_onnx_becomes_an_fp32_ir_that_verifies_at_the_fp32_tolerance(tiny_build):
+    result, _ = tiny_build
+    variant = result.context.variant("openvino")
+    assert variant.format == "openvino" and variant.precision == "fp32"
+    assert variant.path.name == "model.xml"  # model.bin beside it travels along (published below)
+    assert variant.verified is True, variant.rejected
+    assert variant.verification["tolerance"] == {"rel_l2": 1e-5}
+    assert variant.verification["metrics"]["logits"]["rel_l2"] < 1e-5
+    assert "Core.read_model (ONNX frontend)" in variant.passes[0] and "f32" in variant.passes[0]
+    assert any(n.startswith("OpenVINO IR version 11, opsets opset") for n in variant.notes)
+
+
+def test_nncf_int8_is_quantised_on_the_calibration_data_and_judged_by_the_int8_tolerance(tiny_build):
+    result, _ = tiny_build
+    variant = result.context.variant("openvino_int8")
+    assert variant.precision == "int8" and variant.verification["tolerance"] == {"rel_l2": 0.1}
+    made = next(r for r in result.context.results if r.stage == "openvino").outputs["made"]
+    assert int(made["openvino_int8"].split()[0]) > 0 and "FakeQuantize ops" in made["openvino_int8"]
+    assert variant.passes[-1].startswith("nncf 3.4.0 quantize (default preset, 2 calibration batches)")
+    assert variant.notes[0].startswith("calibrated on 32 generated samples")
+    rel_l2 = variant.verification["metrics"]["logits"]["rel_l2"]
+    assert variant.verified is (rel_l2 <= 0.1), (rel_l2, variant.rejected)
+
+
+def test_the_runtime_runs_the_ir_with_the_settings_it_was_verified_with(tiny_build):
+    _, repo = tiny_build
+    ir = repo / "tiny__openvino" / "1" / "model.xml"
+    assert count_ops(ir, "Convolution") == 1 and ir_opsets(ir)
+    run = openvino_runner(ir, ["logits"])
+    compiled = run.compiled
+    assert str(compiled.get_property("PERFORMANCE_HINT")) == "LATENCY"
+    assert str(compiled.get_property("INFERENCE_PRECISION_HINT")) == "<Type: 'float32'>"
+    assert compiled.get_property("INFERENCE_NUM_THREADS") == usable_cores()
+    x = np.random.default_rng(0).random((3, 1, 6, 6), dtype=np.float32)
+    assert run({"image": x})["logits"].shape == (3, 5)
+    assert openvino_runner(ir, ["logits"], threads=1).compiled.get_property("INFERENCE_NUM_THREADS") == 1
+    with pytest.raises(ValueError, match=r"model.xml has no output 'probs' \(it has logits\)"):
+        openvino_runner(ir, ["probs"])
+
+
+def test_published_for_the_embedded_target_the_python_backend_runs_the_ir(tiny_build, tmp_path):
+    result, repo = tiny_build
+    folder = repo / "tiny__openvino" / "1"
+    assert {"model.xml", "model.bin", "model.py"} <= {p.name for p in folder.iterdir()}
+    config = parse_config((repo / "tiny__openvino" / "config.pbtxt").read_text())
+    assert config.backend == "python" and config.parameters["runtime"].string_value == "openvino"
+    meta = yaml.safe_load((folder / "metadata.yaml").read_text())
+    assert meta["artifact"]["file"] == "model.xml" and meta["artifact"]["format"] == "openvino"
+    assert {"model.xml", "model.bin"} <= set(meta["files_sha256"])
+    report = validate_model(repo / "tiny__openvino")  # hashes + the IR replayed against reference.npz
+    assert report.ok, report.failures
+    copy = tmp_path / "tiny__openvino"
+    shutil.copytree(repo / "tiny__openvino", copy)
+    (copy / "1" / "model.bin").write_bytes(b"\0" + (copy / "1" / "model.bin").read_bytes()[1:])
+    tampered = validate_model(copy)
+    assert not tampered.ok
+    assert "model.bin: sha256 differs from metadata.yaml (file changed after the build)" in tampered.versions[-1].failures
+
+
+def test_a_forced_failure_is_rejected_with_its_numbers_and_not_published(tmp_path):
+    spec = tiny_spec(tmp_path, verify={"tolerances": {"int8": {"rel_l2": 1e-9}}})
+    result = build(spec, tmp_path / "repo", variants=["onnx", "openvino_int8"], benchmark_seconds=0,
+                   publish_variants=True, progress=lambda m: None)
+    variant = result.context.variant("openvino_int8")
+    assert variant.verified is False
+    assert variant.rejected.startswith("failed verification:\n- logits: rel L2 ") and "> 1e-09" in variant.rejected
+    assert not (tmp_path / "repo" / "tiny__openvino_int8").exists()
+
+
+def test_target_cpu_publishes_the_ir_for_tritons_openvino_backend(tmp_path):
+    repo = tmp_path / "repo"
+    build(tiny_spec(tmp_path, variants=["openvino"]), repo, target="cpu", benchmark_seconds=0,
+          progress=lambda m: None)
+    assert sorted(p.name for p in (repo / "tiny" / "1").glob("model.*")) == ["model.bin", "model.xml"]
+    config = parse_config((repo / "tiny" / "config.pbtxt").read_text())
+    assert config.backend == "openvino" and config.default_model_filename == "model.xml"
+    params = {k: v.string_value for k, v in config.parameters.items()}
+    assert params["PERFORMANCE_HINT"] == "LATENCY" and params["NUM_STREAMS"] == "1"
+    assert int(params["INFERENCE_NUM_THREADS"]) >= 1
+
+
+def test_nncf_is_imported_with_its_telemetry_stub():
+    # a fresh interpreter without pytest loaded (NNCF turns telemetry off under pytest by itself)
+    code = ("from builder.openvino_tools import import_nncf; import_nncf(); "
+            "from nncf.telemetry import wrapper; print(type(wrapper.telemetry).__name__)")
+    env = {k: v for k, v in os.environ.items() if k not in ("NNCF_CI", "NNCF_DEV", "CI")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    # nncf/telemetry/wrapper.py: NNCFTelemetryStub = MagicMock (sends nothing); NNCFTelemetry otherwise
+    assert done.stdout.strip().splitlines()[-1] == "MagicMock"
