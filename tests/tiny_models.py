@@ -68,6 +68,18 @@ class M(torch.nn.Module):
         return x[x.sum(-1) > -1000.0]
 ''', {"inputs": [{"name": "x", "dtype": "float32", "shape": [64, 4]}], "outputs": [{"name": "boxes"}],
       "max_batch_size": 0}),
+    # per-token outputs over a dynamic sequence length: dynamo declares nn.LSTM's output at the example's length
+    "tagger": ('''
+import torch
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__(); torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(50, 8); self.rnn = torch.nn.LSTM(8, 8, batch_first=True)
+        self.head = torch.nn.Linear(8, 5)
+    def forward(self, ids):
+        return self.head(self.rnn(self.emb(ids))[0])
+''', {"inputs": [{"name": "ids", "dtype": "int64", "shape": [-1], "value_range": [0, 50], "min_shape": [2],
+                  "opt_shape": [6], "max_shape": [9]}], "outputs": [{"name": "tags"}], "max_batch_size": 4}),
     # every dtype the spec lists, in and out: raw uint8 HWC pixels normalised inside the model, an int64
     # label (scalar per sample) and float32 probabilities out, and bool/int8/int16/int32/float16/float64
     "mixed": ('''

@@ -67,12 +67,17 @@ def make_onnx(ctx: BuildContext) -> StageResult:
 def mark_symbolic_output_dims(ctx: BuildContext, path: Path) -> dict[str, list[int]]:
     """Per-sample output dims the exported graph leaves symbolic (a data-dependent length, e.g. the
     rows of ``x[mask]``) become -1 in the signature the config is made from, even where every reference
-    run happened to give the same length. Outputs whose shape the spec states are left as stated."""
+    run happened to give the same length. Outputs whose shape the spec states are left as stated.
+    The other way round - a dim the graph declares fixed while the reference runs vary it (the dynamo
+    exporter declares nn.LSTM/GRU outputs at the trace example's sequence length) - the file's
+    declaration is made symbolic, so the ONNX file, its metadata and the config agree."""
     import onnx
 
-    graph = onnx.load(str(path), load_external_data=False).graph
+    model = onnx.load(str(path), load_external_data=False)
+    graph = model.graph
     stated = {o.name for o in ctx.spec.outputs if o.shape}
     changed: dict[str, list[int]] = {}
+    corrected = False
     for output in graph.output:
         current = ctx.reference.output_shapes.get(output.name)
         if current is None or output.name in stated or not output.type.tensor_type.HasField("shape"):
@@ -83,6 +88,12 @@ def mark_symbolic_output_dims(ctx: BuildContext, path: Path) -> dict[str, list[i
         merged = [-1 if d.HasField("dim_param") else c for d, c in zip(dims, current)]
         if merged != current:
             ctx.reference.output_shapes[output.name] = changed[output.name] = merged
+        for i, (dim, value) in enumerate(zip(dims, current)):
+            if value == -1 and dim.HasField("dim_value"):  # declared fixed, varies in the reference runs
+                dim.dim_param = f"{output.name}_dim{i}"  # (dynamo on nn.LSTM/GRU: the example's length)
+                corrected = True
+    if corrected:  # the file's declared outputs must agree with the config (a native backend checks them)
+        onnx.save(model, str(path))
     return changed
 
 

@@ -143,3 +143,14 @@ def test_a_batched_model_whose_output_length_depends_on_the_data_is_refused_nami
         build(write_model(tmp_path, "detect", max_batch_size=8), tmp_path / "repo", variants=["onnx"],
               benchmark_seconds=0, progress=quiet)
     assert not (tmp_path / "repo" / "detect").exists()
+
+
+def test_a_fixed_output_dim_the_exported_graph_declares_is_made_symbolic_when_the_runs_vary_it(tmp_path, quiet):
+    """Dynamo declares an nn.LSTM tagger's output at the example's sequence length ([batch, 6, 5]) although
+    the graph computes any length: the file, its metadata and the config must agree on [-1, 5]."""
+    import onnx
+    build(write_model(tmp_path, "tagger"), tmp_path / "repo", variants=["onnx"], benchmark_seconds=0, progress=quiet)
+    assert _config(tmp_path / "repo", "tagger")["output"][0]["dims"] == ["-1", "5"]
+    model = onnx.load(str(tmp_path / "repo" / "tagger" / "1" / "model.onnx"), load_external_data=False)
+    dims = model.graph.output[0].type.tensor_type.shape.dim
+    assert [d.HasField("dim_param") for d in dims] == [True, True, False] and dims[2].dim_value == 5
