@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 PASS, FAIL, ERROR, OVER_BUDGET = "pass", "FAIL", "ERROR", "not tried (time budget spent)"
-NOT_NEEDED = "not tried (the default recipe passed and is faster than FP32)"
+NOT_NEEDED = "not tried (the default recipe passed and is not stably slower than FP32)"
 
 
 @dataclass(frozen=True)
@@ -176,6 +176,31 @@ def search(candidates: Sequence[Candidate], evaluate: Callable[[Candidate], Resu
             break
         rows.append(_run(candidate, evaluate, clock, "search"))
     return rows
+
+
+SLOWDOWN_BAND = 0.15  # "slower than FP32" means below 1 / 1.15 = 0.87x: short measurements on a busy host vary more
+SLOWDOWN_ROUNDS = 3
+
+
+def stably_slower(row: Row, remeasure: Callable[[list[Candidate]], list[float]], rounds: int = SLOWDOWN_ROUNDS,
+                  band: float = SLOWDOWN_BAND) -> bool:
+    """Whether a passing default recipe is slower than FP32 for real, which makes ``auto`` search on:
+    its first measurement AND each of ``rounds`` re-measurements side by side with FP32
+    (``remeasure([candidate]) -> [speed vs FP32]``) are below ``1 / (1 + band)``. A single slow
+    window on a busy host is noise, not a reason to spend the search budget. When re-measured, the
+    median of the re-measurements becomes the row's speed (marked re-measured)."""
+    limit = 1.0 / (1.0 + band)
+    speed = row.result.speedup if row.result is not None else None
+    if speed is None or speed >= limit:
+        return False
+    speeds = []
+    for _ in range(rounds):
+        speeds.append(float(remeasure([row.candidate])[0]))
+        if speeds[-1] >= limit:  # one round at FP32 speed: the first figure was noise
+            break
+    row.result.speedup = sorted(speeds)[len(speeds) // 2]
+    row.remeasured = True
+    return len(speeds) == rounds and all(s < limit for s in speeds)
 
 
 def closest(rows: Sequence[Row]) -> Candidate:

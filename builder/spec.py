@@ -157,7 +157,7 @@ CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 class QuantizationSpec:
     calibration_method: str = "minmax"  # minmax | entropy | percentile (static INT8)
     calibration_samples: int = 128  # samples fed to the calibrator (fewer if the data has fewer)
-    search: str = "auto"  # auto (search when the default recipe fails or is slower than FP32) | on | off
+    search: str = "auto"  # auto (search when the default recipe fails or is stably slower than FP32) | on | off
     search_seconds: float = 120.0  # time budget of the recipe search (builder/quant_search.py)
 
 
@@ -453,8 +453,9 @@ def _parse_quantization(raw: Any, origin: str) -> QuantizationSpec:
     search = f.get("search", "auto")
     search = {True: "on", False: "off"}.get(search, search) if isinstance(search, bool) else search
     if search not in ("auto", "on", "off"):
-        raise f.error(f"{search!r} is not supported; use auto (search only when the default recipe fails or is "
-                      "slower than FP32), true (always search) or false (default recipe only)", "search")
+        raise f.error(f"{search!r} is not supported; use auto (search only when the default recipe fails "
+                      "verification or is stably slower than FP32), true (always search) or false (default recipe "
+                      "only)", "search")
     seconds = f.get("search_seconds", 120)
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
         raise f.error(f"must be a number of seconds > 0 (the search's time budget, e.g. 120), got {seconds!r}",

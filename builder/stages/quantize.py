@@ -28,9 +28,9 @@ from builder import onnx_tools, quant_search
 from builder.measure import measure_round_robin
 from builder.runtime import open_runner
 from builder.stages.base import BuildContext, StageResult, Variant
-from builder.stages.common import accuracy_drop_failure
-from builder.tensors import (compare_outputs, merge_case_metrics, random_tensor, run_batched, tolerance_failures,
-                             top1_accuracy, trace_example)
+from builder.stages.common import accuracy_drop_failure, calibration_samples
+from builder.tensors import (compare_outputs, merge_case_metrics, run_batched, tolerance_failures, top1_accuracy,
+                             trace_example)
 from builder.variants import register_variant
 
 STAGE = "quantize"
@@ -51,42 +51,6 @@ def _onnx_base(ctx: BuildContext) -> Variant:
 
 # ------------------------------------------------------------------------------------------------
 # calibration data
-
-
-def calibration_samples(ctx: BuildContext) -> tuple[dict[str, np.ndarray] | list[dict[str, np.ndarray]], str]:
-    """The calibration inputs and a sentence saying where they came from.
-
-    Batched specs: {input: array[N, ...]}. Unbatched specs: a list of per-sample feeds."""
-    spec = ctx.spec
-    wanted = spec.quantization.calibration_samples
-    names = [t.name for t in spec.inputs]
-    data, where = None, ""
-    if spec.data.calibration is not None:
-        with np.load(spec.data.calibration, allow_pickle=False) as archive:
-            data = {t.name: archive[t.name].astype(t.dtype) for t in spec.inputs}
-        where = f"data.calibration ({spec.data.calibration.name})"
-    elif ctx.reference is not None and ctx.reference.validation_inputs is not None:
-        data = {n: ctx.reference.validation_inputs[n] for n in names}
-        where = "the validation inputs (data.validation; no data.calibration given)"
-    if data is not None and not spec.batching:
-        return [data], where + ", 1 sample (the model has no batch dimension)"
-    if data is not None:
-        count = min(wanted, len(next(iter(data.values()))))
-        return {n: np.ascontiguousarray(v[:count]) for n, v in data.items()}, f"{where}, {count} samples"
-    rng = np.random.default_rng(spec.verify.seed + 7)
-    dyn = _opt_size(spec)
-    where = (f"{wanted} generated samples (no data.calibration or data.validation: random inputs within each "
-             "input's value_range; real data calibrates better)")
-    if spec.batching:
-        return {t.name: random_tensor(t, wanted, dyn, rng) for t in spec.inputs}, where
-    return [{t.name: random_tensor(t, None, dyn, rng) for t in spec.inputs} for _ in range(wanted)], where
-
-
-def _opt_size(spec) -> int:
-    for t in spec.inputs:
-        if t.dynamic:
-            return t.profile_shapes()["opt"][t.shape.index(-1)]
-    return 0
 
 
 def _feeds(samples, batch: int) -> list[dict[str, np.ndarray]]:
@@ -248,8 +212,10 @@ def _search(ctx: BuildContext, base: Variant, prepared: Path, quantize, first, o
 
     candidates = [first] + [c for c in (candidates or quant_search.default_candidates(q.calibration_samples))
                             if c != first]
-    good = lambda row: row.verdict == quant_search.PASS and (row.result.speedup or 1.0) >= 1.0  # noqa: E731
-    stop = (lambda rows: len(rows) == 1 and good(rows[0])) if q.search == "auto" else None
+    remeasure = _remeasurer(ctx, quantize, fp32, out_dir, names)
+    # auto: search on only when the default recipe fails verification or is STABLY slower than FP32
+    stop = (lambda rows: len(rows) == 1 and rows[0].verdict == quant_search.PASS  # noqa: E731
+            and not quant_search.stably_slower(rows[0], remeasure)) if q.search == "auto" else None
     ctx.progress(f"  quantisation search ({q.search}, budget {q.search_seconds:g} s) ...")
     rows = quant_search.search(candidates, evaluate, q.search_seconds, clock, stop_when=stop)
     if quant_search.best(rows) is None and clock() < deadline:
@@ -258,7 +224,7 @@ def _search(ctx: BuildContext, base: Variant, prepared: Path, quantize, first, o
         ctx.progress(f"  no recipe passed: measuring {len(nodes)} nodes' sensitivity for the FP32 fallback ...")
         ranked = quant_search.rank_nodes(nodes, lambda n: _error(evaluate(start, only=[n])), deadline, clock)
         rows += quant_search.fallback(start, ranked, evaluate, deadline, clock)
-    _runoff(ctx, rows, quantize, fp32, out_dir, names)
+    quant_search.settle(rows, remeasure)  # the fastest passing recipes again, side by side with FP32
     winner = quant_search.best(rows)
     chosen = winner.candidate if winner else quant_search.closest(rows)
     quantize(chosen, out_dir / "candidate.onnx")
@@ -269,12 +235,13 @@ def _search(ctx: BuildContext, base: Variant, prepared: Path, quantize, first, o
 RUNOFF_SECONDS = 3.0  # the finalists and FP32 side by side, in turns
 
 
-def _runoff(ctx: BuildContext, rows, quantize, fp32, out_dir: Path, names) -> None:
-    """Measure the fastest passing recipes again side by side with FP32 (quant_search.settle)."""
+def _remeasurer(ctx: BuildContext, quantize, fp32, out_dir: Path, names):
+    """remeasure(candidates) -> their speeds vs FP32, measured side by side with FP32 in turns
+    (quant_search.settle for the finalists, quant_search.stably_slower for the default recipe)."""
     feed = _speed_feed(ctx)
 
     def remeasure(cands) -> list[float]:
-        ctx.progress(f"  re-measuring {len(cands)} finalist recipes side by side ...")
+        ctx.progress(f"  re-measuring {len(cands)} recipe(s) side by side with FP32 ...")
         calls, paths = {"fp32": lambda: fp32(feed)}, []
         for i, cand in enumerate(cands):
             paths.append(out_dir / f"finalist{i}.onnx")
@@ -284,7 +251,7 @@ def _runoff(ctx: BuildContext, rows, quantize, fp32, out_dir: Path, names) -> No
         _remove(*paths)
         return [_fastest(m[str(i)]) / _fastest(m["fp32"]) for i in range(len(cands))]
 
-    quant_search.settle(rows, remeasure)
+    return remeasure
 
 
 def _fastest(measurement) -> float:

@@ -213,3 +213,39 @@ def test_dynamic_candidates_where_dynamic_applies():
     assert cands[0].label() == "dynamic, U8S8, per-tensor, ops MatMul+Gemm"  # no calibration: run-time scales
     assert [c.changes() for c in cands[1:]] == ["reduce_range False -> True", "types U8S8 -> U8U8",
                                                 "per-channel weights"]
+
+
+def _remeasurer(speeds: list[float]):
+    """remeasure(candidates) returning the next injected speed on each call; records the calls."""
+    queue = list(speeds)
+
+    def remeasure(cands):
+        remeasure.calls += 1
+        return [queue.pop(0)] * len(cands)
+
+    remeasure.calls = 0
+    return remeasure
+
+
+def test_a_default_recipe_slower_in_every_re_measurement_is_stably_slower():
+    from builder.quant_search import Row, stably_slower
+
+    row = Row(DEFAULT, Result(True, 0.02, 0.0, 0.55), PASS)
+    remeasure = _remeasurer([0.60, 0.52, 0.58])
+    assert stably_slower(row, remeasure) is True
+    assert remeasure.calls == 3
+    assert row.result.speedup == 0.58 and row.remeasured  # the median of the re-measurements
+
+
+def test_one_slow_measurement_on_a_busy_host_is_noise_not_a_search_trigger():
+    from builder.quant_search import Row, stably_slower
+
+    row = Row(DEFAULT, Result(True, 0.02, 0.0, 0.55), PASS)
+    remeasure = _remeasurer([1.04, 0.5, 0.5])
+    assert stably_slower(row, remeasure) is False
+    assert remeasure.calls == 1 and row.result.speedup == 1.04 and row.remeasured
+    # within the noise band (0.9x > 1 / 1.15) or not measured at all: no re-measurement either
+    for speed in (0.9, None, 2.57):
+        quiet = _remeasurer([])
+        assert stably_slower(Row(DEFAULT, Result(True, 0.02, 0.0, speed), PASS), quiet) is False
+        assert quiet.calls == 0

@@ -69,6 +69,27 @@ def test_default_recipe_passing_stops_the_auto_search_after_one_candidate(digits
                                  "calibration minmax)")
 
 
+@pytest.mark.parametrize("remeasured, searched", [([0.5, 0.55, 0.52], True), ([1.02], False)])
+def test_auto_searches_a_passing_default_only_when_its_slowdown_is_stable(digits_copy, tmp_path, quiet, monkeypatch,
+                                                                          remeasured, searched):
+    # injected: the default recipe passes but measures 0.5x FP32 once; the side-by-side re-measurements
+    # either confirm it (every round below 0.87x: search) or show the first figure was noise (stop)
+    monkeypatch.setattr(quantize, "_evaluate_model", lambda ctx, run, fp32: quant_search.Result(True, 0.02, 0.0, 0.5))
+    queue = list(remeasured)
+    monkeypatch.setattr(quantize, "_remeasurer", lambda *args: lambda cands: [queue.pop(0) if queue else 0.5] * len(cands))
+    static = _build(digits_copy / "spec.yaml", tmp_path, quiet).context.variant("onnx_int8_static")
+    verdicts = [r["verdict"] for r in static.search]
+    assert static.search[0]["remeasured"] is True
+    assert queue == []  # every injected re-measurement was asked for: 3 rounds, resp. 1 that ended it
+    if searched:
+        assert verdicts == ["pass"] * len(quant_search.default_candidates())
+    else:
+        assert static.search[0]["speed_vs_fp32"] == 1.02
+        assert verdicts == ["pass"] + [quant_search.NOT_NEEDED] * 11
+        assert static.passes[-1] == ("quantize_static(QDQ, per_channel=True, activations QInt8, weights QInt8, "
+                                     "calibration minmax)")
+
+
 def test_per_node_fallback_keeps_the_most_sensitive_node_in_fp32(digits_copy, tmp_path, quiet, monkeypatch):
     last = {}
     real_quantize = quantize._quantize_static
@@ -122,8 +143,9 @@ def test_search_off_builds_the_default_recipe_without_a_table(digits_copy, tmp_p
 def test_search_spec_keys_are_validated(digits_copy):
     spec = edit_spec(digits_copy, quantization={"search": "always"})
     with pytest.raises(UserInputError, match=r"field 'quantization.search': 'always' is not supported; use auto "
-                                             r"\(search only when the default recipe fails or is slower than FP32\), "
-                                             r"true \(always search\) or false \(default recipe only\)"):
+                                             r"\(search only when the default recipe fails verification or is stably "
+                                             r"slower than FP32\), true \(always search\) or false \(default recipe "
+                                             r"only\)"):
         load_spec(spec)
     spec = edit_spec(digits_copy, quantization={"search_seconds": 0})
     with pytest.raises(UserInputError, match=r"field 'quantization.search_seconds': must be a number of seconds > 0 "

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
+from builder import quant_search
 from builder.errors import UserInputError, VerificationError
 from builder.measure import (Window, batch_sizes, cpu_cores, human, is_stable, least_disturbed, measure,
                              measure_round_robin, within)
@@ -56,10 +57,17 @@ def test_static_int8_is_built_with_its_recipe_and_judged_by_the_int8_tolerance(d
     assert static.verification["tolerance"] == {"rel_l2": 0.1}
     assert static.accuracy["metric"] == "top1"
     assert any("quant_pre_process" in p for p in static.passes)
-    # the recipe is the quantisation search's choice on this host (auto: the default QDQ, per-channel one
-    # unless it fails or measures slower than FP32): the passes name it in full
-    assert re.fullmatch(r"quantize_static\((QDQ|QOperator), per_channel=(True|False), activations Q(U?)Int8, "
-                        r"weights Q(U?)Int8, calibration \w+.*\)", static.passes[-1]), static.passes
+    # auto: the default recipe (the spec's minmax calibration) unless it fails verification or is stably slower
+    # than FP32 here (quant_search.stably_slower); then the search's winner, named in full in the passes
+    table = static.search
+    if table[0]["verdict"] == "pass" and all(r["verdict"] == quant_search.NOT_NEEDED for r in table[1:]):
+        assert static.passes[-1] == ("quantize_static(QDQ, per_channel=True, activations QInt8, weights QInt8, "
+                                     "calibration minmax)"), static.passes
+    else:
+        chosen = next(n for n in static.notes if n.startswith("search: "))
+        assert re.fullmatch(r"quantize_static\((QDQ|QOperator), per_channel=(True|False), activations Q(U?)Int8, "
+                            r"weights Q(U?)Int8, calibration (minmax|entropy|percentile).*\)", static.passes[-1])
+        assert chosen.startswith("search: none") or " chosen of " in chosen, chosen
     assert any("calibrated on data.calibration (calib.npz), 128 samples" in n for n in static.notes)
     rel_l2 = static.verification["metrics"]["logits"]["rel_l2"]
     within = rel_l2 <= 0.1 and static.accuracy["drop"] <= 1.0
