@@ -7,7 +7,9 @@ versions of ``<name>`` itself, and the ``<name>__<variant>`` models a build publ
 serving to this host). Each candidate is replayed against the stored reference (reference.npz of
 ``<name>``'s latest version, the candidate's own tolerance) and measured in-process here; the best
 by the build's objective (throughput or latency) is published with this host's profile, its
-serving size (builder/host.py size_serving) and the measurements in metadata.yaml. Where the winner
+serving size (builder/host.py size_serving) and the measurements in metadata.yaml. Objective
+``tradeoff`` ranks by the build's J (builder/objective.py: the candidate's build-time accuracy, its p50
+measured here, its recorded peak memory, the weights the build used). Where the winner
 and the size are what the latest version already serves, measured on a host like this one, nothing is
 published.
 
@@ -28,6 +30,7 @@ import numpy as np
 
 from builder.errors import UserInputError
 from builder.host import compare_hosts, host_profile, size_serving
+from builder.objective import tradeoff_terms
 from builder.repository.description import VersionDescription
 from builder.repository.layout import existing_versions, latest_version, model_dir, reserve_version
 from builder.repository.metadata import read_metadata, read_reference
@@ -57,6 +60,7 @@ class SelectReport:
     sizing: tuple[int, int] | None = None
     published: dict[str, Any] | None = None
     why: str = ""
+    weights: dict[str, float] | None = None  # objective tradeoff: J's alpha, beta, gamma
 
     def lines(self) -> list[str]:
         out = []
@@ -65,7 +69,8 @@ class SelectReport:
                 out.append(f"  {c.variant:24s} {c.label}: excluded ({c.excluded})")
             else:
                 out.append(f"  {c.variant:24s} {c.label}: {c.measured.get('throughput', 0):.1f} inf/s, "
-                           f"p50 {c.measured.get('p50_ms', 0):.3f} ms")
+                           f"p50 {c.measured.get('p50_ms', 0):.3f} ms"
+                           + (f", J {c.measured['J']:.3f}" if "J" in c.measured else ""))
         out.append(self.why)
         return out
 
@@ -103,7 +108,27 @@ def _batch1(inputs: dict[str, np.ndarray], batching: bool) -> dict[str, np.ndarr
 
 
 def _score(measured: dict[str, float], objective: str) -> float:
+    if objective == "tradeoff":
+        return measured["J"]
     return -measured["p50_ms"] if objective == "latency" else measured["throughput"]
+
+
+def _weights(served: dict[str, Any]) -> dict[str, float]:
+    """J's weights as the build used them: metadata's selection.weights, else those in the served
+    variant's benchmark, else the spec's defaults."""
+    from builder.spec import TRADEOFF_DEFAULTS
+
+    recorded = (served.get("selection") or {}).get("weights") or ((served.get("benchmark") or {}).get("tradeoff") or {})
+    return {k: float(recorded.get(k, v)) for k, v in TRADEOFF_DEFAULTS.items()}
+
+
+def _add_tradeoff(c: Candidate, weights: dict[str, float]) -> None:
+    """J of a measured candidate: its build-time accuracy, its p50 here, its peak memory (measured here
+    when the measure reports it, else as recorded by its build)."""
+    memory = c.measured.get("peak_memory_mb", ((c.meta.get("benchmark") or {}).get("peak_memory_mb")))
+    terms = tradeoff_terms(c.meta.get("accuracy"), c.measured.get("p50_ms"), memory, weights)
+    if terms is not None:
+        c.measured.update({"J": terms["J"], "accuracy": terms["accuracy"], "memory_mb": terms["memory_mb"]})
 
 
 def select_for_host(repository: str | Path, name: str, *, measure: Measure | None = None,
@@ -126,7 +151,7 @@ def select_for_host(repository: str | Path, name: str, *, measure: Measure | Non
     measure = measure or default_measure()
     objective = (served.get("selection") or {}).get("objective") or "throughput"
     batching = int(served["spec"].get("max_batch_size") or 0) > 0
-    report = SelectReport(name, objective)
+    report = SelectReport(name, objective, weights=_weights(served) if objective == "tradeoff" else None)
     for c in _candidates(repository, name):
         report.candidates.append(c)
         artifact = c.meta["artifact"]
@@ -147,7 +172,9 @@ def select_for_host(repository: str | Path, name: str, *, measure: Measure | Non
             continue
         progress(f"select: measuring {c.variant} ({c.label}) on this host")
         c.measured = measure(c.label, runner, _batch1(cases[0]["inputs"], batching), cores)
-    ranked = [c for c in report.candidates if not c.excluded]
+        if report.weights is not None:
+            _add_tradeoff(c, report.weights)
+    ranked = [c for c in report.candidates if not c.excluded and (report.weights is None or "J" in c.measured)]
     if not ranked:
         raise UserInputError(f"select {name}: no variant of it runs and matches its reference on this host: "
                              + "; ".join(f"{c.variant}: {c.excluded}" for c in report.candidates))
@@ -175,6 +202,14 @@ def select_for_host(repository: str | Path, name: str, *, measure: Measure | Non
     return report
 
 
+def _model_files(folder: Path, artifact: dict[str, Any]) -> list[Path]:
+    """The version's model file first, then its companions (ONNX external data; an IR's model.bin)."""
+    main = artifact["file"]
+    companions = [p for p in folder.iterdir() if p.name != main and (
+        p.name.startswith(main) or (artifact["format"] == "openvino" and p.name == Path(main).stem + ".bin"))]
+    return [folder / main, *sorted(companions)]
+
+
 def _config_text(winner_model: Path, name: str, sizing: tuple[int, int] | None, text: str | None = None):
     """The winner's config.pbtxt (or ``text``) renamed to ``name`` and sized, through Triton's schema:
     (text, the ModelConfig of its name, backend and tensors that publish_model checks)."""
@@ -189,8 +224,9 @@ def _config_text(winner_model: Path, name: str, sizing: tuple[int, int] | None, 
     for group in message.instance_group if sizing else ():
         if group.kind != group.KIND_GPU:
             group.count = sizing[0]
-    if sizing and "intra_op_threads" in message.parameters:
-        message.parameters["intra_op_threads"].string_value = str(sizing[1])
+    for key in ("intra_op_threads", "INFERENCE_NUM_THREADS"):  # python backend, openvino backend
+        if sizing and key in message.parameters:
+            message.parameters[key].string_value = str(sizing[1])
 
     def tensors(items):
         return [TensorConfig(t.name, model_config_pb2.DataType.Name(t.data_type), list(t.dims) or [1]) for t in items]
@@ -204,8 +240,7 @@ def _publish(repository: Path, name: str, served_number: int, winner: Candidate,
              host: dict[str, Any]) -> dict[str, Any]:
     text, config = _config_text(winner.folder.parent, name, report.sizing)
     artifact = winner.meta["artifact"]
-    model_files = sorted((p for p in winner.folder.iterdir() if p.name.startswith(artifact["file"])),
-                         key=lambda p: (p.name != artifact["file"], p.name))
+    model_files = _model_files(winner.folder, artifact)
     runtime = {n: winner.folder / n for n in ("model.py", "drift.py") if (winner.folder / n).is_file()}
     extra: dict[str, bytes] = {"reference.npz": (model_dir(repository, name) / str(served_number) / "reference.npz")
                                .read_bytes()}
@@ -218,6 +253,7 @@ def _publish(repository: Path, name: str, served_number: int, winner: Candidate,
         "serving": {"instances": report.sizing[0], "intra_op_threads": report.sizing[1],
                     "sized": f"by triton-builder select on this host ({host.get('usable_cores')} usable cores)"},
         "selection": {"objective": report.objective, "selected": True,
+                      **({"weights": report.weights} if report.weights is not None else {}),
                       "why": (f"best {report.objective} of the candidates re-measured on this host by "
                               f"triton-builder select"),
                       "candidates": {c.variant: (c.excluded or c.measured) for c in report.candidates}},
@@ -261,8 +297,7 @@ def publish_tuned(repository: str | Path, name: str, config_text: str, tuning: d
     text, config = _config_text(main, name, None, config_text)
     meta = read_metadata(folder / "metadata.yaml")
     artifact = meta["artifact"]
-    model_files = sorted((p for p in folder.iterdir() if p.name.startswith(artifact["file"])),
-                         key=lambda p: (p.name != artifact["file"], p.name))
+    model_files = _model_files(folder, artifact)
     runtime = {n: folder / n for n in ("model.py", "drift.py") if (folder / n).is_file()}
     extra: dict[str, bytes] = {n: (folder / n).read_bytes() for n in ("reference.npz",) + COPIED_EXTRAS
                                if (folder / n).is_file()}

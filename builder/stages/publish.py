@@ -48,6 +48,7 @@ def _metadata(ctx: BuildContext, variant: Variant, name: str, version: int, hash
         "accuracy": variant.accuracy,
         "benchmark": variant.benchmark,
         "selection": {"objective": spec.objective, "selected": variant.selected, "why": variant.selection_reason,
+                      **({"weights": dict(spec.tradeoff)} if spec.objective == "tradeoff" else {}),
                       "candidates": {v.name: v.selection_reason for v in ctx.variants}},
         "notes": list(ctx.notes) + list(variant.notes),
         "host": host_profile(),  # where the variants were measured: serve/check/validate compare with it

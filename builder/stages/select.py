@@ -14,6 +14,7 @@ A base export that was built only because a derived variant needs it (e.g. ``onn
 from __future__ import annotations
 
 from builder.measure import human
+from builder.objective import tradeoff_terms
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import accuracy_drop_failure
 
@@ -29,20 +30,11 @@ PREFERENCE = {
 
 
 def tradeoff(variant: Variant, weights: dict[str, float]) -> dict[str, float] | None:
-    """J = alpha * accuracy - beta * latency - gamma * memory, with its terms (None: not measured).
-    Accuracy: the variant's top-1 % with labelled data, else 100 x its lowest cosine similarity to the
-    reference on the validation set, else 100 (verified); latency: p50 ms at batch 1; memory: the
-    benchmark's peak RSS growth in MB."""
+    """J = alpha * accuracy - beta * latency - gamma * memory, with its terms (None: not measured);
+    builder/objective.py defines the terms (`triton-builder select` ranks by the same J)."""
     bench = variant.benchmark or {}
-    p50 = (bench.get("latency_ms_b1") or {}).get("p50")
-    if not p50:
-        return None
-    acc = variant.accuracy or {}
-    cosines = [c for c in (acc.get("cosine_vs_reference") or {}).values() if c is not None]
-    accuracy = acc.get("variant") if acc.get("variant") is not None else (100 * min(cosines) if cosines else 100.0)
-    memory = float(bench.get("peak_memory_mb") or 0.0)
-    j = weights["alpha"] * accuracy - weights["beta"] * p50 - weights["gamma"] * memory
-    return {"J": j, "accuracy": accuracy, "latency_ms": p50, "memory_mb": memory, **weights}
+    return tradeoff_terms(variant.accuracy, (bench.get("latency_ms_b1") or {}).get("p50"),
+                          bench.get("peak_memory_mb"), weights)
 
 
 def _score(variant, objective: str) -> float | None:

@@ -118,3 +118,34 @@ def test_same_decision_on_a_different_host_is_recorded_so_the_warnings_stop(vari
     meta = yaml.safe_load((repo / "digits_cnn" / "2" / "metadata.yaml").read_text())
     assert first.winner.variant == served and first.published["version"] == 2  # same variant, this host recorded
     assert host_warnings(meta, "digits_cnn", HERE) == []
+
+
+def test_select_ranks_objective_tradeoff_by_the_builds_j_not_by_throughput(variants_repository, tmp_path):
+    # injected: onnx has the higher throughput but the slower p50; J = alpha*acc - beta*p50 - gamma*MB prefers
+    # torchscript (same build-time accuracy), throughput prefers onnx - select must follow the build's objective
+    def measure(label, runner, inputs, threads):
+        assert runner(inputs)
+        onnx = label.startswith("digits_cnn/")
+        return {"throughput": 2000.0 if onnx else 1000.0, "p50_ms": 2.0 if onnx else 0.5}
+
+    plain = select_for_host(_copy(variants_repository, tmp_path / "a"), "digits_cnn", measure=measure,
+                            current_host=HERE, dry_run=True)
+    assert plain.objective == "throughput" and plain.winner.variant == "onnx"
+
+    repo = _copy(variants_repository, tmp_path / "b")
+    meta_path = repo / "digits_cnn" / "1" / "metadata.yaml"
+    meta = yaml.safe_load(meta_path.read_text())
+    meta["selection"].update(objective="tradeoff", weights={"alpha": 1.0, "beta": 2.0, "gamma": 0.0})
+    meta_path.write_text(yaml.safe_dump(meta))
+    report = select_for_host(repo, "digits_cnn", measure=measure, current_host=HERE)
+    assert report.objective == "tradeoff" and report.weights == {"alpha": 1.0, "beta": 2.0, "gamma": 0.0}
+    scores = {c.variant: c.measured for c in report.candidates}
+    accuracy = meta["accuracy"]["variant"]
+    assert scores["onnx"]["J"] == pytest.approx(accuracy - 2.0 * 2.0)
+    assert scores["torchscript"]["accuracy"] == pytest.approx(accuracy)
+    assert report.winner.variant == "torchscript"
+    assert any(line.strip().startswith("torchscript") and ", J " in line for line in report.lines())
+    published = yaml.safe_load((repo / "digits_cnn" / "2" / "metadata.yaml").read_text())
+    assert published["artifact"]["variant"] == "torchscript"
+    assert published["selection"]["objective"] == "tradeoff"
+    assert published["selection"]["weights"] == {"alpha": 1.0, "beta": 2.0, "gamma": 0.0}
