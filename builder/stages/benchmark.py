@@ -12,6 +12,12 @@ spent (``--benchmark-seconds``, default 2 s per variant; every batch size gets a
 window; 0 skips the stage). The variants take turns window by window (round robin), so a burst of
 load from other processes falls on all of them alike; models too big to hold together (over
 ``INTERLEAVE_LIMIT_MB`` in all) are measured one after the other instead.
+
+A close call is measured again: when the leader's margin over the runner-up (on the spec's
+objective) is inside what the windows can tell apart - the larger of their spreads and
+``CONFIRM_NOISE`` - the two are re-measured head to head at the batch sizes that decide it, for
+another cap, and those figures replace the first ones (recorded under ``confirmed``). Selection
+then reads numbers taken side by side, not two short runs minutes apart.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ WARMUP_CALLS = 3
 MIN_WINDOW_SECONDS = 0.02
 MAX_WINDOW_SECONDS = 1.0
 INTERLEAVE_LIMIT_MB = 1000.0  # above this (all variants' files together) measure one variant at a time
+CONFIRM_NOISE = 0.05  # margins below this (or below the windows' spread) are re-measured head to head
 
 
 def _inputs(ctx: BuildContext, batch: int) -> tuple[dict[str, np.ndarray], str]:
@@ -159,6 +166,67 @@ def benchmark_group(ctx: BuildContext, group: list[Variant], cap: float, threads
     return out
 
 
+def close_call(leader: float, runner_up: float, spreads: list[float], noise: float = CONFIRM_NOISE) -> bool:
+    """True when ``leader`` (higher is better) beats ``runner_up`` by no more than the measurement can
+    tell apart: the larger of ``noise`` and the windows' spreads (max / min - 1) behind the two figures."""
+    if runner_up <= 0 or leader <= 0:
+        return False
+    finite = [x for x in spreads if x == x and x != float("inf")]
+    return leader / runner_up - 1.0 <= max([noise, *finite])
+
+
+def _score(bench: dict, objective: str) -> float | None:
+    """Higher is better: best throughput, or 1 / p50 at batch 1 (latency; the tradeoff's J reads it)."""
+    if objective == "throughput":
+        return bench.get("best_throughput")
+    p50 = (bench.get("latency_ms_b1") or {}).get("p50")
+    return 1.0 / p50 if p50 else None
+
+
+def finalists(variants: list[Variant], objective: str) -> tuple[list[Variant], list[int]] | None:
+    """The leader and runner-up, and the batch sizes to re-measure them at, when their figures are a
+    close call (see ``close_call``); None otherwise."""
+    scored = [(v, _score(v.benchmark or {}, objective)) for v in variants if v.benchmark]
+    scored = sorted([(v, x) for v, x in scored if x], key=lambda item: -item[1])
+    if len(scored) < 2:
+        return None
+    (a, x), (b, y) = scored[:2]
+    batches = sorted({a.benchmark["best_batch"], b.benchmark["best_batch"]}) if objective == "throughput" else [1]
+    spreads = [v.benchmark["spread"].get(k, float("inf")) for v in (a, b) for k in batches]
+    return ([a, b], batches) if close_call(x, y, spreads) else None
+
+
+def confirm_finalists(ctx: BuildContext, pair: list[Variant], batches: list[int], cap: float, threads: int) -> None:
+    """Re-measure ``pair`` head to head (round robin) at ``batches`` for another ``cap`` seconds each and
+    put those figures in place of the first ones."""
+    spec = ctx.spec
+    sizes = batch_sizes(spec.max_batch_size) if spec.batching else [1]
+    feeds = {b: _inputs(ctx, b) for b in batches}
+    runners = {v.name: _open(ctx, v, {**feeds, **{k: _inputs(ctx, k) for k in (sizes[0], sizes[-1])}}, sizes,
+                             threads)[0] for v in pair}
+    window = max(v.benchmark["window_seconds"] for v in pair)
+    for b in batches:
+        calls = {name: (lambda run=run, feed=feeds[b][0]: run(feed)) for name, run in runners.items()}
+        measured = measure_round_robin(calls, b if spec.batching else 1, window_seconds=window,
+                                       max_seconds=cap / len(batches))
+        for v in pair:
+            m, bench = measured[v.name], v.benchmark
+            bench["throughput_by_batch"][b] = round(m.throughput, 1)
+            bench["stable"][b], bench["spread"][b], bench["windows"][b] = m.stable, round(m.spread, 3), len(m.windows)
+            if b == sizes[0]:
+                bench["latency_ms_b1"] = {k: round(x, 4) for k, x in m.percentiles_ms().items()}
+        ctx.progress(f"    confirming at batch {b}: " + ", ".join(f"{n} {human(m.throughput)}/s"
+                                                               for n, m in measured.items()))
+    for v in pair:
+        bench = v.benchmark
+        bench["best_batch"] = max(bench["throughput_by_batch"], key=bench["throughput_by_batch"].get)
+        bench["best_throughput"] = bench["throughput_by_batch"][bench["best_batch"]]
+        bench["confirmed"] = {"batches": batches, "against": next(o.name for o in pair if o is not v),
+                              "why": "a close call: re-measured head to head, these figures replace the first run"}
+    runners.clear()
+    gc.collect()
+
+
 def run(ctx: BuildContext) -> StageResult:
     cap = ctx.options.benchmark_seconds
     cap = DEFAULT_SECONDS if cap is None else cap
@@ -190,6 +258,12 @@ def run(ctx: BuildContext) -> StageResult:
         for group in groups:
             for name, bench in benchmark_group(ctx, group, cap, threads, failed).items():
                 ctx.variant(name).benchmark = bench
+        selectable = [v for v in candidates if v.name not in failed and v.name not in ctx.base_only]
+        close = finalists(selectable, ctx.spec.objective)
+        if close is not None:
+            pair, batches = close
+            ctx.progress(f"  {pair[0].name} and {pair[1].name} are a close call: measuring them again, head to head")
+            confirm_finalists(ctx, pair, batches, cap, threads)
     finally:
         if torch is not None:
             torch.set_num_threads(restore)
