@@ -27,6 +27,10 @@ def library_versions() -> dict[str, str]:
         except ImportError:
             versions[module] = "not installed"
     from importlib.metadata import PackageNotFoundError, version
+    try:  # without importing it (slow): the OpenVINO that saved an IR variant (docker/triton/Dockerfile)
+        versions["openvino"] = version("openvino")
+    except PackageNotFoundError:
+        versions["openvino"] = "not installed"
     try:
         versions["triton_builder"] = version("triton-builder")
     except PackageNotFoundError:

@@ -7,7 +7,8 @@ holding exactly that onnxruntime from PyPI (``~/.cache/triton-builder/runtimes/o
 or under $TRITON_BUILDER_CACHE; created on first use with ``python -m venv`` + pip, then reused),
 compared with the recorded outputs at the build's tolerance. Every refusal names the fix.
 TorchScript and TensorRT versions are not replayed here (NVIDIA's own PyTorch / TensorRT builds);
-the line says which version R ships.
+the line says which version R ships. An OpenVINO IR for Triton's openvino backend is checked
+statically: its layers' opsets against what R's OpenVINO reads (``ir_failures``), not replayed.
 
 Usage::
 
@@ -27,7 +28,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from builder.errors import BuilderError
-from builder.repository.triton_releases import Runtime, onnx_runtime_for, triton_release
+from builder.repository.triton_releases import (OPENVINO_MAX_OPSET, Runtime, TritonRelease, onnx_runtime_for,
+                                                triton_release)
 
 CACHE_ENV = "TRITON_BUILDER_CACHE"
 INSTALL_TIMEOUT_S = 600
@@ -128,6 +130,8 @@ def runtime_gate(folder: Path, meta: dict[str, Any], release_name: str,
     if artifact["format"] == "plan":
         return [], [f"Triton {release.release} ships TensorRT {release.tensorrt}: check the plan with "
                     f"--tensorrt-version {release.tensorrt} --gpu X.Y"]
+    if artifact["format"] == "openvino":
+        return openvino_gate(folder / artifact["file"], meta, release)
     model = folder / artifact["file"]
     runtime = onnx_runtime_for(release, artifact.get("backend") or "onnxruntime")
     failures = limit_failures(model, runtime)
@@ -167,6 +171,36 @@ def runtime_gate(folder: Path, meta: dict[str, Any], release_name: str,
         notes.append(f"  its onnxruntime contrib ops ({', '.join(ops)}) load and match on that release; they keep "
                      "the file to onnxruntime (the onnxruntime or python backend)")
     return failures, notes
+
+
+def ir_failures(xml: Path, release: TritonRelease) -> list[str]:
+    """The OpenVINO opsets of an IR that ``release``'s openvino backend cannot read, with the fix."""
+    from builder.openvino_tools import ir_opsets
+
+    limit = OPENVINO_MAX_OPSET.get(release.openvino)
+    too_new = [n for n in ir_opsets(xml) if limit is not None and n > limit]
+    if not too_new:
+        return []
+    return [f"{xml.name}: uses OpenVINO opset{max(too_new)} > opset{limit}, the newest OpenVINO {release.openvino} "
+            f"(Triton {release.release}'s openvino backend) reads: serve it on target embedded (the python backend, "
+            "with the builder's openvino in docker/triton: --build-arg OPENVINO_VERSION) or publish the onnx variant"]
+
+
+def openvino_gate(xml: Path, meta: dict[str, Any], release: TritonRelease) -> tuple[list[str], list[str]]:
+    """An OpenVINO IR version: Triton's openvino backend must read its opsets (checked statically; the
+    IR is not replayed on that OpenVINO here); the python backend runs the openvino the image installs."""
+    from builder.openvino_tools import ir_opsets
+
+    built_with = (meta.get("versions") or {}).get("openvino", "?")
+    if (meta["artifact"].get("backend") or "openvino") != "openvino":
+        return [], [f"Triton {release.release}: the python backend runs {xml.name} with the openvino that "
+                    f"docker/triton installs (--build-arg OPENVINO_VERSION={built_with}); not replayed here"]
+    failures = ir_failures(xml, release)
+    if failures:
+        return failures, []
+    return [], [f"Triton {release.release}: OpenVINO {release.openvino} (openvino backend) reads its opsets "
+                f"({', '.join(f'opset{n}' for n in ir_opsets(xml))}); not replayed on that OpenVINO here "
+                f"(built and verified with openvino {built_with}): run `triton-builder check` on the served model"]
 
 
 def gate_version(check: Any, folder: Path, release_name: str, progress: Callable[[str], object]) -> None:

@@ -54,6 +54,11 @@ RELEASES: dict[str, TritonRelease] = {r.release: r for r in (
 #: model.py runs THAT onnxruntime, not the release's onnxruntime backend
 PYTHON_BACKEND_ONNXRUNTIME = {"24.10": "1.20.1"}
 
+#: OpenVINO release -> the newest operation set (``opsetN`` of an IR's layers) it reads: opset14 came with
+#: 2024.0, opset15 with 2024.5 (https://docs.openvino.ai/2024/documentation/openvino-ir-format/operation-sets/
+#: available-opsets.html); 24.10's openvino backend is 2024.4 (the table above: re-check with the release notes)
+OPENVINO_MAX_OPSET = {"2024.4.0": 14}
+
 #: onnxruntime release -> (newest ONNX IR version, newest ai.onnx opset) it loads
 #: (https://onnxruntime.ai/docs/reference/compatibility.html; the replay checks it for real)
 ONNXRUNTIME_LIMITS = {"1.19.2": (10, 21), "1.20.1": (10, 21)}

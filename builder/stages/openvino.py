@@ -58,8 +58,22 @@ def make_openvino(ctx: BuildContext) -> str:
                       passes=[_conversion(base)])
     variant.notes.append(f"OpenVINO IR version {openvino_tools.ir_version(ir)}, opsets "
                          + ", ".join(f"opset{n}" for n in openvino_tools.ir_opsets(ir)))
+    _release_check(ctx, ir)
     ctx.add_variant(variant)
     return f"IR {ir.name} + {ir.with_suffix('.bin').name} ({variant.size_mb:.2f} MB)"
+
+
+def _release_check(ctx: BuildContext, ir) -> None:
+    """Target cpu serves the IR on Triton's openvino backend: refuse opsets the build's Triton release's
+    OpenVINO cannot read (builder/repository/runtime_gate.py), before anything is verified or published."""
+    if ctx.target != "cpu":
+        return
+    from builder.repository.runtime_gate import ir_failures
+    from builder.repository.triton_releases import triton_release
+
+    failures = ir_failures(ir, triton_release(ctx.options.triton_release))
+    if failures:
+        raise RuntimeError("; ".join(failures))
 
 
 def _batches(samples) -> list[dict[str, np.ndarray]]:
@@ -137,6 +151,7 @@ def make_openvino_int8(ctx: BuildContext) -> str:
         dataset = nncf.Dataset(batches)
         quantized = nncf.quantize(model, dataset, subset_size=len(batches))
     ir = openvino_tools.save_ir(quantized, out_dir)
+    _release_check(ctx, ir)
     passes = [_conversion(base), f"nncf {nncf.__version__} quantize (default preset, {len(batches)} calibration "
                                  "batches)"]
     notes = [f"calibrated on {where}"]
@@ -147,6 +162,7 @@ def make_openvino_int8(ctx: BuildContext) -> str:
         with _quiet() as nncf:
             controlled = _accuracy_aware(ctx, nncf, openvino_tools.read_onnx(base.path), dataset)
         ir = openvino_tools.save_ir(controlled, out_dir)
+        _release_check(ctx, ir)
         passes.append(f"nncf quantize_with_accuracy_control(max_drop={ctx.spec.verify.max_accuracy_drop} points, "
                       "absolute)")
         drop = _top1_drop(ctx, ir)

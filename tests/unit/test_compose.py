@@ -150,6 +150,8 @@ def test_triton_image_is_the_pinned_ngc_image_plus_the_python_backend_packages()
     run = " ".join(a for word, a in instructions if word == "RUN")
     assert '"onnxruntime==${ONNXRUNTIME_VERSION}"' in run and "numpy" in run
     assert "import onnxruntime" in run  # the build fails if the module does not import
+    # OpenVINO IR python-backend models: openvino on request, the version their metadata.yaml records
+    assert args["OPENVINO_VERSION"] == "" and '"openvino==${OPENVINO_VERSION}"' in run and "import openvino" in run
 
 
 def test_exporter_image_copies_the_exporter_and_its_client_version():

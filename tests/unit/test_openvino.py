@@ -6,6 +6,7 @@ openvino backend), validate's replay of a published IR, and NNCF's telemetry swi
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,8 @@ from builder.host import usable_cores
 from builder.openvino_tools import count_ops, ir_opsets, openvino_runner
 from builder.pipeline import build
 from builder.repository.config import parse_config
+from builder.repository.runtime_gate import ir_failures, runtime_gate
+from builder.repository.triton_releases import triton_release
 from builder.repository.validate import validate_model
 from builder.variants import registered, resolve_variants
 
@@ -114,6 +117,9 @@ def test_published_for_the_embedded_target_the_python_backend_runs_the_ir(tiny_b
     assert {"model.xml", "model.bin"} <= set(meta["files_sha256"])
     report = validate_model(repo / "tiny__openvino")  # hashes + the IR replayed against reference.npz
     assert report.ok, report.failures
+    _, notes = runtime_gate(folder, meta, "24.10")
+    assert notes[0].startswith("Triton 24.10: the python backend runs model.xml with the openvino that docker/triton "
+                               f"installs (--build-arg OPENVINO_VERSION={meta['versions']['openvino']})")
     copy = tmp_path / "tiny__openvino"
     shutil.copytree(repo / "tiny__openvino", copy)
     (copy / "1" / "model.bin").write_bytes(b"\0" + (copy / "1" / "model.bin").read_bytes()[1:])
@@ -142,6 +148,17 @@ def test_target_cpu_publishes_the_ir_for_tritons_openvino_backend(tmp_path):
     params = {k: v.string_value for k, v in config.parameters.items()}
     assert params["PERFORMANCE_HINT"] == "LATENCY" and params["NUM_STREAMS"] == "1"
     assert int(params["INFERENCE_NUM_THREADS"]) >= 1
+    # the runtime gate: Triton 24.10's openvino backend (OpenVINO 2024.4: opsets up to 14) reads this IR
+    version = repo / "tiny" / "1"
+    failures, notes = runtime_gate(version, yaml.safe_load((version / "metadata.yaml").read_text()), "24.10")
+    assert failures == [] and notes[0].startswith("Triton 24.10: OpenVINO 2024.4.0 (openvino backend) reads its opsets")
+    newer = tmp_path / "newer.xml"  # the same IR with one layer from an opset 2024.4 does not know
+    newer.write_text(re.sub(r'(<layer [^>]*type="Convolution" )version="opset\d+"', r'\1version="opset15"',
+                            (version / "model.xml").read_text()))
+    assert ir_failures(newer, triton_release("24.10")) == [
+        "newer.xml: uses OpenVINO opset15 > opset14, the newest OpenVINO 2024.4.0 (Triton 24.10's openvino backend) "
+        "reads: serve it on target embedded (the python backend, with the builder's openvino in docker/triton: "
+        "--build-arg OPENVINO_VERSION) or publish the onnx variant"]
 
 
 def test_nncf_is_imported_with_its_telemetry_stub():

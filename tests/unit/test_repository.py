@@ -65,7 +65,7 @@ def test_published_version_holds_the_artifact_record(built_repository):
     assert meta["model_name"] == "digits_cnn" and meta["version"] == 1
     assert meta["artifact"]["exporter"] == "dynamo" and meta["artifact"]["opset"] >= 18
     assert meta["artifact"]["backend"] == "python"
-    assert set(meta["versions"]) >= {"torch", "onnx", "onnxruntime", "python"}
+    assert set(meta["versions"]) >= {"torch", "onnx", "onnxruntime", "openvino", "python"}
     assert len(meta["files_sha256"]["model.onnx"]) == 64
     assert meta["source"]["sha256"]["weights.safetensors"]
     assert meta["verification"]["metrics"]["logits"]["rel_l2"] < 1e-5
