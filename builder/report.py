@@ -179,58 +179,82 @@ def _measurement_lines(ctx) -> list[str]:
     return lines
 
 
+REL_L2_FLOOR = 1e-9  # an exact match (rel L2 0) is drawn here: a log axis has no zero and no negative range
+
+
 def plot_png(rows: list[dict[str, Any]], max_accuracy_drop: float | None = None) -> bytes | None:
-    """Throughput vs batch size per variant, and accuracy drop (or rel L2 without labels) vs
-    speed-up over plain onnx, as PNG bytes. Drawn from the report rows; None when nothing was measured."""
+    """``plot_figure`` as PNG bytes; None when nothing was measured."""
+    figure = plot_figure(rows, max_accuracy_drop)
+    if figure is None:
+        return None
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def plot_figure(rows: list[dict[str, Any]], max_accuracy_drop: float | None = None):
+    """Throughput vs batch size per variant, and accuracy drop (or rel L2 on a log axis without labels)
+    vs speed-up over plain onnx. Variants are named once, in one legend under both panels (colour per
+    variant; * selected, x not eligible), so no label can overlap a title, a point or another label.
+    A matplotlib Figure drawn from the report rows; None when nothing was measured."""
     measured = [r for r in rows if r["throughput_by_batch"]]
     if not measured:
         return None
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
-    figure = Figure(figsize=(11, 4.4), dpi=100)
+    legend_rows = -(-len(measured) // 4)
+    figure = Figure(figsize=(11, 4.4 + 0.25 * legend_rows), dpi=100)
     FigureCanvasAgg(figure)
     left, right = figure.subplots(1, 2)
     colors = {row["variant"]: f"C{i % 10}" for i, row in enumerate(measured)}
     for row in measured:
         points = sorted((int(b), ips) for b, ips in row["throughput_by_batch"].items())
         style = {"linewidth": 2.5} if row["selected"] else {"linestyle": "-" if row["eligible"] else ":"}
-        left.plot([b for b, _ in points], [ips for _, ips in points], marker="o", label=row["variant"],
-                  color=colors[row["variant"]], **style)
+        left.plot([b for b, _ in points], [ips for _, ips in points], marker="o", color=colors[row["variant"]],
+                  **style)
     left.set_xscale("log", base=2)
     left.set_xlabel("batch size")
     left.set_ylabel("throughput (inferences/s)")
     left.set_title("throughput vs batch size")
     left.grid(True, alpha=0.3)
-    left.legend(fontsize=8)
 
     with_labels = any(r["acc drop"] is not None for r in measured)
     key, label = (("acc drop", "top-1 accuracy drop (points)") if with_labels
-                  else ("rel L2", "worst rel L2 vs reference"))
-    for i, row in enumerate(measured):
+                  else ("rel L2", f"worst rel L2 vs reference (0 drawn at {REL_L2_FLOOR:g})"))
+    for row in measured:
         x, y = row["x onnx"], row[key]
         if x is None or y is None:
             continue
+        y = y if with_labels else max(float(y), REL_L2_FLOOR)
         marker = "*" if row["selected"] else ("o" if row["eligible"] else "x")
         right.scatter([x], [y], marker=marker, s=160 if row["selected"] else 60, color=colors[row["variant"]])
-        right.annotate(row["variant"], (x, y), textcoords="offset points", xytext=(5, 5 + 9 * (i % 3)), fontsize=8,
-                       color=colors[row["variant"]])
     right.set_xscale("log")
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
     right.xaxis.set_major_locator(FixedLocator([0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 3, 5, 10, 20, 50]))
     right.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}x"))
     right.xaxis.set_minor_formatter(NullFormatter())
     if with_labels and max_accuracy_drop is not None:
-        right.axhline(max_accuracy_drop, color="red", linestyle="--", linewidth=1, label="max accuracy drop")
-        right.legend(fontsize=8)
+        right.axhline(max_accuracy_drop, color="red", linestyle="--", linewidth=1)
     elif not with_labels:
-        right.set_yscale("symlog", linthresh=1e-7)
+        right.set_yscale("log")
+        low, high = right.get_ylim()
+        right.set_ylim(max(low, REL_L2_FLOOR / 2), high)
     right.axvline(1.0, color="grey", linewidth=0.8)
     right.set_xlabel("speed-up over onnx (best throughput)")
     right.set_ylabel(label)
-    right.set_title("accuracy vs speed (* selected, x not eligible)")
+    right.set_title("accuracy vs speed")
     right.grid(True, alpha=0.3)
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
-    return buffer.getvalue()
+
+    handles = [Line2D([], [], color=colors[r["variant"]], marker="*" if r["selected"] else ("o" if r["eligible"]
+                      else "x"), linestyle="-" if r["eligible"] else ":", markersize=10 if r["selected"] else 6)
+               for r in measured]
+    names = [r["variant"] + (" (selected)" if r["selected"] else "" if r["eligible"] else " (not eligible)")
+             for r in measured]
+    if with_labels and max_accuracy_drop is not None:
+        handles.append(Line2D([], [], color="red", linestyle="--"))
+        names.append(f"max accuracy drop ({max_accuracy_drop:g})")
+    figure.legend(handles, names, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    figure.tight_layout(rect=(0, 0.06 + 0.05 * legend_rows, 1, 1))
+    return figure
