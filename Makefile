@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps test test-unit demo wheel-smoke bench bench-tuning bench-drift bench-replicas bench-faults bench-zoo clean
+.PHONY: setup system-deps perf-analyzer test test-unit demo wheel-smoke bench bench-tuning bench-drift bench-replicas bench-faults bench-zoo clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	bash scripts/make-venv.sh "$(PYTHON)" $(VENV)
@@ -17,10 +17,14 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 	$(BIN)/python -m pip install -q -c requirements/constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
-setup: $(STAMP) system-deps
+setup: $(STAMP) system-deps perf-analyzer
 
 system-deps:
 	bash scripts/install-system-deps.sh
+
+# Triton's perf_analyzer 2.51 (the binary only, into ~/.cache/triton-builder): sweep/tune measure with it
+perf-analyzer: $(STAMP)
+	bash scripts/install-perf-analyzer.sh $(VENV)
 
 test: setup
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -67,7 +67,7 @@ def cmd_sweep(args: argparse.Namespace, reporter: Reporter) -> int:
                        args.out or Path("runs") / "sweep" / args.name, payload=args.payload,
                        repository=_repository(args), levels=args.levels, window_s=args.window,
                        max_seconds_per_level=args.seconds_per_level, batch_size=args.batch_size,
-                       progress=reporter)
+                       engine=args.engine, progress=reporter)
     print(f"client: {result['client']}")
     print(f"wrote {result['files']['csv']} and {result['files']['png']}")
     return 1 if any(row["failures"] for row in result["levels"]) else 0
@@ -88,7 +88,7 @@ def cmd_tune(args: argparse.Namespace, reporter: Reporter) -> int:
                       out_dir=args.out or Path("runs") / "tune" / args.name, payload=args.payload,
                       max_concurrency=args.max_concurrency, max_candidates=args.max_candidates,
                       confirm=not args.no_confirm, batch_size=args.batch_size, tie_margin=args.tie_margin,
-                      progress=reporter, **kwargs)
+                      engine=args.engine, progress=reporter, **kwargs)
     if not args.write and not args.publish and result["winner"]:
         print("(dry run: pass --write to write the winner into config.pbtxt and tuning.json)")
     return result["exit_code"]
@@ -104,6 +104,12 @@ def _common(p: argparse.ArgumentParser, default_protocol: str) -> None:
     p.add_argument("--payload", help="request data: a reference.npz or an .npz keyed by input name")
     p.add_argument("--batch-size", type=int, default=1, help="rows per request (default 1)")
     p.add_argument("--out", help="output folder (default runs/<verb>/<name>)")
+
+
+def _engine(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", choices=("auto", "perf_analyzer", "python"), default="auto",
+                   help="measurement engine: Triton's perf_analyzer (installed on first use), the in-process "
+                        "Python client, or auto = perf_analyzer when it can be had, else Python (default: auto)")
 
 
 def register(sub, common: argparse.ArgumentParser) -> None:
@@ -126,6 +132,7 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--levels", type=int_list, help="explicit levels instead, e.g. 1,4,16")
     p.add_argument("--window", type=float, default=0.5, help="measurement window in s (default 0.5)")
     p.add_argument("--seconds-per-level", type=float, default=8.0, help="time cap per level (default 8)")
+    _engine(p)
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("tune", parents=[common], help="search batching/instances/max batch size under a p99 budget on the running server")
@@ -146,4 +153,5 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--no-confirm", action="store_true", help="skip re-measuring the winner and baselines")
     p.add_argument("--tie-margin", type=float, default=0.10,
                    help="prefer the config closest to the default within this fraction of the best (default 0.10)")
+    _engine(p)
     p.set_defaults(func=cmd_tune)

@@ -54,12 +54,14 @@ class LevelResult:
     server: dict[str, Any] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     client: str = ""
+    p90_ms: float | None = None  #: perf_analyzer reports it; the Python engine too
 
     def as_row(self) -> dict[str, Any]:
         s = self.server or {}
         return {
             "concurrency": self.concurrency, "throughput_rps": round(self.throughput, 1),
-            "p50_ms": _round(self.p50_ms), "p95_ms": _round(self.p95_ms), "p99_ms": _round(self.p99_ms),
+            "p50_ms": _round(self.p50_ms), "p90_ms": _round(self.p90_ms), "p95_ms": _round(self.p95_ms),
+            "p99_ms": _round(self.p99_ms),
             "mean_ms": _round(self.mean_ms), "requests": self.requests, "failures": self.failures,
             "stable": self.stable, "windows": self.windows,
             "server_queue_us": s.get("queue_us_per_request"), "server_compute_us": s.get("compute_us_per_request"),
@@ -180,7 +182,7 @@ def measure_level(url: str, protocol: str, model: str, requests: list[dict[str, 
     pct = (lambda q: float(np.percentile(latencies, q)) * 1e3) if latencies.size else (lambda q: None)
     return LevelResult(
         concurrency=concurrency, throughput=latencies.size / seconds if seconds > 0 else 0.0,
-        p50_ms=pct(50), p95_ms=pct(95), p99_ms=pct(99),
+        p50_ms=pct(50), p95_ms=pct(95), p99_ms=pct(99), p90_ms=pct(90),
         mean_ms=float(latencies.mean()) * 1e3 if latencies.size else None,
         requests=int(latencies.size), failures=sum(len(w.failed) for w in workers), stable=stable,
         windows=len(throughputs), seconds=round(time.perf_counter() - began, 2), server=server,

@@ -125,7 +125,7 @@ class Search:
     """The candidates measured so far (each config once), and how to measure one more."""
 
     def __init__(self, url, protocol, model, base, requests, outputs, levels, budget, window_s, per_level_s,
-                 max_candidates, say):
+                 max_candidates, say, engine=None):
         from builder.tuning.stats import StatsReader
 
         self.url, self.protocol, self.model, self.base = url, protocol, model, base
@@ -136,6 +136,13 @@ class Search:
         self.measured: dict[tuple, Candidate] = {}
         self.order: list[Candidate] = []
         self.client_kind = ""
+        if engine is None:  # the in-process Python client on these requests
+            from types import SimpleNamespace
+
+            from builder.tuning.engine import PythonEngine
+            engine = PythonEngine()
+            engine.prepare(url, protocol, SimpleNamespace(name=model, outputs=outputs), None, requests)
+        self.engine = engine  #: builder/tuning/engine.py, prepared
 
     def candidates(self, built_max: int, instance_counts, delays, max_batch_sizes,
                    thread_counts=()) -> tuple[Candidate, Candidate]:
@@ -252,10 +259,7 @@ class Search:
         return row, within
 
     def measure_once(self, concurrency: int) -> tuple[dict[str, Any], bool]:
-        from builder.tuning.client import measure_level
-
-        level = measure_level(self.url, self.protocol, self.model, self.requests, self.outputs, concurrency,
-                              window_s=self.window_s, max_s=self.per_level_s, stats=self.stats)
+        level = self.engine.measure(concurrency, window_s=self.window_s, max_s=self.per_level_s, stats=self.stats)
         self.client_kind = level.client
         row = level.as_row()
         row["errors"] = level.errors

@@ -9,7 +9,7 @@ Usage::
 
 Writes ``sweep.csv`` (one row per level: client throughput and p50/p95/p99/mean, failures, whether
 the level settled, server queue and compute time per request, average formed batch and the batch
-size histogram), ``sweep.json`` (the same plus the client type and settings) and ``sweep.png``
+size histogram), ``sweep.json`` (the same plus the engine, client type and settings) and ``sweep.png``
 (latency against throughput, one point per concurrency; and the server's queue/compute split).
 """
 
@@ -38,13 +38,14 @@ def concurrency_levels(max_concurrency: int) -> list[int]:
 def run_sweep(model: str, url: str, protocol: str = "grpc", max_concurrency: int = 16,
               out_dir: str | Path = "runs/sweep", *, payload: str | Path | None = None,
               repository: str | Path | None = None, levels: list[int] | None = None, window_s: float = 0.5,
-              max_seconds_per_level: float = 8.0, batch_size: int = 1,
+              max_seconds_per_level: float = 8.0, batch_size: int = 1, engine: str = "auto",
               progress: Callable[[str], object] | None = None) -> dict[str, Any]:
-    """Measure every concurrency level in ``levels`` (default 1, 2, 4, ... ``max_concurrency``).
+    """Measure every concurrency level in ``levels`` (default 1, 2, 4, ... ``max_concurrency``) with
+    ``engine`` (builder/tuning/engine.py: perf_analyzer when present, else the Python client).
 
     Raises ``UserInputError`` for bad arguments, ``ServerError`` if the model cannot be reached.
     """
-    from builder.tuning.client import measure_level
+    from builder.tuning.engine import choose_engine
     from builder.tuning.payload import fetch_model, load_samples, make_requests
     from builder.tuning.stats import StatsReader, format_batch_sizes
 
@@ -60,12 +61,13 @@ def run_sweep(model: str, url: str, protocol: str = "grpc", max_concurrency: int
     requests = make_requests(samples, batch_size, interface.batching)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    meter = choose_engine(engine, say)
+    meter.prepare(url, protocol, interface, samples, requests, batch_size=batch_size, work_dir=out / "perf_analyzer")
     stats = StatsReader(url, protocol)
     rows, client = [], ""
     try:
         for concurrency in levels:
-            level = measure_level(url, protocol, model, requests, interface.outputs, concurrency, window_s=window_s,
-                                  max_s=max_seconds_per_level, stats=stats)
+            level = meter.measure(concurrency, window_s=window_s, max_s=max_seconds_per_level, stats=stats)
             client = level.client
             row = level.as_row()
             row["errors"] = level.errors
@@ -78,7 +80,7 @@ def run_sweep(model: str, url: str, protocol: str = "grpc", max_concurrency: int
     finally:
         stats.close()
     result = {"model": model, "url": url, "protocol": protocol, "batch_size": batch_size,
-              "client": client, "payload": source,
+              "engine": meter.name, "client": client, "payload": source,
               "window_s": window_s, "max_seconds_per_level": max_seconds_per_level, "levels": rows,
               "files": {"csv": str(out / "sweep.csv"), "png": str(out / "sweep.png"), "json": str(out / "sweep.json")}}
     write_csv(out / "sweep.csv", rows)
@@ -98,7 +100,7 @@ def _us(value: float | None) -> str:
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    columns = ["concurrency", "throughput_rps", "p50_ms", "p95_ms", "p99_ms", "mean_ms", "requests", "failures",
+    columns = ["concurrency", "throughput_rps", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms", "requests", "failures",
                "stable", "windows", "server_queue_us", "server_compute_us", "server_avg_batch", "server_batch_sizes"]
     with open(path, "w", newline="") as handle:
         writer = csv.DictWriter(handle, columns, extrasaction="ignore")

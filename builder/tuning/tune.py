@@ -3,8 +3,9 @@ model on the RUNNING server, under a p99 latency budget, maximising throughput.
 
 Each candidate config is loaded through Triton's model-control API with the config as JSON
 (``load_model(name, config=...)``: the server must run with ``--model-control-mode=explicit``; it is
-never restarted), checked to be what Triton actually loaded, then measured with the in-process
-closed-loop client (builder/tuning/client.py) at rising concurrency (1, 2, 4, ...), each level until
+never restarted), checked to be what Triton actually loaded, then measured with the engine
+(builder/tuning/engine.py: perf_analyzer when present, else the in-process closed-loop client) at
+rising concurrency (1, 2, 4, ...), each level until
 stable (capped), stopping at the first level whose p99 exceeds the budget or once throughput stops
 rising; two bisection steps then look between the last level within the budget and the first over
 it (e.g. 16 ok, 32 over: 24, then 20 or 28). A level over the budget is measured a second time
@@ -83,7 +84,7 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
              max_batch_sizes=(), levels=DEFAULT_LEVELS, max_concurrency: int | None = None,
              max_candidates: int = 12, window_s: float = 0.5, confirm: bool = True, batch_size: int = 1,
              tie_margin: float = 0.10, thread_counts=None, usable_cores: int | None = None, publish: bool = False,
-             progress: Callable[[str], object] | None = None) -> dict[str, Any]:
+             engine: str = "auto", progress: Callable[[str], object] | None = None) -> dict[str, Any]:
     """Search configs of ``model`` on the server at ``url`` (its ``protocol`` port) under ``p99_budget_ms``.
 
     Returns the result (also ``out_dir/tuning.json``): every candidate, the winner, both baselines, the
@@ -92,6 +93,7 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
     the model cannot be reached.
     """
     from builder.serving.check import config_differences
+    from builder.tuning.engine import choose_engine
     from builder.tuning.payload import fetch_model, load_samples, make_requests
 
     say = progress or (lambda message: None)
@@ -113,8 +115,10 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
     out.mkdir(parents=True, exist_ok=True)
     per_level_s = max(4 * window_s, seconds_per_candidate / len(levels))
 
+    meter = choose_engine(engine, say)
+    meter.prepare(url, protocol, interface, samples, requests, batch_size=batch_size, work_dir=out / "perf_analyzer")
     search = Search(url, protocol, model, base, requests, interface.outputs, levels, p99_budget_ms,
-                     window_s, per_level_s, max_candidates, say)
+                    window_s, per_level_s, max_candidates, say, engine=meter)
     started = time.monotonic()
     try:
         none, default = search.candidates(built_max, instance_counts, delays, max_batch_sizes, thread_counts)
@@ -218,7 +222,8 @@ def _record(model, url, protocol, search: Search, source, batch_size, p99_budget
     """What ``tuning.json`` holds: the settings, every candidate, the winner and the baselines."""
     return {
         "model": model, "tuned_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "server": url, "protocol": protocol, "client": search.client_kind, "payload": source,
+        "server": url, "protocol": protocol, "engine": search.engine.name, "client": search.client_kind,
+        "payload": source,
         "batch_size": batch_size, "p99_budget_ms": p99_budget_ms, "seconds_per_candidate": seconds_per_candidate,
         "window_s": window_s, "levels": levels, "search_seconds": round(elapsed, 1),
         "scoring": "highest throughput at a concurrency level whose p99 is within the budget, with no failures",

@@ -1,0 +1,200 @@
+"""Triton's own load generator, perf_analyzer: where it is, and installing it on first use.
+
+The binary comes from the ``tritonclient==2.51.0`` manylinux1 wheel (2.51 = the embedded server's
+release; 2.52-2.60 need glibc 2.38, 2.61+ ship no binary): only the one file
+``tritonclient-2.51.0.data/data/bin/perf_analyzer`` is taken out of it. The wheel is never installed
+(it would downgrade protobuf/grpcio). The binary needs ``libb64.so.0d`` and ``libcudart.so.12``, which
+the nvidia-pytriton wheel already bundles under hashed names in ``site-packages/nvidia_pytriton.libs``:
+a ``lib/`` folder beside the binary links them under the names it asks for, and goes first on its
+``LD_LIBRARY_PATH``.
+
+Layout: ``~/.cache/triton-builder/perf_analyzer/2.51.0/`` (or under $TRITON_BUILDER_CACHE) holding
+``bin/perf_analyzer``, ``lib/`` and ``ready`` (written last, after ``perf_analyzer --version``
+answered). ``$TRITON_BUILDER_PERF_ANALYZER`` names another binary instead (nothing is installed then).
+``make setup`` installs it (scripts/install-perf-analyzer.sh).
+
+Usage::
+
+    found = find_perf_analyzer()                # PerfAnalyzer or None; never downloads
+    tool = install_perf_analyzer(progress=say)  # found, or downloaded now; PerfAnalyzerMissing if it cannot
+    run_command(tool.command(["-m", "digits_cnn", ...]), 60, env=tool.environment())
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from builder.errors import BuilderError
+
+VERSION = "2.51.0"
+BINARY_ENV = "TRITON_BUILDER_PERF_ANALYZER"
+CACHE_ENV = "TRITON_BUILDER_CACHE"
+WHEEL_MEMBER = f"tritonclient-{VERSION}.data/data/bin/perf_analyzer"
+#: the name the binary asks for -> the file in nvidia_pytriton.libs that provides it
+LIBRARIES = {"libb64.so.0d": "libb64-*.so.0d", "libcudart.so.12": "libcudart-*.so.12*"}
+INSTALL_TIMEOUT_S = 300
+
+
+class PerfAnalyzerMissing(BuilderError):
+    """perf_analyzer is not installed and could not be installed; the message says how to do it by hand."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class PerfAnalyzer:
+    binary: Path
+    lib_dir: Path | None  #: holds libb64.so.0d and libcudart.so.12 (None: the system provides them)
+    version: str = VERSION
+
+    def command(self, args: list[str]) -> list[str]:
+        return [str(self.binary), *[str(a) for a in args]]
+
+    def environment(self) -> dict[str, str]:
+        """This environment with ``lib_dir`` first on LD_LIBRARY_PATH."""
+        env = dict(os.environ)
+        if self.lib_dir is not None:
+            env["LD_LIBRARY_PATH"] = os.pathsep.join([str(self.lib_dir)] + (
+                [env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else []))
+        return env
+
+    def describe(self) -> str:
+        return f"perf_analyzer {self.version} ({self.binary})"
+
+
+def install_dir() -> Path:
+    base = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "triton-builder")
+    return Path(base) / "perf_analyzer" / VERSION
+
+
+def manual_steps() -> str:
+    """How to install it by hand (what install_perf_analyzer does)."""
+    home = install_dir()
+    return (f"on a machine with PyPI access: `pip download --no-deps --only-binary=:all: --platform manylinux1_x86_64 "
+            f"--python-version 3.11 tritonclient=={VERSION}`, then `unzip -j tritonclient-{VERSION}-*.whl "
+            f"{WHEEL_MEMBER} -d {home}/bin`, link <site-packages>/nvidia_pytriton.libs/libb64-*.so.0d as "
+            f"{home}/lib/libb64.so.0d and libcudart-*.so.12* as {home}/lib/libcudart.so.12, then `touch {home}/ready` "
+            f"(or `apt-get install libb64-0d` and set ${BINARY_ENV} to the binary); "
+            f"scripts/install-perf-analyzer.sh does all of this")
+
+
+def _bundled_libs() -> Path | None:
+    """``site-packages/nvidia_pytriton.libs`` of the installed nvidia-pytriton wheel, if any."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    libs = Path(list(spec.submodule_search_locations)[0]).parent / "nvidia_pytriton.libs"
+    return libs if libs.is_dir() else None
+
+
+def link_libraries(lib_dir: Path) -> list[str]:
+    """Link the libraries the binary needs into ``lib_dir``; the names that could not be provided."""
+    lib_dir.mkdir(parents=True, exist_ok=True)
+    bundled = _bundled_libs()
+    missing = []
+    for name, pattern in LIBRARIES.items():
+        target = lib_dir / name
+        found = sorted(glob.glob(str(bundled / pattern))) if bundled is not None else []
+        if not found:
+            if not target.exists():
+                missing.append(name)
+            continue
+        if target.is_symlink() or target.exists():
+            if target.resolve() == Path(found[0]).resolve():
+                continue
+            target.unlink()
+        target.symlink_to(found[0])
+    return missing
+
+
+def find_perf_analyzer() -> PerfAnalyzer | None:
+    """The installed binary (or $TRITON_BUILDER_PERF_ANALYZER's), None if there is none. Never downloads."""
+    given = os.environ.get(BINARY_ENV)
+    home = install_dir()
+    if given:
+        path = Path(given)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            return None
+        lib_dir = home / "lib"
+        return PerfAnalyzer(path, lib_dir if not link_libraries(lib_dir) else None)
+    binary = home / "bin" / "perf_analyzer"
+    if (home / "ready").is_file() and binary.is_file() and os.access(binary, os.X_OK):
+        link_libraries(home / "lib")  # nvidia-pytriton may have been reinstalled since
+        return PerfAnalyzer(binary, home / "lib")
+    return None
+
+
+def install_perf_analyzer(progress: Callable[[str], object] = lambda m: None) -> PerfAnalyzer:
+    """The installed perf_analyzer, downloading it first if needed (the wheel from PyPI, once).
+
+    Raises ``PerfAnalyzerMissing`` naming what failed and the manual steps.
+    """
+    found = find_perf_analyzer()
+    if found is not None:
+        return found
+    given = os.environ.get(BINARY_ENV)
+    if given:
+        raise PerfAnalyzerMissing(f"${BINARY_ENV} names {given}, which is not an executable file: point it at "
+                                  f"a perf_analyzer binary, or unset it to use the one triton-builder installs")
+    from builder.processes import CommandError, TimeoutExpired, run_command
+
+    home = install_dir()
+    home.parent.mkdir(parents=True, exist_ok=True)
+    progress(f"installing perf_analyzer {VERSION} into {home} (once; only the binary from the tritonclient "
+             f"{VERSION} wheel) ...")
+    staging = Path(tempfile.mkdtemp(prefix=f".perf_analyzer-{VERSION}-", dir=home.parent))
+    try:
+        staging.chmod(0o755)
+        download = staging / "download"
+        try:
+            run_command([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+                         "--no-deps", "--only-binary=:all:", "--platform", "manylinux1_x86_64", "--python-version",
+                         "3.11", f"tritonclient=={VERSION}", "-d", download], INSTALL_TIMEOUT_S, check=True)
+        except CommandError as err:
+            raise PerfAnalyzerMissing(f"`pip download tritonclient=={VERSION}` failed (is PyPI reachable?): "
+                                      f"{' '.join(err.output.split())[-300:]}") from None
+        wheels = sorted(download.glob("tritonclient-*.whl"))
+        if not wheels:
+            raise PerfAnalyzerMissing(f"pip download left no tritonclient wheel in {download}")
+        (staging / "bin").mkdir()
+        binary = staging / "bin" / "perf_analyzer"
+        with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(WHEEL_MEMBER) as src, open(binary, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        binary.chmod(0o755)
+        shutil.rmtree(download)
+        missing = link_libraries(staging / "lib")
+        if missing:
+            raise PerfAnalyzerMissing(f"{', '.join(missing)} not found in nvidia_pytriton.libs (is nvidia-pytriton "
+                                      "installed?); `apt-get install libb64-0d` provides libb64.so.0d")
+        tool = PerfAnalyzer(binary, staging / "lib")
+        answer = run_command(tool.command(["--version"]), 60, env=tool.environment())
+        if answer.returncode != 0 or "Perf Analyzer Version" not in answer.stdout + answer.stderr:
+            raise PerfAnalyzerMissing(f"the extracted binary does not run: {(answer.stderr or answer.stdout)[-300:]}")
+        (staging / "ready").write_text(VERSION + "\n")
+        shutil.rmtree(home, ignore_errors=True)  # a half one from an interrupted install
+        try:
+            os.rename(staging, home)
+        except OSError:
+            if not (home / "ready").is_file():  # not a concurrent install that finished first
+                raise
+    except (CommandError, TimeoutExpired, OSError, KeyError, zipfile.BadZipFile, PerfAnalyzerMissing) as err:
+        reason = " ".join(str(err).split())[-400:]
+        raise PerfAnalyzerMissing(f"could not install perf_analyzer {VERSION} into {home}: {reason}. To install it "
+                                  f"by hand: {manual_steps()}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    found = find_perf_analyzer()
+    if found is None:
+        raise PerfAnalyzerMissing(f"perf_analyzer was installed into {home} but cannot be found there; "
+                                  f"remove {home} and try again, or install it by hand: {manual_steps()}")
+    return found
