@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from builder.report_compression import compression_lines, pareto_front, row_fields
+
 COLUMNS = ["variant", "size MB", "exporter", "rel L2", "max abs", "acc drop", "p50 ms (b=1)",
            "throughput", "x onnx", "status"]
 PLOT_NAME = "build_report.png"
@@ -68,6 +70,7 @@ def variant_rows(ctx) -> list[dict[str, Any]]:
             "notes": list(v.notes),
             "search": v.search,
             "tradeoff": bench.get("tradeoff"),  # objective tradeoff: J and its terms
+            **row_fields(v),  # verified_by, params, flops, accuracy, compression (builder/report_compression.py)
         })
     return rows
 
@@ -114,6 +117,7 @@ def report_files(ctx) -> dict[str, bytes]:
         if "\n" in row["rejected"]:  # a one-line reason is already in `why`
             lines.extend(f"  {line}" for line in row["rejected"].splitlines())
     lines += _measurement_lines(ctx) + _tradeoff_lines(data["variants"]) + _search_lines(data["variants"])
+    lines += compression_lines(data["variants"])
     if data["notes"]:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in data["notes"]]
     lines += ["", "## Stages", "", "| stage | status | seconds | reason |", "|---|---|---|---|"]
@@ -231,6 +235,13 @@ def plot_figure(rows: list[dict[str, Any]], max_accuracy_drop: float | None = No
         y = y if with_labels else max(float(y), REL_L2_FLOOR)
         marker = "*" if row["selected"] else ("o" if row["eligible"] else "x")
         right.scatter([x], [y], marker=marker, s=160 if row["selected"] else 60, color=colors[row["variant"]])
+    points = [(r["variant"], r["x onnx"], r[key] if with_labels else max(float(r[key]), REL_L2_FLOOR))
+              for r in measured if r["eligible"] and r["x onnx"] is not None and r[key] is not None]
+    front = pareto_front(points)
+    if len(front) > 1:
+        where = {name: (x, y) for name, x, y in points}
+        right.plot([where[n][0] for n in front], [where[n][1] for n in front], color="black", linestyle="--",
+                   linewidth=1, zorder=0)
     right.set_xscale("log")
     right.xaxis.set_major_locator(FixedLocator([0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 3, 5, 10, 20, 50]))
     right.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}x"))
@@ -255,6 +266,9 @@ def plot_figure(rows: list[dict[str, Any]], max_accuracy_drop: float | None = No
     if with_labels and max_accuracy_drop is not None:
         handles.append(Line2D([], [], color="red", linestyle="--"))
         names.append(f"max accuracy drop ({max_accuracy_drop:g})")
+    if len(front) > 1:
+        handles.append(Line2D([], [], color="black", linestyle="--", linewidth=1))
+        names.append("Pareto front (eligible variants)")
     figure.legend(handles, names, loc="lower center", ncol=4, fontsize=8, frameon=False)
     figure.tight_layout(rect=(0, 0.06 + 0.05 * legend_rows, 1, 1))
     return figure

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import UserInputError
+from builder.spec_compression import CompressionSpec, parse_compression, parse_training
 from builder.spec_fields import Fields as _Fields
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
@@ -111,6 +112,7 @@ class SourceSpec:
 class DataSpec:
     calibration: Path | None = None
     validation: Path | None = None
+    training: Path | str | None = None  # .npz (inputs + labels) or 'module:function' (builder/spec_compression.py)
 
 
 @dataclass
@@ -177,6 +179,7 @@ class ModelSpec:
     deploy: DeploySpec = field(default_factory=DeploySpec)
     onnx: OnnxSpec = field(default_factory=OnnxSpec)
     quantization: QuantizationSpec = field(default_factory=QuantizationSpec)
+    compression: CompressionSpec = field(default_factory=CompressionSpec)
     spec_path: Path | None = None
 
     @property
@@ -198,12 +201,12 @@ class ModelSpec:
 
 _TOP_KEYS = (
     "name", "version", "source", "inputs", "outputs", "max_batch_size", "data", "variants",
-    "objective", "verify", "deploy", "onnx", "quantization",
+    "objective", "verify", "deploy", "onnx", "quantization", "compression",
 )
 _SOURCE_KEYS = ("module", "torchscript", "onnx", "weights")
 _INPUT_KEYS = ("name", "dtype", "shape", "value_range", "min_shape", "opt_shape", "max_shape")
 _OUTPUT_KEYS = ("name", "dtype", "shape")
-_DATA_KEYS = ("calibration", "validation")
+_DATA_KEYS = ("calibration", "validation", "training")
 _VERIFY_KEYS = ("batch_sizes", "dynamic_sizes", "tolerances", "max_accuracy_drop", "seed")
 _DEPLOY_KEYS = (
     "target", "instances", "dynamic_batching", "max_queue_delay_microseconds",
@@ -257,7 +260,8 @@ def parse_spec(data: Any, spec_path: Path | None = None) -> ModelSpec:
     data_spec = DataSpec()
     if top.get("data") is not None:
         d = _Fields(top.get("data"), "data", _DATA_KEYS, origin)
-        data_spec = DataSpec(calibration=d.path("calibration", base), validation=d.path("validation", base))
+        data_spec = DataSpec(calibration=d.path("calibration", base), validation=d.path("validation", base),
+                             training=parse_training(d, base))
 
     variants = top.get("variants")
     if variants is not None and (not isinstance(variants, list) or not all(isinstance(v, str) for v in variants)
@@ -280,6 +284,7 @@ def parse_spec(data: Any, spec_path: Path | None = None) -> ModelSpec:
         deploy=_parse_deploy(top.get("deploy"), origin, max_batch_size),
         onnx=_parse_onnx(top.get("onnx"), origin),
         quantization=_parse_quantization(top.get("quantization"), origin),
+        compression=parse_compression(top.get("compression"), origin),
         spec_path=spec_path,
     )
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from builder.stages import (benchmark, export_onnx, export_torchscript, load, openvino, optimize, publish, quantize,
                             register, select, tensorrt, verify)
+from builder.stages import compress  # the only stage that trains (issue 20)
 
 PIPELINE = [
     ("load", load, True),
@@ -17,6 +18,7 @@ PIPELINE = [
     ("quantize", quantize, False),
     ("openvino", openvino, False),
     ("tensorrt", tensorrt, False),
+    ("compress", compress, False),
     ("verify", verify, True),
     ("benchmark", benchmark, False),
     ("select", select, True),

@@ -77,6 +77,12 @@ class Variant:
     selection_reason: str = ""
     published_as: str = ""
     search: list[dict[str, Any]] | None = None  # the quantisation search table (builder/quant_search.py)
+    # stage compress: variants that change the function by design are verified by task accuracy, not by
+    # closeness; reference.npz of their published version holds their OWN outputs (what check compares)
+    verified_by: str = "reference"  # reference | task_accuracy
+    own_outputs: list[dict[str, Any]] | None = None  # per reference case, set by verify for task_accuracy
+    stats: dict[str, Any] | None = None  # parameters, MACs, FLOPs of the torch model it came from
+    compression: dict[str, Any] | None = None  # what training made it: ratio, steps, budget, history
 
     @property
     def files(self) -> list[Path]:

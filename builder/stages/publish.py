@@ -45,6 +45,8 @@ def _metadata(ctx: BuildContext, variant: Variant, name: str, version: int, hash
         "files_sha256": hashes,
         "versions": library_versions(),
         "verification": variant.verification,
+        "verified_by": variant.verified_by,  # reference (closeness) | task_accuracy (stage compress)
+        **({"compression": variant.compression, "model_stats": variant.stats} if variant.compression else {}),
         "accuracy": variant.accuracy,
         "benchmark": variant.benchmark,
         "selection": {"objective": spec.objective, "selected": variant.selected, "why": variant.selection_reason,
@@ -72,7 +74,9 @@ def _describe(ctx: BuildContext, variant: Variant, name: str, version: int) -> t
     sizing = serving_size(variant.benchmark, profile["usable_cores"])
     config = config_for(ctx.spec, variant.format, ctx.target, name, signature,
                         sizing=sizing[:2] if sizing else None)
-    extra: dict[str, bytes] = {"reference.npz": reference_bytes(ctx.reference.cases, ctx.reference.outputs)}
+    # a variant verified by task accuracy serves its own function: check compares with its own outputs
+    outputs = variant.own_outputs if variant.own_outputs is not None else ctx.reference.outputs
+    extra: dict[str, bytes] = {"reference.npz": reference_bytes(ctx.reference.cases, outputs)}
     if config.backend == "python":
         extra["drift_profile.json"] = profile_text(build_profile(*_profile_data(ctx))).encode()
     record = _metadata(ctx, variant, name, version, None, config.backend)  # version + files_sha256: on publish

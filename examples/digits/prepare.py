@@ -1,4 +1,4 @@
-"""Train the digits CNN and write weights + calibration/validation data.
+"""Train the digits CNN and write weights + calibration/validation/training data.
 
 Deterministic (fixed seeds, fixed split) and fully offline: the data set is
 scikit-learn's bundled ``load_digits()``.
@@ -74,8 +74,19 @@ def main():
     calib_idx = np.random.RandomState(SEED + 1).choice(len(y_tr), N_CALIB, replace=False)
     np.savez_compressed(os.path.join(HERE, "data", "calib.npz"), image=x_tr[np.sort(calib_idx)])
     np.savez_compressed(os.path.join(HERE, "data", "val.npz"), image=x_val, labels=y_val)
-    print("wrote weights.safetensors, data/calib.npz, data/val.npz")
+    write_training(x_tr, y_tr)
+    print("wrote weights.safetensors, data/calib.npz, data/val.npz, data/train.npz")
+
+
+def write_training(x_tr, y_tr):
+    """data/train.npz: the training split with its labels (data.training: the compression variants
+    fine-tune on it). ``python examples/digits/prepare.py --training-only`` rewrites just this file."""
+    np.savez_compressed(os.path.join(HERE, "data", "train.npz"), image=x_tr, labels=y_tr)
 
 
 if __name__ == "__main__":
-    main()
+    if "--training-only" in sys.argv:
+        x_tr, y_tr, _, _ = load_split()
+        write_training(x_tr, y_tr)
+    else:
+        main()

@@ -1,0 +1,235 @@
+"""Training-time compression (stage compress, builder/compression/): real torch-pruning, real
+fine-tuning, real onnxruntime, on tiny models and tiny budgets.
+
+Covered: the budget stop (steps and an injected clock), the SKIPPED reason naming data.training,
+structured pruning through a residual addition and a concatenation (shapes, ONNX runs and agrees),
+determinism of a rerun, the spec keys, and verification by task accuracy on digits: the pass path
+(its own outputs become reference.npz, metadata says verified_by: task_accuracy) and the fail path
+(an accuracy budget nothing can meet).
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from torch import nn
+
+from builder.compression.prune import count_params_macs, prune_iteratively
+from builder.compression.train import Budget, TrainingData, cross_entropy, fine_tune
+from builder.errors import UserInputError
+from builder.pipeline import build
+from builder.repository.metadata import read_metadata, read_reference
+from builder.runtime import open_runner
+from builder.spec import parse_spec
+from builder.spec_compression import CompressionSpec
+from builder.stages.base import Status
+from builder.stages.common import export_module_onnx
+from tests.conftest import EXAMPLES
+
+
+class Residual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+        self.body = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                                  nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16))
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = self.stem(x)
+        h = torch.relu(self.body(h) + h)  # the residual: stem and body's last conv must keep equal channels
+        return self.head(h.mean((2, 3)))
+
+
+class Concat(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.left = nn.Conv2d(3, 8, 3, padding=1)
+        self.right = nn.Conv2d(3, 12, 1)
+        self.mix = nn.Conv2d(20, 16, 3, padding=1)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = torch.cat([torch.relu(self.left(x)), torch.relu(self.right(x))], dim=1)  # the concat
+        return self.head(torch.relu(self.mix(h)).mean((2, 3)))
+
+
+def _data(count: int = 64) -> TrainingData:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((count, 3, 8, 8)).astype(np.float32)
+    return TrainingData.from_arrays({"x": x, "labels": (x.mean((1, 2, 3)) > 0).astype(np.int64)}, ["x"])
+
+
+def _spec():
+    return parse_spec({"name": "tiny", "source": {"module": "m:build"}, "max_batch_size": 8,
+                       "inputs": [{"name": "x", "shape": [3, 8, 8]}], "outputs": [{"name": "y"}]})
+
+
+def _prune(model, seed: int = 0):
+    settings = CompressionSpec(prune_ratio=0.5, prune_steps=2, steps=4, seed=seed, batch_size=16)
+    return prune_iteratively(model, _data(), settings, Budget(100, 600), evaluate=lambda m: 50.0, floor=0.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# the fine-tuning budget
+
+
+def test_fine_tuning_stops_at_the_step_budget():
+    model, data = Concat(), _data()
+    budget = Budget(steps=3, seconds=600)
+    log = fine_tune(model, data, cross_entropy, budget, steps=10, lr=1e-3, seed=0, batch_size=16)
+    assert (log.steps, log.stopped_by, budget.used_steps) == (3, "budget steps", 3)
+    assert not model.training
+
+
+def test_fine_tuning_stops_at_the_time_budget():
+    ticks = iter(range(1000))  # an injected clock: one second per reading
+    budget = Budget(steps=1000, seconds=5, clock=lambda: float(next(ticks)))
+    lines = []
+    log = fine_tune(Concat(), _data(), cross_entropy, budget, steps=1000, lr=1e-3, seed=0, batch_size=16,
+                    evaluate=lambda m: 12.5, progress=lines.append, label="tiny")
+    assert log.stopped_by == "budget seconds" and 0 < log.steps < 10
+    assert log.accuracy == 12.5 and lines[-1] == f"    tiny: {log.steps} steps (budget seconds), accuracy 12.50%"
+
+
+# ------------------------------------------------------------------------------------------------
+# structured pruning through residual and concatenated branches
+
+
+@pytest.mark.parametrize("make", [Residual, Concat], ids=["residual", "concat"])
+def test_structured_pruning_keeps_branches_consistent_and_exports(make, tmp_path):
+    model = make().eval()
+    example = _data().inputs[0][:5]
+    before, _ = count_params_macs(model, [example])
+    result = _prune(model)
+    pruned = result.model
+    after, _ = count_params_macs(pruned, [example])
+    assert result.ratio == 0.5 and [h["ratio"] for h in result.history] == [0.25, 0.5]
+    assert after < 0.6 * before, (before, after)
+    assert pruned.head.out_features == 4  # the task head keeps its classes
+    if make is Residual:
+        assert pruned.stem[0].out_channels == pruned.body[3].out_channels < 16
+    else:
+        assert pruned.mix.in_channels == pruned.left.out_channels + pruned.right.out_channels < 20
+    with torch.no_grad():
+        expected = pruned(example).numpy()
+    assert expected.shape == (5, 4)
+    path = tmp_path / "model.onnx"
+    export_module_onnx(pruned, _spec(), path)
+    got = open_runner("onnx", path, ["y"], ["x"])({"x": example.numpy()})["y"]
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_pruning_twice_with_the_same_seed_gives_the_same_model():
+    first, second = _prune(Residual()).model.state_dict(), _prune(Residual()).model.state_dict()
+    assert list(first) == list(second)
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+    third = _prune(Residual(), seed=1).model.state_dict()
+    assert any(not torch.equal(first[n], third[n]) for n in first if first[n].is_floating_point())
+
+
+# ------------------------------------------------------------------------------------------------
+# the spec
+
+
+def test_compression_spec_keys_and_errors(tmp_path):
+    base = {"name": "m", "source": {"module": "m:build"}, "inputs": [{"name": "x", "shape": [2]}],
+            "outputs": [{"name": "y"}], "max_batch_size": 4}
+    spec = parse_spec(dict(base, data={"training": "data:batches"}, compression={"prune_ratio": 0.3, "alpha": 0,
+                                                                                  "student": "small:build"}))
+    assert spec.data.training == "data:batches"
+    assert (spec.compression.prune_ratio, spec.compression.alpha, spec.compression.student) == (0.3, 0.0, "small:build")
+    assert spec.compression.steps == 300 and spec.compression.seconds == 60.0
+    with pytest.raises(UserInputError, match=r"field 'compression.prune_ratio': must be a number in \(0, 1\)"):
+        parse_spec(dict(base, compression={"prune_ratio": 1.0}))
+    with pytest.raises(UserInputError, match=r"field 'compression.alpha': must be a number in \[0, 1\]"):
+        parse_spec(dict(base, compression={"alpha": 1.5}))
+    with pytest.raises(UserInputError, match=r"'compression.student': 'nope' is not 'python.module:callable'"):
+        parse_spec(dict(base, compression={"student": "nope"}))
+    with pytest.raises(UserInputError, match=r"field 'data.training': file not found"):
+        parse_spec(dict(base, data={"training": "missing.npz"}), tmp_path / "spec.yaml")
+
+
+# ------------------------------------------------------------------------------------------------
+# builds on digits
+
+
+def _digits(tmp_path, **changes):
+    folder = tmp_path / "digits"
+    shutil.copytree(EXAMPLES / "digits", folder, ignore=shutil.ignore_patterns("__pycache__"))
+    data = yaml.safe_load((folder / "spec.yaml").read_text())
+    for key, value in changes.items():
+        if value is None:
+            data["data"].pop(key, None)
+        else:
+            data[key] = value
+    (folder / "spec.yaml").write_text(yaml.safe_dump(data))
+    return folder / "spec.yaml"
+
+
+SMALL = {"prune_ratio": 0.5, "prune_steps": 2, "steps": 80, "seconds": 60}
+
+
+def test_without_training_data_the_variants_are_skipped_naming_data_training(tmp_path, quiet):
+    spec = _digits(tmp_path, training=None)
+    result = build(spec, tmp_path / "repo", variants=["onnx", "onnx_pruned", "onnx_qat_int8"], benchmark_seconds=0,
+                   progress=quiet)
+    stage = next(r for r in result.results if r.stage == "compress")
+    assert stage.status is Status.SKIPPED
+    assert stage.reason.startswith("onnx_pruned, onnx_qat_int8: needs labelled training data: set data.training")
+    assert [v.name for v in result.context.variants] == ["onnx"]
+    assert "onnx_pruned: skipped: needs labelled training data: set data.training" in " ".join(result.context.notes)
+
+
+@pytest.fixture(scope="module")
+def pruned_build(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("compress")
+    spec = _digits(tmp, compression=SMALL)
+    return build(spec, tmp / "repo", variants=["onnx", "onnx_pruned"], benchmark_seconds=0,
+                 publish_variants=True, progress=None)
+
+
+def test_pruned_variant_is_verified_by_task_accuracy_and_publishes_its_own_outputs(pruned_build):
+    ctx = pruned_build.context
+    pruned, plain = ctx.variant("onnx_pruned"), ctx.variant("onnx")
+    assert pruned.verified and pruned.verified_by == "task_accuracy" and plain.verified_by == "reference"
+    assert pruned.accuracy["drop"] <= 1.0
+    assert pruned.stats["params"] < plain.stats["params"] and plain.stats["of"] == "the user's model"
+    history = pruned.compression["history"]
+    # the largest ratio that kept the accuracy floor is the one exported
+    assert pruned.compression["ratio"] == max(h["ratio"] for h in history if h["kept"]) and history[0]["ratio"] == 0.25
+    # it differs from the reference (no closeness gate), so its published reference.npz holds its own outputs
+    assert pruned.verification["metrics"]["logits"]["rel_l2"] > 1e-3
+    folder = pruned.published_as
+    published = next(p for p in pruned_build.published if p["name"] == folder)
+    folder = Path(published["path"])
+    meta = read_metadata(folder / "metadata.yaml")
+    assert meta["verified_by"] == "task_accuracy" and meta["compression"]["ratio"] == pruned.compression["ratio"]
+    cases, outputs = read_reference(folder / "reference.npz")
+    run = open_runner("onnx", folder / meta["artifact"]["file"], ["logits"], ["image"])
+    for case, stored in zip(cases, outputs):
+        np.testing.assert_allclose(run(case["inputs"])["logits"], stored["logits"], rtol=1e-6)
+    report = (folder / "build_report.md").read_text()
+    assert "verified by task accuracy" in report and "## Compression" in report
+
+
+def test_a_compressed_variant_outside_the_accuracy_budget_is_rejected(tmp_path, quiet):
+    # a budget nothing can meet: 90 % of the channels gone, one tiny step, no accuracy drop allowed
+    spec = _digits(tmp_path, compression={"prune_ratio": 0.9, "prune_steps": 1, "steps": 1, "learning_rate": 1e-9},
+                   verify={"max_accuracy_drop": 0.0})
+    result = build(spec, tmp_path / "repo", variants=["onnx", "onnx_pruned"], benchmark_seconds=0, progress=quiet)
+    pruned = result.context.variant("onnx_pruned")
+    assert pruned.verified is False and not pruned.eligible
+    assert "no ratio kept accuracy" in " ".join(pruned.notes)
+    assert pruned.rejected.startswith("failed verification:\n- logits: top-1 accuracy")
+    assert "> 0.0 allowed" in pruned.rejected
+    assert result.context.selected.name == "onnx"
