@@ -125,10 +125,13 @@ def _silent(message: str) -> None:
 
 
 def _variant_failures(ctx: BuildContext) -> list[str]:
+    from builder.stages.export_onnx import IF_UNVERIFIED
+
     lines = []
     for v in ctx.variants:
         if v.rejected:
-            lines.append(f"{v.name}: " + v.rejected.replace("\n", "\n  "))
+            hints = [n.replace(IF_UNVERIFIED, "hint: ", 1) for n in v.notes if n.startswith(IF_UNVERIFIED)]
+            lines.append(f"{v.name}: " + "\n".join([v.rejected, *hints]).replace("\n", "\n  "))
     return lines
 
 

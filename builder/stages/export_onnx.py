@@ -5,6 +5,7 @@ large weights go to ``model.onnx.data`` beside the model."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -14,6 +15,8 @@ from builder.stages.common import export_dynamo, export_legacy, finalize_onnx
 from builder.variants import register_variant
 
 STAGE = "export_onnx"
+#: a variant note with this prefix is a hint shown with the variant's verification failure (builder/pipeline.py)
+IF_UNVERIFIED = "if verification fails: "
 
 
 @register_variant("onnx", format="onnx", precision="fp32", stage=STAGE,
@@ -49,7 +52,10 @@ def make_onnx(ctx: BuildContext) -> StageResult:
             exporter = name
             break
         except Exception as exc:  # noqa: BLE001 - exporter failures are recorded, then we fall back
-            attempts[name] = " ".join(str(exc).split())[:400] or type(exc).__name__
+            text = " ".join(str(exc).split())
+            # torch.export's message opens with generic next steps; the cause follows "Exception summary"
+            text = text.split("## Exception summary", 1)[-1].strip()
+            attempts[name] = re.sub(r"\x1b\[[0-9;]*m", "", text)[:400] or type(exc).__name__
     if exporter is None:
         return StageResult.fail(STAGE, "every ONNX exporter failed: "
                                 + "; ".join(f"{k}: {v}" for k, v in attempts.items()), attempts=attempts)
@@ -58,6 +64,10 @@ def make_onnx(ctx: BuildContext) -> StageResult:
     variant = Variant("onnx", "onnx", "fp32", final, exporter=exporter, opset=opset)
     if "dynamo" in attempts and exporter == "legacy":
         variant.notes.append(f"dynamo exporter failed, used legacy: {attempts['dynamo']}")
+        variant.notes.append(f"{IF_UNVERIFIED}the legacy exporter TRACES the model, so Python control flow on "
+                             "input values or sizes (a loop, a branch) is frozen at the export example; add "
+                             "torchscript to variants (scripted when its trace is unsafe) or write that control "
+                             "flow with tensor ops (masks, torch.where)")
     ctx.add_variant(variant)
     shutil.rmtree(raw_dir, ignore_errors=True)
     return StageResult.ok(STAGE, f"exported with the {exporter} exporter, opset {opset}",
