@@ -5,6 +5,8 @@ openvino backend), validate's replay of a published IR, and NNCF's telemetry swi
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import os
 import re
 import shutil
@@ -22,6 +24,8 @@ from builder.repository.config import parse_config
 from builder.repository.runtime_gate import ir_failures, runtime_gate
 from builder.repository.triton_releases import triton_release
 from builder.repository.validate import validate_model
+from builder.stages import verify
+from builder.stages.base import Status
 from builder.variants import registered, resolve_variants
 
 MODEL = '''
@@ -128,14 +132,22 @@ def test_published_for_the_embedded_target_the_python_backend_runs_the_ir(tiny_b
     assert "model.bin: sha256 differs from metadata.yaml (file changed after the build)" in tampered.versions[-1].failures
 
 
-def test_a_forced_failure_is_rejected_with_its_numbers_and_not_published(tmp_path):
-    spec = tiny_spec(tmp_path, verify={"tolerances": {"int8": {"rel_l2": 1e-9}}})
-    result = build(spec, tmp_path / "repo", variants=["onnx", "openvino_int8"], benchmark_seconds=0,
-                   publish_variants=True, progress=lambda m: None)
-    variant = result.context.variant("openvino_int8")
+def test_a_forced_failure_is_rejected_with_its_numbers(tiny_build):
+    # the published FP32 IR verified again, in a copy of the build's context, against a tolerance no
+    # FP32 runtime meets (rel L2 1e-12): stage verify's real check must fail it with the numbers
+    result, repo = tiny_build
+    ctx = copy.deepcopy(result.context)
+    ctx.spec.verify.tolerances = {"fp32": {"rel_l2": 1e-12}}
+    variant = dataclasses.replace(ctx.variant("openvino"), path=repo / "tiny__openvino" / "1" / "model.xml",
+                                  verified=None, verification=None)
+    ctx.variants = [variant]
+    assert verify.run(ctx).status is Status.FAIL
     assert variant.verified is False
-    assert variant.rejected.startswith("failed verification:\n- logits: rel L2 ") and "> 1e-09" in variant.rejected
-    assert not (tmp_path / "repo" / "tiny__openvino_int8").exists()
+    assert re.match(r"failed verification:\n- logits: rel L2 \d\.\de-\d\d > 1e-12", variant.rejected), variant.rejected
+    good = dataclasses.replace(variant, verified=None, rejected="")
+    ctx.spec.verify.tolerances = {}
+    ctx.variants = [good]
+    assert verify.run(ctx).status is Status.OK and good.verified is True
 
 
 def test_target_cpu_publishes_the_ir_for_tritons_openvino_backend(tmp_path):
