@@ -1,7 +1,9 @@
 """Model-zoo conformance: build, verify, publish, serve and check a broad set of architectures, one table.
 
 Each model is made from a transformers config, offline, with random weights (no downloads, no
-torchvision), written out as a spec folder the way a user would, then built with
+torchvision), or - for the families no config gives (LSTM/GRU taggers, loops over a dynamic length or
+a data-dependent count, a detector with variable-size outputs, a segmenter) - from plain torch modules
+in benchmarks/zoo_models.py; written out as a spec folder the way a user would, then built with
 ``triton-builder build`` (the library's ``build``), served on the embedded tritonserver and checked
 over HTTP and gRPC (``check``). Prints one row per model: build seconds, the exporter that produced
 the ONNX variant, variants verified, the published variant and the served rel L2 (worst output over
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import platform
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -54,6 +57,16 @@ def build():
     return Wrapped(transformers.{cls}(config).eval(), "{key}")
 '''
 
+AUDIO = {"inputs": [{"name": "input_values", "dtype": "float32", "shape": [-1], "min_shape": [1600],
+                     "opt_shape": [8000], "max_shape": [16000]}],  # 0.1 to 1 s of 16 kHz audio
+         "outputs": [{"name": "logits"}], "max_batch_size": 4}
+SEGMENT = {"inputs": [{"name": "pixel_values", "dtype": "float32", "shape": [3, -1, -1], "min_shape": [3, 32, 32],
+                       "opt_shape": [3, 64, 64], "max_shape": [3, 128, 128]}],
+           "outputs": [{"name": "logits"}], "max_batch_size": 2}
+TAGS = {"inputs": [{"name": "input_ids", "dtype": "int64", "shape": [-1], "min_shape": [4], "opt_shape": [32],
+                    "max_shape": [128], "value_range": [0, 5000]}],
+        "outputs": [{"name": "logits"}], "max_batch_size": 8}
+
 # name: (config class, model class, config kwargs, input key, spec)
 ZOO = {
     "resnet": ("ResNetConfig", "ResNetForImageClassification",
@@ -86,15 +99,49 @@ ZOO = {
                 "max_position_embeddings=40, num_labels=3", "input_ids", TEXT),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel",
              "vocab_size=100, n_embd=32, n_layer=2, n_head=2, n_positions=32", "input_ids", TEXT),
+    "electra": ("ElectraConfig", "ElectraForSequenceClassification",
+                "vocab_size=1000, embedding_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, "
+                "intermediate_size=128, max_position_embeddings=64, num_labels=3", "input_ids", TEXT),
+    "wav2vec2": ("Wav2Vec2Config", "Wav2Vec2ForCTC",
+                 "vocab_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128, "
+                 "conv_dim=(32, 32, 32), conv_stride=(5, 4, 4), conv_kernel=(10, 8, 4), num_conv_pos_embeddings=16, "
+                 "num_conv_pos_embedding_groups=4", "input_values", AUDIO),
+    "segformer": ("SegformerConfig", "SegformerForSemanticSegmentation",
+                  "num_encoder_blocks=2, depths=[1, 1], sr_ratios=[4, 2], hidden_sizes=[16, 32], "
+                  "num_attention_heads=[1, 2], patch_sizes=[7, 3], strides=[4, 2], mlp_ratios=[2, 2], "
+                  "decoder_hidden_size=32, num_labels=5", "pixel_values", SEGMENT),
 }
 
+# plain torch modules from benchmarks/zoo_models.py (copied into the spec folder): name -> spec
+CUSTOM = {
+    "lstm_tagger": TAGS,
+    "gru_tagger": TAGS,
+    "rnn_loop": {"inputs": [{"name": "x", "dtype": "float32", "shape": [-1, 16], "min_shape": [4, 16],
+                             "opt_shape": [12, 16], "max_shape": [32, 16]}],
+                 "outputs": [{"name": "scores"}], "max_batch_size": 8},
+    "refine_loop": {"inputs": [{"name": "x", "dtype": "float32", "shape": [16]}],
+                    "outputs": [{"name": "logits"}, {"name": "steps"}], "max_batch_size": 8},
+    "detector": {"inputs": [{"name": "image", "dtype": "float32", "shape": [3, -1, -1], "min_shape": [3, 64, 64],
+                             "opt_shape": [3, 128, 128], "max_shape": [3, 256, 256]}],
+                 "outputs": [{"name": "boxes"}, {"name": "scores"}, {"name": "labels"}], "max_batch_size": 0},
+    "segmenter": {"inputs": [{"name": "image", "dtype": "float32", "shape": [3, -1, -1], "min_shape": [3, 32, 32],
+                              "opt_shape": [3, 96, 96], "max_shape": [3, 160, 160]}],
+                  "outputs": [{"name": "logits"}], "max_batch_size": 4},
+}
+MODELS = [*ZOO, *CUSTOM]
 
-def write_spec(root: Path, name: str, variants: list[str]) -> Path:
-    config, cls, args, key, spec = ZOO[name]
+
+def write_spec(root: Path, name: str, variants: list[str], **changes) -> Path:
     folder = root / name
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "zoo_model.py").write_text(_WRAP.format(config=config, cls=cls, args=args, key=key).lstrip())
-    data = {"name": f"zoo_{name}", "source": {"module": "zoo_model:build"}, "variants": variants, **spec}
+    if name in CUSTOM:
+        shutil.copyfile(Path(__file__).resolve().parent / "zoo_models.py", folder / "zoo_models.py")
+        source, spec = f"zoo_models:build_{name}", CUSTOM[name]
+    else:
+        config, cls, args, key, spec = ZOO[name]
+        (folder / "zoo_model.py").write_text(_WRAP.format(config=config, cls=cls, args=args, key=key).lstrip())
+        source = "zoo_model:build"
+    data = {"name": f"zoo_{name}", "source": {"module": source}, "variants": variants, **spec, **changes}
     (folder / "spec.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     return folder / "spec.yaml"
 
@@ -119,8 +166,12 @@ def run_zoo(names: list[str], root: Path, variants: list[str]) -> list[dict]:
             row["exporter"] = next((v.exporter for v in ctx.variants if v.format == "onnx"), "-") or "-"
             row["verified"] = ",".join(v.name for v in ctx.variants if v.verified) or "-"
             row["published"] = next((v.name for v in ctx.variants if v.selected), "-")
-            notes = [n for v in ctx.variants if v.format == "onnx" for n in v.notes]
-            row["note"] = re.sub(r"\x1b\[[0-9;]*m", "", " ".join(" ".join(notes).split()))[:160]
+            notes = ["trace-unsafe: scripted" for n in ctx.notes if n.startswith("trace-unsafe")][:1]
+            notes += [f"{v.name} not verified: {v.rejected.splitlines()[1].lstrip('- ')[:90]}"
+                      for v in ctx.variants if v.verified is False and "\n" in v.rejected]
+            notes += [n for v in ctx.variants if v.format == "onnx" for n in v.notes
+                      if not n.startswith("if verification fails")]
+            row["note"] = re.sub(r"\x1b\[[0-9;]*m", "", "; ".join(" ".join(n.split()) for n in notes))[:300]
         except Exception as exc:  # noqa: BLE001 - a refusal (BuilderError) or a bug: either is a row, not a stop
             row["build_s"] = time.perf_counter() - start
             kind = "" if isinstance(exc, BuilderError) else f"{type(exc).__name__} (not a BuilderError): "
@@ -169,14 +220,14 @@ def host_line() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(ZOO), help=f"comma-separated, from: {', '.join(ZOO)}")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from: {', '.join(MODELS)}")
     parser.add_argument("--variants", default="onnx,torchscript")
     parser.add_argument("--keep", help="build into this folder (kept) instead of a temporary one")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.models.split(",") if n.strip()]
-    unknown = [n for n in names if n not in ZOO]
+    unknown = [n for n in names if n not in MODELS]
     if unknown:
-        parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(ZOO)}")
+        parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
     with tempfile.TemporaryDirectory(prefix="model-zoo-") as tmp:
         root = Path(args.keep) if args.keep else Path(tmp)
         rows = run_zoo(names, root, args.variants.split(","))
