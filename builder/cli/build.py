@@ -61,7 +61,7 @@ def cmd_select(args: argparse.Namespace, reporter: Reporter) -> int:
     from builder.repository.reselect import default_measure, select_for_host
 
     report = select_for_host(args.repository, args.name, measure=default_measure(args.seconds),
-                             dry_run=args.dry_run, progress=reporter)
+                             dry_run=args.dry_run, signing_key=args.signing_key, progress=reporter)
     for line in report.lines():
         print(line)
     return 0
@@ -119,6 +119,8 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--repository", default=DEFAULT_REPOSITORY, help="model repository folder (default: %(default)s)")
     p.add_argument("--seconds", type=float, default=2.0, help="measuring time cap per variant (default: %(default)s)")
     p.add_argument("--dry-run", action="store_true", help="measure and say what would be published; publish nothing")
+    p.add_argument("--signing-key", help="elliptic-curve private key (PEM) that signs the published version "
+                   "(default: $TRITON_BUILDER_SIGNING_KEY; its password only via $TRITON_BUILDER_SIGNING_KEY_PASSWORD)")
     p.set_defaults(func=cmd_select)
 
     p = sub.add_parser("clean", parents=[common],

@@ -88,7 +88,7 @@ def cmd_tune(args: argparse.Namespace, reporter: Reporter) -> int:
                       out_dir=args.out or Path("runs") / "tune" / args.name, payload=args.payload,
                       max_concurrency=args.max_concurrency, max_candidates=args.max_candidates,
                       confirm=not args.no_confirm, batch_size=args.batch_size, tie_margin=args.tie_margin,
-                      engine=args.engine, progress=reporter, **kwargs)
+                      engine=args.engine, signing_key=args.signing_key, progress=reporter, **kwargs)
     if not args.write and not args.publish and result["winner"]:
         print("(dry run: pass --write to write the winner into config.pbtxt and tuning.json)")
     return result["exit_code"]
@@ -142,6 +142,8 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--write", action="store_true", help="write the winner into config.pbtxt (+ tuning.json)")
     p.add_argument("--publish", action="store_true",
                    help="publish the winner as a new version (the latest version's files, the tuned config, tuning.json)")
+    p.add_argument("--signing-key", help="with --publish: elliptic-curve private key (PEM) that signs the new version "
+                   "(default: $TRITON_BUILDER_SIGNING_KEY; its password only via $TRITON_BUILDER_SIGNING_KEY_PASSWORD)")
     p.add_argument("--delays", type=int_list, help="max_queue_delay_microseconds to try (default 0,100,500,2000)")
     p.add_argument("--instances", dest="instance_counts", type=int_list, help="instance counts (default 1,2)")
     p.add_argument("--threads", dest="thread_counts", type=int_list,

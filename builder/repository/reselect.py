@@ -132,13 +132,15 @@ def _add_tradeoff(c: Candidate, weights: dict[str, float]) -> None:
 
 
 def select_for_host(repository: str | Path, name: str, *, measure: Measure | None = None,
-                    current_host: dict[str, Any] | None = None, dry_run: bool = False,
+                    current_host: dict[str, Any] | None = None, dry_run: bool = False, signing_key=None,
                     progress: Callable[[str], object] = lambda message: None) -> SelectReport:
     """Re-measure ``name``'s variants on this host and publish the winner as a new version (see the
-    module's docstring). ``measure`` and ``current_host`` are injectable (tests; default: measured here)."""
+    module's docstring). ``measure`` and ``current_host`` are injectable (tests; default: measured here).
+    ``signing_key`` (a PEM path or SigningKey; default $TRITON_BUILDER_SIGNING_KEY) signs the new version."""
     from builder.runtime import open_runner
 
     repository = Path(repository)
+    key = resolve_signing_key(signing_key, repository)  # a bad key fails before any measuring
     main = model_dir(repository, name)
     number = latest_version(main) if main.is_dir() else None
     if number is None:
@@ -195,7 +197,7 @@ def select_for_host(repository: str | Path, name: str, *, measure: Measure | Non
         report.why = (f"would publish {winner.variant} ({report.sizing[0]} x {report.sizing[1]}) as a new version of "
                       f"{name} (now {served_variant}); --dry-run: nothing published")
         return report
-    report.published = _publish(repository, name, number, winner, report, host)
+    report.published = _publish(repository, name, number, winner, report, host, key)
     report.why = (f"{name} version {report.published['version']}: {winner.variant} with {report.sizing[0]} instance(s)"
                   f" x {report.sizing[1]} intra-op thread(s), measured on {where} (was {served_variant}, "
                   f"version {number})")
@@ -237,7 +239,7 @@ def _config_text(winner_model: Path, name: str, sizing: tuple[int, int] | None, 
 
 
 def _publish(repository: Path, name: str, served_number: int, winner: Candidate, report: SelectReport,
-             host: dict[str, Any]) -> dict[str, Any]:
+             host: dict[str, Any], key=None) -> dict[str, Any]:
     text, config = _config_text(winner.folder.parent, name, report.sizing)
     artifact = winner.meta["artifact"]
     model_files = _model_files(winner.folder, artifact)
@@ -260,24 +262,36 @@ def _publish(repository: Path, name: str, served_number: int, winner: Candidate,
         "reselected_from": {"model": winner.label, "served_version": served_number,
                             "measured_on": winner.meta.get("host")},
     })
-    return _republish(repository, name, artifact["format"], model_files, runtime, extra, record, text, config)
+    return _republish(repository, name, artifact["format"], model_files, runtime, extra, record, text, config,
+                      key)
 
 
-def _republish(repository, name, model_format, model_files, runtime, extra, record, text, config) -> dict[str, Any]:
+def resolve_signing_key(value, repository: Path):
+    """A SigningKey from ``value`` (a PEM path, a SigningKey, or None: $TRITON_BUILDER_SIGNING_KEY), or None."""
+    from builder.repository.signing import SigningKey, signing_key
+
+    return value if isinstance(value, SigningKey) else signing_key(value, repository)
+
+
+def _republish(repository, name, model_format, model_files, runtime, extra, record, text, config,
+               key=None) -> dict[str, Any]:
+    """A new version of ``name`` from these parts, signed while staged when ``key`` is given (as build does)."""
     from builder.repository.publish import publish_model
 
     with reserve_version(repository, name, None) as reservation:
         description = VersionDescription(name=name, version=reservation.version, config=config,
                                          model_format=model_format, model_files=model_files,
                                          runtime_files=runtime, extra_files=extra, metadata=record,
-                                         config_text=text)
+                                         config_text=text, signing_key=key)
         return publish_model(repository, description, reservation)
 
 
-def publish_tuned(repository: str | Path, name: str, config_text: str, tuning: dict[str, Any]) -> dict[str, Any]:
+def publish_tuned(repository: str | Path, name: str, config_text: str, tuning: dict[str, Any],
+                  signing_key=None) -> dict[str, Any]:
     """`tune --publish`: the latest version of ``name`` again (same files, no re-export) as a new version
     served with ``config_text`` (the tuned config), ``tuning.json`` inside it and the chosen instances and
-    threads in metadata.yaml's ``serving``. Only scheduling may change (the backend, inputs and outputs
+    threads in metadata.yaml's ``serving``; signed with ``signing_key`` (a PEM path or SigningKey;
+    default $TRITON_BUILDER_SIGNING_KEY). Only scheduling may change (the backend, inputs and outputs
     must stay: BuilderError otherwise)."""
     import json
 
@@ -285,6 +299,7 @@ def publish_tuned(repository: str | Path, name: str, config_text: str, tuning: d
     from builder.repository.config import config_as_dict
 
     repository = Path(repository)
+    signer = resolve_signing_key(signing_key, repository)
     main = model_dir(repository, name)
     number = latest_version(main) if main.is_dir() else None
     if number is None:
@@ -311,4 +326,5 @@ def publish_tuned(repository: str | Path, name: str, config_text: str, tuning: d
                     "sized": "by triton-builder tune (measured on the running server; tuning.json)"},
         "tuned_from": {"version": number},
     })
-    return _republish(repository, name, artifact["format"], model_files, runtime, extra, record, text, config)
+    return _republish(repository, name, artifact["format"], model_files, runtime, extra, record, text, config,
+                      signer)

@@ -84,7 +84,8 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
              max_batch_sizes=(), levels=DEFAULT_LEVELS, max_concurrency: int | None = None,
              max_candidates: int = 12, window_s: float = 0.5, confirm: bool = True, batch_size: int = 1,
              tie_margin: float = 0.10, thread_counts=None, usable_cores: int | None = None, publish: bool = False,
-             engine: str = "auto", progress: Callable[[str], object] | None = None) -> dict[str, Any]:
+             engine: str = "auto", signing_key=None,
+             progress: Callable[[str], object] | None = None) -> dict[str, Any]:
     """Search configs of ``model`` on the server at ``url`` (its ``protocol`` port) under ``p99_budget_ms``.
 
     Returns the result (also ``out_dir/tuning.json``): every candidate, the winner, both baselines, the
@@ -101,6 +102,10 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
         p99_budget_ms, seconds_per_candidate, window_s, protocol, tie_margin, delays, instance_counts,
         max_batch_sizes, levels, max_concurrency)
     config_path, base_text, base = _read_config(repository, model, max_batch_sizes, batch_size)
+    key = None
+    if publish:  # a bad key fails before the search; $TRITON_BUILDER_SIGNING_KEY when none is given
+        from builder.repository.reselect import resolve_signing_key
+        key = resolve_signing_key(signing_key, Path(repository))
     built_max = int(base.get("max_batch_size", 0))
     thread_counts = _thread_counts(base, thread_counts, usable_cores)
 
@@ -143,7 +148,7 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
     say(summary_line)
     if (write or publish) and winner is not None:
         _write_winner(search.server, repository, model, config_path, base_text, base, winner, record, say,
-                      header_line=f"#   {summary_line} over {protocol}", publish=publish)
+                      header_line=f"#   {summary_line} over {protocol}", publish=publish, key=key)
     search.server.close()
     tmp = out / "tuning.json.tmp"
     tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
@@ -238,7 +243,8 @@ def _record(model, url, protocol, search: Search, source, batch_size, p99_budget
 
 
 def _write_winner(server: ModelControl, repository, model, config_path: Path, base_text: str, base: dict,
-                  winner: Candidate, record: dict[str, Any], say, header_line: str, publish: bool = False) -> None:
+                  winner: Candidate, record: dict[str, Any], say, header_line: str, publish: bool = False,
+                  key=None) -> None:
     """The winner into ``config.pbtxt`` + ``tuning.json`` (``publish``: as a new version of the model, the
     latest version's files with the tuned config; builder/repository/reselect.py), then served from the
     file (checked)."""
@@ -256,7 +262,7 @@ def _write_winner(server: ModelControl, repository, model, config_path: Path, ba
     text = config_text_from_dict(winner.config(base), header)
     if publish:
         from builder.repository.reselect import publish_tuned
-        published = publish_tuned(repository, model, text, record)
+        published = publish_tuned(repository, model, text, record, signing_key=key)
         record["published_version"] = published["version"]
         config_file, record_file = config_path, Path(published["path"]) / "tuning.json"
     else:

@@ -139,3 +139,29 @@ def test_tune_write_refuses_a_signed_version_and_writes_nothing(signed, tmp_path
                                              r"--signing-key"):
         write_tuned_config(repo, "digits_cnn", before.decode(), {"winner": "x"})
     assert config.read_bytes() == before and not (repo / "digits_cnn" / "tuning.json").exists()
+
+
+def test_select_and_tune_publish_sign_their_versions(signed, tmp_path, monkeypatch):
+    from builder.repository.reselect import publish_tuned, select_for_host
+    from builder.repository.validate import validate_model
+
+    repo, private, public = _copy(signed[0], tmp_path), signed[1], signed[2]
+    elsewhere = {"cpu_model": "Another CPU", "isa_flags": ["avx2"], "isa_class": "avx2", "usable_cores": 4}
+    report = select_for_host(repo, "digits_cnn", measure=lambda label, run, inputs, threads: {
+        "throughput": 1000.0, "p50_ms": 0.5}, current_host=elsewhere, signing_key=private)
+    assert report.published["version"] == 2
+    # tune --publish: the key from the environment, as build takes it
+    monkeypatch.setenv(signing.KEY_ENV, str(private))
+    config = (repo / "digits_cnn" / "config.pbtxt").read_text()
+    assert publish_tuned(repo, "digits_cnn", config, {"winner": "default"})["version"] == 3
+    for version in (2, 3):
+        assert (repo / "digits_cnn" / str(version) / signing.SIGNATURE_FILE).is_file()
+        result = validate_model(repo / "digits_cnn", version, public_key=public, require_signature=True,
+                                current_host=elsewhere)
+        assert result.ok, result.lines()
+    _, other = _key_pair(tmp_path, "other")
+    assert not validate_model(repo / "digits_cnn", 3, public_key=other, require_signature=True,
+                              current_host=elsewhere).ok  # really checked against the key
+    monkeypatch.delenv(signing.KEY_ENV)
+    assert publish_tuned(repo, "digits_cnn", config, {"winner": "default"})["version"] == 4
+    assert not (repo / "digits_cnn" / "4" / signing.SIGNATURE_FILE).exists()  # no key: unsigned, as before
