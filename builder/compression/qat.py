@@ -4,19 +4,24 @@ BatchNorm is folded into the preceding conv first (torch.fx's ``fuse``, where th
 then every Conv / Linear is wrapped: its input and output go through per-tensor asymmetric UINT8
 fake-quant (ranges from an exponential moving average of min / max, observed on training batches),
 its weight through per-channel symmetric INT8 fake-quant (scale = max |w| / 127 per output
-channel). Gradients pass straight through (torch's fake_quantize ops). torch.onnx exports the
-fake-quant ops as QuantizeLinear / DequantizeLinear; ``fold_weight_quantizers`` then stores each
-weight as an INT8 initializer (QDQ as onnxruntime's static INT8 writes it).
+channel). Gradients pass straight through (torch's fake_quantize ops). This is the scheme of
+onnxruntime's static INT8 recipe (S8 symmetric per-channel weights, U8 activations), so the trained
+weights are converted by onnxruntime's ``quantize_static`` (QDQ, per-channel, ranges calibrated on
+training batches; ``quantize_with_onnxruntime``): its Q/DQ placement (Relu folded, QLinear fusions)
+is the one onnxruntime runs fast (digits: 2.5x the throughput of exporting the fake-quant ops as
+they are). Where that conversion fails, torch.onnx exports the fake-quant ops as QuantizeLinear /
+DequantizeLinear and ``fold_weight_quantizers`` stores each weight as an INT8 initializer.
 
 (NNCF 3.4's PyTorch QAT was not used: this keeps the scheme under our control and close to
 onnxruntime's U8/S8 per-channel static recipe, so the two INT8 variants compare like for like.)
 
 Usage::
 
-    qmodel = prepare_qat(copy.deepcopy(model), data)     # folded, wrapped, ranges observed
-    fine_tune(qmodel, data, cross_entropy, budget, ...)  # QAT
-    freeze(qmodel)                                        # fixed ranges: export as QDQ
-    fold_weight_quantizers(path_to_exported_onnx)
+    qmodel, notes = prepare_qat(copy.deepcopy(model), data)   # folded, wrapped, ranges observed
+    fine_tune(qmodel, data, cross_entropy, budget, ...)        # QAT
+    freeze(qmodel)                                              # fixed ranges: evaluate as INT8
+    to_float(qmodel); export it; quantize_with_onnxruntime(float_onnx, final_onnx, feeds)
+    # or: export the frozen qmodel, then fold_weight_quantizers(path_to_exported_onnx)
 """
 
 from __future__ import annotations
@@ -165,6 +170,43 @@ def freeze(model) -> None:
     model.eval()
 
 
+def to_float(model) -> None:
+    """Fake-quant off: the plain FP32 forward of the QAT-trained (BN-folded) weights, for conversion."""
+    for m in model.modules():
+        if isinstance(m, FakeQuant):
+            m.fixed, m.enabled, m.observing = None, False, False
+        elif isinstance(m, QuantLayer):
+            m.weight_scale, m.enabled = None, False
+
+
+def quantize_with_onnxruntime(source: Path, dest: Path, feeds: list[dict]) -> str:
+    """onnxruntime's static QDQ quantisation of ``source`` (S8 symmetric per-channel weights, U8
+    activations, MinMax ranges over ``feeds``) into ``dest``; the recipe as text."""
+    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
+                                          quantize_static)
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.feeds = iter(feeds)
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    prepared = source.with_name("prepared.onnx")
+    try:
+        quant_pre_process(str(source), str(prepared))
+    except Exception:  # noqa: BLE001 - pre-processing only helps; quantize the export as it is
+        prepared = source
+    quantize_static(str(prepared), str(dest), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                    calibrate_method=CalibrationMethod.MinMax, extra_options={"WeightSymmetric": True})
+    if prepared != source:
+        prepared.unlink(missing_ok=True)
+    return (f"onnxruntime quantize_static(QDQ, per_channel=True, activations QUInt8, weights QInt8 symmetric, "
+            f"MinMax over {len(feeds)} training batch(es)) of the QAT-trained weights")
+
+
 def fold_weight_quantizers(path: Path) -> int:
     """Replace each QuantizeLinear of a constant weight by its INT8 result (an initializer); the
     DequantizeLinear stays. Returns how many were folded."""
@@ -175,9 +217,11 @@ def fold_weight_quantizers(path: Path) -> int:
     model = onnx.load(str(path))
     graph = model.graph
     consts = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
-    for node in graph.node:
+    for node in graph.node:  # topological order: a constant's Identity comes after it
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
             consts[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+        elif node.op_type == "Identity" and node.input[0] in consts:
+            consts[node.output[0]] = consts[node.input[0]]
     folded = []
     for node in graph.node:
         if node.op_type != "QuantizeLinear" or not all(n in consts for n in node.input[:3]) or len(node.input) < 3:

@@ -229,12 +229,31 @@ def make_qat(s: _Session) -> str:
                         "weights), QDQ export", "training": log.to_dict(), "budget": budget.to_dict(),
               "learning_rate": settings.learning_rate / 10, "reference_accuracy": s.reference_accuracy,
               "accuracy": log.accuracy}
-    variant = _export(s, model, "onnx_qat_int8", "int8", record, notes)
-    folded = qat.fold_weight_quantizers(variant.path)
-    variant.passes.append(f"fake-quant exported as QuantizeLinear/DequantizeLinear; {folded} weight(s) stored INT8")
+    out_dir = s.ctx.workdir / "onnx_qat_int8"
+    try:
+        qat.to_float(model)
+        float_dir = s.ctx.workdir / "onnx_qat_float"
+        float_dir.mkdir(parents=True, exist_ok=True)
+        exporter, opset = export_module_onnx(model, s.ctx.spec, float_dir / "model.onnx")
+        n = min(s.ctx.spec.quantization.calibration_samples, len(s.data))
+        feeds = [{name: x[i:i + 16].numpy() for name, x in zip(s.names, s.data.inputs)} for i in range(0, n, 16)]
+        out_dir.mkdir(parents=True, exist_ok=True)
+        how = qat.quantize_with_onnxruntime(float_dir / "model.onnx", out_dir / "model.onnx", feeds)
+        shutil.rmtree(float_dir, ignore_errors=True)
+        variant = s.ctx.add_variant(Variant("onnx_qat_int8", "onnx", "int8", out_dir / "model.onnx",
+                                            exporter=f"{exporter}+qat", opset=opset, passes=[how],
+                                            verified_by=VERIFIED_BY, compression=record, notes=notes))
+    except Exception as exc:  # noqa: BLE001 - fall back to exporting the fake-quant ops as they are
+        notes.append(f"onnxruntime's conversion failed ({onnx_tools.short_error(exc)}): the fake-quant ops are "
+                     "exported as they are (QDQ around every layer; slower)")
+        qat.freeze(model)
+        shutil.rmtree(out_dir, ignore_errors=True)
+        variant = _export(s, model, "onnx_qat_int8", "int8", record, notes)
+        folded = qat.fold_weight_quantizers(variant.path)
+        variant.passes.append(f"fake-quant exported as QuantizeLinear/DequantizeLinear; {folded} weight(s) stored INT8")
     variant.notes.append("compare with onnx_int8_static (post-training, same U8/S8 per-channel scheme) in the report")
     variant.stats = s.stats(s.ctx.model)
-    return f"{folded} INT8 weights, accuracy {log.accuracy:.2f}% (fake-quant)"
+    return f"{variant.passes[-1]}; accuracy {log.accuracy:.2f}% (fake-quant)"
 
 
 MAKERS = {"onnx_pruned": make_pruned, "onnx_distilled": make_distilled, "onnx_qat_int8": make_qat}

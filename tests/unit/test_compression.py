@@ -68,8 +68,8 @@ def _data(count: int = 64) -> TrainingData:
     return TrainingData.from_arrays({"x": x, "labels": (x.mean((1, 2, 3)) > 0).astype(np.int64)}, ["x"])
 
 
-def _spec():
-    return parse_spec({"name": "tiny", "source": {"module": "m:build"}, "max_batch_size": 8,
+def _spec(exporter: str = "auto"):
+    return parse_spec({"name": "tiny", "source": {"module": "m:build"}, "max_batch_size": 8, "onnx": {"exporter": exporter},
                        "inputs": [{"name": "x", "shape": [3, 8, 8]}], "outputs": [{"name": "y"}]})
 
 
@@ -233,3 +233,40 @@ def test_a_compressed_variant_outside_the_accuracy_budget_is_rejected(tmp_path, 
     assert pruned.rejected.startswith("failed verification:\n- logits: top-1 accuracy")
     assert "> 0.0 allowed" in pruned.rejected
     assert result.context.selected.name == "onnx"
+
+
+# ------------------------------------------------------------------------------------------------
+# quantisation-aware training: both exports of the trained model run and agree with torch
+
+
+def test_qat_model_exports_as_qdq_both_ways(tmp_path):
+    from builder.compression import qat
+    import onnx
+
+    data = _data()
+    model, notes = qat.prepare_qat(Residual().eval(), data, batch_size=16)
+    assert notes[0] == "BatchNorm folded into the convs (torch.fx fuse)" and notes[1].startswith("4 Conv/Linear")
+    fine_tune(model, data, cross_entropy, Budget(3, 600), steps=3, lr=1e-4, seed=0, batch_size=16)
+    qat.freeze(model)
+    x = data.inputs[0][:8]
+    with torch.no_grad():
+        fake_quant = model(x).numpy()
+    # the fake-quant ops exported as they are, weights folded to INT8 initializers
+    direct = tmp_path / "direct.onnx"
+    export_module_onnx(model, _spec("legacy"), direct)  # (the dynamo exporter refuses the fake-quant ops)
+    assert qat.fold_weight_quantizers(direct) == 4
+    graph = onnx.load(str(direct)).graph
+    assert sum(n.op_type == "QuantizeLinear" for n in graph.node) >= 4
+    assert {i.data_type for i in graph.initializer} >= {onnx.TensorProto.INT8}
+    got = open_runner("onnx", direct, ["y"], ["x"])({"x": x.numpy()})["y"]
+    np.testing.assert_allclose(got, fake_quant, atol=0.05)
+    # onnxruntime's conversion of the trained float weights (what onnx_qat_int8 ships)
+    qat.to_float(model)
+    plain = tmp_path / "float.onnx"
+    export_module_onnx(model, _spec(), plain)
+    converted = tmp_path / "int8.onnx"
+    how = qat.quantize_with_onnxruntime(plain, converted, [{"x": data.inputs[0][i:i + 16].numpy()} for i in (0, 16)])
+    assert how.startswith("onnxruntime quantize_static(QDQ, per_channel=True") and "2 training batch(es)" in how
+    assert "DequantizeLinear" in {n.op_type for n in onnx.load(str(converted)).graph.node}
+    got = open_runner("onnx", converted, ["y"], ["x"])({"x": x.numpy()})["y"]
+    assert got.shape == (8, 4) and np.abs(got - fake_quant).max() < 0.25 * np.abs(fake_quant).max() + 0.05
