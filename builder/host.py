@@ -211,6 +211,42 @@ def serving_size(benchmark: dict[str, Any] | None, cores: int) -> tuple[int, int
                                 f"per-request overhead)")
 
 
+BATCHING_PAYS = 1.5  # samples/s at the best batch over batch 1 in-process: below this a batch buys nothing
+DELAY_SHARE = 0.5  # a compute-bound model waits at most half a batch-1 inference for requests to batch with
+MAX_QUEUE_DELAY_US = 2000
+
+
+def size_queue_delay(batch_seconds: float | None, throughput_by_batch: dict[Any, float] | None,
+                     overhead_seconds: float = PYTHON_BACKEND_OVERHEAD_S, pays: float = BATCHING_PAYS,
+                     share: float = DELAY_SHARE, max_delay_us: int = MAX_QUEUE_DELAY_US) -> tuple[int, str]:
+    """(max_queue_delay_microseconds, why) from the in-process benchmark: the batch-1 time and the
+    samples/s at each batch size (builder/stages/benchmark.py's ``throughput_by_batch``).
+
+    Delay 0 unless batching pays (the best batch runs at least ``pays`` times the samples/s of batch
+    1) AND the model is compute-bound (its batch-1 time at least the per-request overhead): an
+    overhead-bound model's batches form from the requests queued while an instance works, without
+    waiting, and a delay only adds latency (500 us doubled digits' latency at concurrency 1). Where
+    both hold, requests wait up to ``share`` of a batch-1 inference (in 50 us steps, at most
+    ``max_delay_us``): at low load a request loses at most that, under load a batch forms.
+    """
+    rates = {int(b): float(r) for b, r in (throughput_by_batch or {}).items() if r}
+    if not batch_seconds or 1 not in rates or len(rates) < 2:
+        return 0, "delay 0: no in-process throughput at batch 1 and a larger batch to size it from"
+    best = max((b for b in rates if b > 1), key=lambda b: rates[b])
+    gain = rates[best] / rates[1]
+    if gain < pays:
+        return 0, (f"delay 0: batching does not pay in-process (batch {best}: {gain:.2f}x the samples/s of batch 1, "
+                   f"< {pays:g}x)")
+    if batch_seconds < overhead_seconds:  # the in-process time is the model's compute alone
+        return 0, (f"delay 0: batching pays (batch {best}: {gain:.1f}x batch 1) but the model is overhead-bound "
+                   f"(batch-1 {batch_seconds * 1e3:.3f} ms against ~{overhead_seconds * 1e3:.1f} ms per request): "
+                   "batches form from queued requests without waiting")
+    delay = int(min(max_delay_us, max(50, round(share * batch_seconds * 1e6 / 50) * 50)))
+    return delay, (f"delay {delay} us: batching pays (batch {best}: {gain:.1f}x the samples/s of batch 1) and the "
+                   f"model is compute-bound (batch-1 {batch_seconds * 1e3:.3f} ms): wait up to {share:g} of a "
+                   "batch-1 inference for requests to batch with")
+
+
 def host_warnings(metadata: dict[str, Any], model: str, current: dict[str, Any] | None = None) -> list[str]:
     """compare_hosts for a version's metadata.yaml record against this host (``current`` injectable)."""
     if current is None:

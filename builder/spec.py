@@ -136,6 +136,7 @@ class DeploySpec:
     instances_auto: bool = True  # instances not set in the spec: the build sizes serving to the host
     dynamic_batching: bool = True
     max_queue_delay_microseconds: int = 0
+    max_queue_delay_auto: bool = True  # not set in the spec: sized from the benchmark (host.size_queue_delay)
     preferred_batch_sizes: list[int] = field(default_factory=list)
     warmup: bool = True
     publish_variants: bool = False
@@ -405,6 +406,7 @@ def _parse_deploy(raw: Any, origin: str, max_batch_size: int) -> DeploySpec:
         instances_auto=f.get("instances") is None,
         dynamic_batching=dynamic_batching,
         max_queue_delay_microseconds=f.integer("max_queue_delay_microseconds", 0, minimum=0),
+        max_queue_delay_auto=f.get("max_queue_delay_microseconds") is None,
         preferred_batch_sizes=preferred,
         warmup=f.boolean("warmup", True),
         publish_variants=f.boolean("publish_variants", False),

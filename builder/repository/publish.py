@@ -36,9 +36,10 @@ MODEL_FILES = {"onnx": "model.onnx", "torchscript": "model.pt", "openvino": "mod
 
 def config_for(spec: ModelSpec, variant_format: str, target: str, name: str,
                output_signature: dict[str, tuple[str, list[int]]], backend: str | None = None,
-               sizing: tuple[int, int] | None = None) -> ModelConfig:
+               sizing: tuple[int, int] | None = None, queue_delay_us: int | None = None) -> ModelConfig:
     """``sizing`` (instances, intra_op_threads), from builder/host.py serving_size, applies on a CPU
-    target unless the spec sets deploy.instances itself."""
+    target unless the spec sets deploy.instances itself; ``queue_delay_us`` (host.size_queue_delay) on
+    a CPU target unless the spec sets deploy.max_queue_delay_microseconds."""
     backend = backend or backend_for(target, variant_format)
     instances, threads = spec.deploy.instances, 1
     if sizing is not None and target != "gpu" and spec.deploy.instances_auto:
@@ -48,7 +49,10 @@ def config_for(spec: ModelSpec, variant_format: str, target: str, name: str,
                                        list(output_signature[o.name][1])) for o in spec.outputs]
     batching = None
     if spec.batching and spec.deploy.dynamic_batching:
-        batching = DynamicBatching(spec.deploy.max_queue_delay_microseconds, list(spec.deploy.preferred_batch_sizes))
+        delay = spec.deploy.max_queue_delay_microseconds
+        if queue_delay_us is not None and target != "gpu" and spec.deploy.max_queue_delay_auto:
+            delay = queue_delay_us
+        batching = DynamicBatching(delay, list(spec.deploy.preferred_batch_sizes))
     kind = "KIND_GPU" if target == "gpu" else "KIND_CPU"
     warmups = []
     if spec.deploy.warmup:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from builder.host import host_profile, serving_size
+from builder.host import host_profile, serving_size, size_queue_delay
 from builder.monitoring.drift_profile import build_profile, profile_text
 from builder.repository.description import VersionDescription
 from builder.repository.layout import check_version_free, reserve_version
@@ -72,8 +72,11 @@ def _describe(ctx: BuildContext, variant: Variant, name: str, version: int) -> t
                  for o in ctx.spec.outputs}
     profile = host_profile(with_gpu=False)
     sizing = serving_size(variant.benchmark, profile["usable_cores"])
+    bench = variant.benchmark or {}
+    p50 = (bench.get("latency_ms_b1") or {}).get("p50")
+    delay = size_queue_delay(p50 / 1000.0 if p50 else None, bench.get("throughput_by_batch"))
     config = config_for(ctx.spec, variant.format, ctx.target, name, signature,
-                        sizing=sizing[:2] if sizing else None)
+                        sizing=sizing[:2] if sizing else None, queue_delay_us=delay[0] if p50 else None)
     # a variant verified by task accuracy serves its own function: check compares with its own outputs
     outputs = variant.own_outputs if variant.own_outputs is not None else ctx.reference.outputs
     extra: dict[str, bytes] = {"reference.npz": reference_bytes(ctx.reference.cases, outputs)}
@@ -85,6 +88,11 @@ def _describe(ctx: BuildContext, variant: Variant, name: str, version: int) -> t
                          "sized": ("from the spec (deploy.instances)" if not ctx.spec.deploy.instances_auto else
                                    "GPU target: from the spec" if ctx.target == "gpu" else sizing[2] if sizing else
                                    "not sized: no benchmark (--benchmark-seconds 0); run `triton-builder select`")}
+    if config.dynamic_batching is not None:
+        record["serving"]["max_queue_delay_microseconds"] = config.dynamic_batching.max_queue_delay_microseconds
+        record["serving"]["delay_sized"] = (
+            "from the spec (deploy.max_queue_delay_microseconds)" if not ctx.spec.deploy.max_queue_delay_auto else
+            "GPU target: from the spec" if ctx.target == "gpu" else delay[1])
     trt = tensorrt_parts(ctx, variant, name, version, record)
     said = ""
     if trt.metadata is not None:

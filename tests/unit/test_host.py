@@ -118,6 +118,25 @@ def test_config_for_applies_the_size_unless_the_spec_sets_instances(digits_copy)
     assert config.instance_groups[0].count == 3 and config.parameters["intra_op_threads"] == "1"
 
 
+def test_config_for_applies_the_sized_delay_unless_the_spec_sets_one(digits_copy):
+    from builder.repository.publish import config_for
+    from builder.spec import load_spec
+    from tests.conftest import edit_spec
+
+    signature = {"logits": ("float32", [10])}
+    spec = load_spec(digits_copy / "spec.yaml")
+    assert spec.deploy.max_queue_delay_auto
+    delay = lambda config: config.dynamic_batching.max_queue_delay_microseconds  # noqa: E731
+    assert delay(config_for(spec, "onnx", "embedded", "digits_cnn", signature, queue_delay_us=650)) == 650
+    assert delay(config_for(spec, "onnx", "embedded", "digits_cnn", signature)) == 0  # not measured: the default
+    assert delay(config_for(spec, "onnx", "gpu", "digits_cnn", signature, queue_delay_us=650)) == 0  # GPU: the spec
+    deploy = yaml.safe_load((digits_copy / "spec.yaml").read_text()).get("deploy") or {}
+    edit_spec(digits_copy, deploy={**deploy, "max_queue_delay_microseconds": 0})  # set, even to 0: the user's
+    spec = load_spec(digits_copy / "spec.yaml")
+    assert not spec.deploy.max_queue_delay_auto
+    assert delay(config_for(spec, "onnx", "embedded", "digits_cnn", signature, queue_delay_us=650)) == 0
+
+
 def test_validate_warns_on_a_host_that_differs(built_repository, tmp_path):
     from builder.repository.validate import validate_model
 
@@ -161,3 +180,27 @@ def test_a_measured_build_sizes_serving_to_its_host(tmp_path):
     config = config_as_dict((repo / "digits_cnn" / "config.pbtxt").read_text())
     assert config["instance_group"][0]["count"] == serving["instances"]
     assert config["parameters"]["intra_op_threads"]["string_value"] == str(serving["intra_op_threads"])
+    # the batching delay: sized from the same benchmark (whatever it measured here), recorded with its reason
+    assert int(config["dynamic_batching"].get("max_queue_delay_microseconds", 0)) == \
+        serving["max_queue_delay_microseconds"]
+    assert serving["delay_sized"].startswith(f"delay {serving['max_queue_delay_microseconds']}")
+
+
+def test_queue_delay_is_sized_only_where_batching_pays_on_a_compute_bound_model():
+    from builder.host import size_queue_delay
+
+    # compute-bound (4 ms a batch-1 inference) and batch 8 runs 3x the samples/s: wait up to half of it
+    delay, why = size_queue_delay(0.004, {1: 250.0, 4: 500.0, 8: 750.0}, overhead_seconds=0.0008)
+    assert delay == 2000 and why.startswith("delay 2000 us: batching pays (batch 8: 3.0x the samples/s of batch 1)")
+    assert size_queue_delay(0.0013, {"1": 700.0, "8": 1400.0}, overhead_seconds=0.0008)[0] == 650  # keys from YAML
+    assert size_queue_delay(0.050, {1: 20.0, 2: 60.0}, overhead_seconds=0.0008)[0] == 2000  # capped
+    # batching does not pay: delay 0, whatever the model's time
+    delay, why = size_queue_delay(0.004, {1: 250.0, 8: 300.0}, overhead_seconds=0.0008)
+    assert delay == 0 and why == "delay 0: batching does not pay in-process (batch 8: 1.20x the samples/s of " \
+                                 "batch 1, < 1.5x)"
+    # it pays, but the model is overhead-bound (digits: 0.05 ms against ~0.8 ms per request): delay 0
+    delay, why = size_queue_delay(0.00005, {1: 20000.0, 64: 400000.0}, overhead_seconds=0.0008)
+    assert delay == 0 and "overhead-bound" in why and "batch 64: 20.0x" in why
+    # not measured (benchmark skipped, or batch 1 only)
+    assert size_queue_delay(None, None)[0] == 0
+    assert size_queue_delay(0.004, {1: 250.0})[1].startswith("delay 0: no in-process throughput at batch 1 and a")
