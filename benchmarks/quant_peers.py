@@ -214,7 +214,7 @@ def bench_example(example: str, work: Path, rounds: int, window: float, ceiling:
              f"{'variant':58s} {'inf/s':>9s} {'x FP32':>7s} {'top-1 %':>8s} {'drop':>6s} {'of ceiling':>11s}"]
     for label in files:
         mark = " <- published" if label == published_label else ""
-        limit = ceiling["int8"] if "INT8" in label or "int8" in label else ceiling["fp32"]
+        limit = ceiling["fp32"] if "FP32" in label else ceiling["int8"]
         lines.append(f"{label:58s} {speed[label]:9.0f} {speed[label] / fp32:7.2f} {accuracy[label]:8.2f} "
                      f"{ref_top1 - accuracy[label]:+6.2f} {speed[label] * gflop / limit:11.2f}{mark}")
     lines.append(f"reference top-1 (PyTorch) {ref_top1:.2f} %; published / best other peer ({best_peer}): "

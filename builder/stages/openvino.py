@@ -44,7 +44,7 @@ def _base(ctx: BuildContext) -> Variant:
     return base
 
 
-def _conversion(base: Variant) -> str:
+def _conversion() -> str:
     return (f"openvino {openvino_tools.version()}: Core.read_model (ONNX frontend) + save_model(compress_to_fp16="
             "False); inference precision f32, PERFORMANCE_HINT LATENCY")
 
@@ -55,7 +55,7 @@ def make_openvino(ctx: BuildContext) -> str:
     base = _base(ctx)
     ir = openvino_tools.to_ir(base.path, ctx.workdir / "openvino")
     variant = Variant("openvino", "openvino", "fp32", ir, exporter=f"{base.exporter}+openvino", opset=base.opset,
-                      passes=[_conversion(base)])
+                      passes=[_conversion()])
     variant.notes.append(f"OpenVINO IR version {openvino_tools.ir_version(ir)}, opsets "
                          + ", ".join(f"opset{n}" for n in openvino_tools.ir_opsets(ir)))
     _release_check(ctx, ir)
@@ -152,7 +152,7 @@ def make_openvino_int8(ctx: BuildContext) -> str:
         quantized = nncf.quantize(model, dataset, subset_size=len(batches))
     ir = openvino_tools.save_ir(quantized, out_dir)
     _release_check(ctx, ir)
-    passes = [_conversion(base), f"nncf {nncf.__version__} quantize (default preset, {len(batches)} calibration "
+    passes = [_conversion(), f"nncf {nncf.__version__} quantize (default preset, {len(batches)} calibration "
                                  "batches)"]
     notes = [f"calibrated on {where}"]
     drop = _top1_drop(ctx, ir)

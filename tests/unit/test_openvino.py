@@ -213,3 +213,24 @@ def test_over_the_accuracy_budget_nncf_runs_its_accuracy_aware_quantisation(tiny
         in variant.notes
     assert len(drops) == 2 and f"top-1 drop {drops[1]:+.2f} points" in said
     assert (tmp_path / "openvino_int8" / "model.xml").is_file() and (tmp_path / "openvino_int8" / "model.bin").is_file()
+
+
+def test_select_on_another_host_can_publish_the_openvino_ir_with_its_weights(tiny_build, tmp_path):
+    # injected: OpenVINO measures fastest on "this" host; select republishes the IR (model.xml + model.bin)
+    # as a new version of tiny, sized with the openvino parameters, and validate replays it
+    from builder.repository.reselect import select_for_host
+
+    _, built = tiny_build
+    repo = tmp_path / "repo"
+    shutil.copytree(built, repo)
+
+    def measure(label, runner, inputs, threads):
+        assert runner(inputs)
+        return {"throughput": 5000.0 if label == "tiny__openvino/1" else 1000.0, "p50_ms": 0.2}
+
+    host = {"cpu_model": "elsewhere", "isa_flags": ["avx2"], "isa_class": "avx2", "usable_cores": 2}
+    report = select_for_host(repo, "tiny", measure=measure, current_host=host)
+    assert report.winner.variant == "openvino" and report.published["version"] == 2
+    version = repo / "tiny" / "2"
+    assert {"model.xml", "model.bin", "model.py"} <= {p.name for p in version.iterdir()}
+    assert validate_model(repo / "tiny", 2).ok
