@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps perf-analyzer test test-unit demo wheel-smoke bench bench-tuning bench-drift bench-replicas bench-faults bench-zoo clean
+.PHONY: setup system-deps perf-analyzer test test-unit demo wheel-smoke bench bench-tuning bench-drift bench-replicas bench-faults bench-zoo bench-compression clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	bash scripts/make-venv.sh "$(PYTHON)" $(VENV)
@@ -58,6 +58,9 @@ bench-faults: setup
 
 bench-zoo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/model_zoo.py
+
+bench-compression: setup
+	$(BIN)/python benchmarks/compression.py
 
 clean:
 	rm -rf runs .pytest_cache
