@@ -55,6 +55,7 @@ def compression_lines(rows: list[dict[str, Any]]) -> list[str]:
                      f"{_cell(flops, '.3f')} | {_cell(r['size MB'], '.3f')} | {_cell(r['p50 ms (b=1)'], '.3f')} | "
                      f"{_cell(r['throughput'], '.0f')} | {_cell(r['x onnx'], '.2f')} | {_cell(r.get('accuracy'), '.2f')} | "
                      f"{_cell(r['acc drop'], '+.2f')} | {'yes' if r['variant'] in front else ''} |")
+    lines += _qat_vs_ptq(rows)
     for r in rows:
         record = r.get("compression") or {}
         if record:
@@ -62,3 +63,18 @@ def compression_lines(rows: list[dict[str, Any]]) -> list[str]:
                          + "; ".join(f"{k} {record[k]}" for k in ("ratio", "student", "stopped_by", "training", "budget")
                                      if record.get(k) is not None))
     return lines
+
+
+def _qat_vs_ptq(rows: list[dict[str, Any]]) -> list[str]:
+    """onnx_qat_int8 next to the post-training onnx_int8_static, on accuracy and speed."""
+    by_name = {r["variant"]: r for r in rows}
+    qat, ptq = by_name.get("onnx_qat_int8"), by_name.get("onnx_int8_static")
+    if qat is None:
+        return []
+    if ptq is None:
+        return ["", "onnx_qat_int8 vs post-training INT8: build onnx_int8_static too (--variants ...,onnx_int8_static) "
+                    "to compare them here."]
+    return ["", f"onnx_qat_int8 (quantisation-aware) vs onnx_int8_static (post-training): top-1 "
+                f"{_cell(qat.get('accuracy'), '.2f')}% vs {_cell(ptq.get('accuracy'), '.2f')}%, best throughput "
+                f"{_cell(qat['throughput'], '.0f')} vs {_cell(ptq['throughput'], '.0f')} inf/s, p50 (b=1) "
+                f"{_cell(qat['p50 ms (b=1)'], '.3f')} vs {_cell(ptq['p50 ms (b=1)'], '.3f')} ms."]

@@ -226,7 +226,7 @@ def make_qat(s: _Session) -> str:
     log.accuracy = s.evaluate(model)
     s.ctx.progress(f"    onnx_qat_int8: {log.steps} steps ({log.stopped_by}), accuracy {log.accuracy:.2f}% (fake-quant)")
     record = {"method": "quantisation-aware training (torch fake-quant: U8 per-tensor activations, S8 per-channel "
-                        "weights), QDQ export", "training": log.to_dict(), "budget": budget.to_dict(),
+                        "weights), then onnxruntime quantize_static to QDQ", "training": log.to_dict(), "budget": budget.to_dict(),
               "learning_rate": settings.learning_rate / 10, "reference_accuracy": s.reference_accuracy,
               "accuracy": log.accuracy}
     out_dir = s.ctx.workdir / "onnx_qat_int8"
@@ -246,6 +246,7 @@ def make_qat(s: _Session) -> str:
     except Exception as exc:  # noqa: BLE001 - fall back to exporting the fake-quant ops as they are
         notes.append(f"onnxruntime's conversion failed ({onnx_tools.short_error(exc)}): the fake-quant ops are "
                      "exported as they are (QDQ around every layer; slower)")
+        record["method"] = record["method"].replace("then onnxruntime quantize_static to QDQ", "fake-quant ops exported as QDQ")
         qat.freeze(model)
         shutil.rmtree(out_dir, ignore_errors=True)
         variant = _export(s, model, "onnx_qat_int8", "int8", record, notes)

@@ -270,3 +270,19 @@ def test_qat_model_exports_as_qdq_both_ways(tmp_path):
     assert "DequantizeLinear" in {n.op_type for n in onnx.load(str(converted)).graph.node}
     got = open_runner("onnx", converted, ["y"], ["x"])({"x": x.numpy()})["y"]
     assert got.shape == (8, 4) and np.abs(got - fake_quant).max() < 0.25 * np.abs(fake_quant).max() + 0.05
+
+
+def test_report_pareto_front_and_qat_comparison():
+    from builder.report_compression import compression_lines, pareto_front
+
+    assert pareto_front([("onnx", 1.0, 0.0), ("pruned", 1.9, 0.0), ("int8", 2.5, 0.4), ("slow", 0.8, 0.5)]) == \
+        ["pruned", "int8"]
+    row = {"size MB": 0.04, "p50 ms (b=1)": 0.02, "eligible": True, "acc drop": 0.0, "x onnx": 1.0,
+           "verified_by": "reference", "params": 100, "flops": 400, "accuracy": 99.0, "throughput": 1000.0}
+    rows = [dict(row, variant="onnx_int8_static"), dict(row, variant="onnx_qat_int8", verified_by="task_accuracy",
+                                                        accuracy=99.5, throughput=900.0, **{"x onnx": 0.9})]
+    text = "\n".join(compression_lines(rows))
+    assert "| onnx_qat_int8 | verified by task accuracy | 100 | 0.000 |" in text
+    assert ("onnx_qat_int8 (quantisation-aware) vs onnx_int8_static (post-training): top-1 99.50% vs 99.00%, "
+            "best throughput 900 vs 1000 inf/s") in text
+    assert "build onnx_int8_static too" in "\n".join(compression_lines(rows[1:]))
