@@ -37,8 +37,7 @@ def test_variants_are_named_once_in_a_legend_not_in_annotations():
 def test_the_pareto_front_joins_the_eligible_variants_no_other_beats():
     figure = plot_figure(ROWS)
     lines = [line for line in figure.axes[1].get_lines() if line.get_linestyle() == "--"]
-    if not lines:  # the front is drawn only where builder.report has it (issue 20's report)
-        return
+    assert len(lines) == 1, lines
     assert list(lines[0].get_xdata()) == [0.97, 1.0, 1.01]  # torchscript, onnx, onnx_opt; not int8 (slower, worse)
     assert "Pareto front (eligible variants)" in [t.get_text() for t in figure.legends[0].get_texts()]
 
