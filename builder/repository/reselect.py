@@ -165,8 +165,12 @@ def select_for_host(repository: str | Path, name: str, *, measure: Measure | Non
         except Exception as exc:  # noqa: BLE001 - a variant this host cannot run is not a candidate here
             c.excluded = f"cannot run here: {str(exc).splitlines()[0][:200]}"
             continue
+        # each candidate against its own version's reference.npz: a variant verified by task accuracy
+        # (stage compress) stores its own outputs there, the others the model's reference outputs
+        own = c.folder / "reference.npz"
+        c_cases, c_outputs = read_reference(own) if own.is_file() else (cases, outputs)
         metrics = merge_case_metrics([compare_outputs(ref, runner(case["inputs"]))
-                                      for case, ref in zip(cases, outputs)])
+                                      for case, ref in zip(c_cases, c_outputs)])
         tolerance = (c.meta.get("verification") or {}).get("tolerance") or {"rel_l2": 1e-5}
         failures = tolerance_failures(metrics, tolerance)
         if failures:
@@ -244,7 +248,9 @@ def _publish(repository: Path, name: str, served_number: int, winner: Candidate,
     artifact = winner.meta["artifact"]
     model_files = _model_files(winner.folder, artifact)
     runtime = {n: winner.folder / n for n in ("model.py", "drift.py") if (winner.folder / n).is_file()}
-    extra: dict[str, bytes] = {"reference.npz": (model_dir(repository, name) / str(served_number) / "reference.npz")
+    own = winner.folder / "reference.npz"  # the winner's own reference (its outputs, if it changed the function)
+    extra: dict[str, bytes] = {"reference.npz": (own if own.is_file() else
+                                                 model_dir(repository, name) / str(served_number) / "reference.npz")
                                .read_bytes()}
     extra.update({n: (winner.folder / n).read_bytes() for n in COPIED_EXTRAS if (winner.folder / n).is_file()})
     record = dict(winner.meta)

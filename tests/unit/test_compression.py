@@ -286,3 +286,19 @@ def test_report_pareto_front_and_qat_comparison():
     assert ("onnx_qat_int8 (quantisation-aware) vs onnx_int8_static (post-training): top-1 99.50% vs 99.00%, "
             "best throughput 900 vs 1000 inf/s") in text
     assert "build onnx_int8_static too" in "\n".join(compression_lines(rows[1:]))
+
+
+def test_select_on_another_host_checks_each_variant_against_its_own_reference(pruned_build, tmp_path):
+    # `select` replays every published variant: the pruned one against its own outputs, and when it wins,
+    # the new version of digits_cnn carries them (so check keeps passing)
+    from builder.repository.reselect import select_for_host
+    from tests.unit.test_select import HERE, _measure
+
+    repo = tmp_path / "repo"
+    shutil.copytree(pruned_build.context.options.repository, repo)
+    report = select_for_host(repo, "digits_cnn", measure=_measure("digits_cnn__onnx_pruned"), current_host=HERE)
+    assert [c.excluded for c in report.candidates] == ["", ""]
+    assert report.winner.variant == "onnx_pruned" and report.published["version"] == 2
+    _, new = read_reference(repo / "digits_cnn" / "2" / "reference.npz")
+    _, own = read_reference(repo / "digits_cnn__onnx_pruned" / "1" / "reference.npz")
+    np.testing.assert_array_equal(new[0]["logits"], own[0]["logits"])
