@@ -102,6 +102,9 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
         p99_budget_ms, seconds_per_candidate, window_s, protocol, tie_margin, delays, instance_counts,
         max_batch_sizes, levels, max_concurrency)
     config_path, base_text, base = _read_config(repository, model, max_batch_sizes, batch_size)
+    if write and not publish:  # a signed version refuses an in-place config: say so before the search, not after
+        from builder.repository.tuned import refuse_if_signed
+        refuse_if_signed(repository, model)
     key = None
     if publish:  # a bad key fails before the search; $TRITON_BUILDER_SIGNING_KEY when none is given
         from builder.repository.reselect import resolve_signing_key

@@ -165,3 +165,12 @@ def test_select_and_tune_publish_sign_their_versions(signed, tmp_path, monkeypat
     monkeypatch.delenv(signing.KEY_ENV)
     assert publish_tuned(repo, "digits_cnn", config, {"winner": "default"})["version"] == 4
     assert not (repo / "digits_cnn" / "4" / signing.SIGNATURE_FILE).exists()  # no key: unsigned, as before
+
+
+def test_tune_write_on_a_signed_version_is_refused_before_any_measuring(signed, tmp_path):
+    from builder.tuning.tune import run_tune
+
+    repo = _copy(signed[0], tmp_path)
+    # no server at this URL: the refusal must come before tune contacts one
+    with pytest.raises(UserInputError, match=r"digits_cnn version 1 is signed: .* use `tune --publish`"):
+        run_tune("digits_cnn", repo, "grpc://127.0.0.1:1", p99_budget_ms=10, write=True)
