@@ -302,3 +302,53 @@ def test_select_on_another_host_checks_each_variant_against_its_own_reference(pr
     _, new = read_reference(repo / "digits_cnn" / "2" / "reference.npz")
     _, own = read_reference(repo / "digits_cnn__onnx_pruned" / "1" / "reference.npz")
     np.testing.assert_array_equal(new[0]["logits"], own[0]["logits"])
+
+
+# ------------------------------------------------------------------------------------------------
+# distillation into a named student with feature matching; training data from a callable
+
+
+STUDENT = '''
+import torch
+class Small(torch.nn.Module):
+    def __init__(self):
+        super().__init__(); torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 6, 3, padding=1); self.head = torch.nn.Linear(6, 4)
+    def forward(self, x):
+        return self.head(torch.relu(self.conv(x)).mean((2, 3)))
+def build():
+    return Small()
+def batches():
+    import numpy as np
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        x = rng.standard_normal((8, 3, 8, 8)).astype("float32")
+        yield {"x": x, "labels": (x.mean((1, 2, 3)) > 0).astype("int64")}
+'''
+
+
+def test_distillation_into_a_named_student_with_feature_matching(tmp_path):
+    from types import SimpleNamespace
+
+    from builder.compression.distill import distill, import_student
+    from builder.stages.compress import load_training
+
+    (tmp_path / "student.py").write_text(STUDENT)
+    student = import_student("student:build", tmp_path)
+    assert type(student).__name__ == "Small"
+    with pytest.raises(UserInputError, match=r"compression.student: 'student' has no callable 'nope'"):
+        import_student("student:nope", tmp_path)
+    spec = parse_spec({"name": "tiny", "source": {"module": "m:build"}, "max_batch_size": 8,
+                       "inputs": [{"name": "x", "shape": [3, 8, 8]}], "outputs": [{"name": "y"}],
+                       "data": {"training": "student:batches"}}, tmp_path / "spec.yaml")
+    arrays = load_training(SimpleNamespace(spec=spec))  # the callable's batches, concatenated
+    assert arrays["x"].shape == (24, 3, 8, 8) and arrays["labels"].dtype == np.int64
+    teacher, before = Concat().eval(), copy.deepcopy(student.state_dict())
+    settings = CompressionSpec(steps=4, batch_size=8, feature_matching=True, temperature=2.0, alpha=0.5)
+    lines = []
+    log = distill(teacher, student, TrainingData.from_arrays(arrays, ["x"]), settings, Budget(4, 600),
+                  evaluate=lambda m: 75.0, progress=lines.append)
+    assert (log.steps, log.stopped_by, log.accuracy) == (4, "steps", 75.0)
+    assert any(not torch.equal(before[k], v) for k, v in student.state_dict().items())
+    assert all(p.requires_grad for p in teacher.parameters())  # the teacher is handed back as it came
+    assert lines[-1] == "    onnx_distilled: 4 steps (steps), accuracy 75.00%"
