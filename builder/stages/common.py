@@ -13,11 +13,14 @@ from __future__ import annotations
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from builder.tensors import random_tensor, trace_example
+
+if TYPE_CHECKING:
+    from builder.stages.base import BuildContext
 
 LEGACY_DEFAULT_OPSET = 17
 EXTERNAL_DATA_THRESHOLD = 1 << 30  # bytes of weights above which they go to model.onnx.data
