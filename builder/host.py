@@ -212,7 +212,7 @@ def serving_size(benchmark: dict[str, Any] | None, cores: int) -> tuple[int, int
 
 
 BATCHING_PAYS = 1.5  # samples/s at the best batch over batch 1 in-process: below this a batch buys nothing
-DELAY_SHARE = 0.5  # a compute-bound model waits at most half a batch-1 inference for requests to batch with
+DELAY_SHARE = 0.5  # where the delay pays, a request waits at most half a batch-1 inference for company
 MAX_QUEUE_DELAY_US = 2000
 
 
@@ -223,8 +223,8 @@ def size_queue_delay(batch_seconds: float | None, throughput_by_batch: dict[Any,
     samples/s at each batch size (builder/stages/benchmark.py's ``throughput_by_batch``).
 
     Delay 0 unless batching pays (the best batch runs at least ``pays`` times the samples/s of batch
-    1) AND the model is compute-bound (its batch-1 time at least the per-request overhead): an
-    overhead-bound model's batches form from the requests queued while an instance works, without
+    1) AND the model's batch-1 time is at least the per-request overhead: where the overhead
+    outweighs the model, batches form from the requests queued while an instance works, without
     waiting, and a delay only adds latency (500 us doubled digits' latency at concurrency 1). Where
     both hold, requests wait up to ``share`` of a batch-1 inference (in 50 us steps, at most
     ``max_delay_us``): at low load a request loses at most that, under load a batch forms.
@@ -238,13 +238,13 @@ def size_queue_delay(batch_seconds: float | None, throughput_by_batch: dict[Any,
         return 0, (f"delay 0: batching does not pay in-process (batch {best}: {gain:.2f}x the samples/s of batch 1, "
                    f"< {pays:g}x)")
     if batch_seconds < overhead_seconds:  # the in-process time is the model's compute alone
-        return 0, (f"delay 0: batching pays (batch {best}: {gain:.1f}x batch 1) but the model is overhead-bound "
-                   f"(batch-1 {batch_seconds * 1e3:.3f} ms against ~{overhead_seconds * 1e3:.1f} ms per request): "
+        return 0, (f"delay 0: batching pays (batch {best}: {gain:.1f}x batch 1) but the per-request overhead "
+                   f"(~{overhead_seconds * 1e3:.1f} ms) outweighs the model's batch-1 {batch_seconds * 1e3:.3f} ms: "
                    "batches form from queued requests without waiting")
     delay = int(min(max_delay_us, max(50, round(share * batch_seconds * 1e6 / 50) * 50)))
     return delay, (f"delay {delay} us: batching pays (batch {best}: {gain:.1f}x the samples/s of batch 1) and the "
-                   f"model is compute-bound (batch-1 {batch_seconds * 1e3:.3f} ms): wait up to {share:g} of a "
-                   "batch-1 inference for requests to batch with")
+                   f"model's batch-1 {batch_seconds * 1e3:.3f} ms is at least the ~{overhead_seconds * 1e3:.1f} ms "
+                   f"per-request overhead: wait up to {share:g} of a batch-1 inference for requests to batch with")
 
 
 def host_warnings(metadata: dict[str, Any], model: str, current: dict[str, Any] | None = None) -> list[str]:

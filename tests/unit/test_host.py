@@ -186,10 +186,10 @@ def test_a_measured_build_sizes_serving_to_its_host(tmp_path):
     assert serving["delay_sized"].startswith(f"delay {serving['max_queue_delay_microseconds']}")
 
 
-def test_queue_delay_is_sized_only_where_batching_pays_on_a_compute_bound_model():
+def test_queue_delay_is_sized_only_where_batching_pays_and_the_model_outweighs_the_overhead():
     from builder.host import size_queue_delay
 
-    # compute-bound (4 ms a batch-1 inference) and batch 8 runs 3x the samples/s: wait up to half of it
+    # 4 ms a batch-1 inference (> 0.8 ms overhead) and batch 8 runs 3x the samples/s: wait up to half of it
     delay, why = size_queue_delay(0.004, {1: 250.0, 4: 500.0, 8: 750.0}, overhead_seconds=0.0008)
     assert delay == 2000 and why.startswith("delay 2000 us: batching pays (batch 8: 3.0x the samples/s of batch 1)")
     assert size_queue_delay(0.0013, {"1": 700.0, "8": 1400.0}, overhead_seconds=0.0008)[0] == 650  # keys from YAML
@@ -198,9 +198,10 @@ def test_queue_delay_is_sized_only_where_batching_pays_on_a_compute_bound_model(
     delay, why = size_queue_delay(0.004, {1: 250.0, 8: 300.0}, overhead_seconds=0.0008)
     assert delay == 0 and why == "delay 0: batching does not pay in-process (batch 8: 1.20x the samples/s of " \
                                  "batch 1, < 1.5x)"
-    # it pays, but the model is overhead-bound (digits: 0.05 ms against ~0.8 ms per request): delay 0
+    # it pays, but the per-request overhead outweighs the model (digits: 0.05 ms against ~0.8 ms): delay 0
     delay, why = size_queue_delay(0.00005, {1: 20000.0, 64: 400000.0}, overhead_seconds=0.0008)
-    assert delay == 0 and "overhead-bound" in why and "batch 64: 20.0x" in why
+    assert delay == 0 and "the per-request overhead (~0.8 ms) outweighs the model's batch-1 0.050 ms" in why
+    assert "batch 64: 20.0x" in why
     # not measured (benchmark skipped, or batch 1 only)
     assert size_queue_delay(None, None)[0] == 0
     assert size_queue_delay(0.004, {1: 250.0})[1].startswith("delay 0: no in-process throughput at batch 1 and a")

@@ -1,0 +1,187 @@
+"""Issue 14's serving targets, measured with Triton's perf_analyzer against the embedded tritonserver.
+
+For each model (default: examples/convnet64, a compute-bound conv net; examples/digits, overhead-bound:
+~0.05 ms of compute per sample) this builds the ONNX variant with a short benchmark into a temporary
+repository - the DEFAULT published config, sized by the build to this host (instances x intra-op
+threads, batching delay) - serves it on the embedded tritonserver and measures it with perf_analyzer
+(builder/tuning/engine.py, gRPC, batch-1 requests from reference.npz, time windows until stable) at
+concurrency 1 and 16, and with the in-process Python client at 16 (our client vs perf_analyzer on the
+same server). The in-process figure: onnxruntime with all usable cores at the variant's best batch
+(by the build's benchmark), samples/s, measured by this script just before serving (best 1 s window).
+Where the build sized a batching delay, the same config with delay 0 is measured too. Targets (issue 14): served / in-process >= 0.85 for the conv
+net; >= 5,000 req/s at p99 <= 10 ms at concurrency 16 for digits.
+
+Client and server share the CPU: the figures are this machine's, with the load average around them
+(another process on a shared host lowers them). Prints the CPU model and ISA flags first, then one JSON
+line per measurement and a table.
+
+Usage: python benchmarks/serving_targets.py [--models convnet64,digits] [--seconds 8] [--window 0.5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET_RATIO = 0.85
+TARGET_RPS, TARGET_P99_MS = 5000.0, 10.0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="convnet64,digits", help="examples/<name>/spec.yaml, comma-separated")
+    ap.add_argument("--seconds", type=float, default=8.0, help="time cap per measured level")
+    ap.add_argument("--window", type=float, default=0.5, help="measurement window (s)")
+    ap.add_argument("--benchmark-seconds", type=float, default=1.0, help="the build's in-process benchmark cap")
+    args = ap.parse_args(argv)
+    from builder.host import host_profile
+    from builder.tuning.engine import choose_engine
+
+    host = host_profile()
+    print(f"host: {host['cpu_model']}; ISA flags {' '.join(host['isa_flags'])} (class {host['isa_class']}); "
+          f"usable cores {host['usable_cores']}; shared host: other processes may take CPU", flush=True)
+    engine = choose_engine("perf_analyzer", print)
+    rows = []
+    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+        work = Path(tempfile.mkdtemp(prefix="serving-targets-"))
+        try:
+            rows.append(_model(name, work, engine, args))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    _table(rows, host)
+    return 0
+
+
+def _model(name: str, work: Path, engine, args) -> dict:
+    import yaml
+
+    from builder.measure import load_average
+    from builder.pipeline import build
+    from builder.serving.embedded import EmbeddedServer
+    from builder.tuning.engine import PythonEngine
+    from builder.tuning.payload import fetch_model, load_samples, make_requests
+    from builder.tuning.stats import StatsReader
+
+    repo = work / "model_repository"
+    result = build(ROOT / "examples" / name / "spec.yaml", repo, variants=["onnx"],
+                   benchmark_seconds=args.benchmark_seconds, progress=lambda m: None)
+    model = result.published[0]["name"]
+    meta = yaml.safe_load((repo / model / "1" / "metadata.yaml").read_text())
+    bench, serving = meta.get("benchmark") or {}, meta.get("serving") or {}
+    row = {"model": model, "instances": serving.get("instances"), "threads": serving.get("intra_op_threads"),
+           "delay_us": serving.get("max_queue_delay_microseconds"), "sized": serving.get("sized"),
+           "delay_sized": serving.get("delay_sized"), "in_process_best": bench.get("best_throughput"),
+           "in_process_batch": bench.get("best_batch"), "in_process_runtime": bench.get("runtime"),
+           "load_before": load_average()}
+    row["in_process_now"] = _in_process(repo, model, meta, int(bench.get("best_batch") or 1), args.seconds)
+    print(json.dumps({k: row[k] for k in ("model", "instances", "threads", "delay_us", "in_process_best",
+                                          "in_process_batch", "in_process_now")}), flush=True)
+    with EmbeddedServer(repo, load_models=[model], ready_timeout=90) as server:
+        url = server.grpc_url
+        interface = fetch_model(url, "grpc", model)
+        samples, _ = load_samples(interface, None, repo)
+        requests = make_requests(samples, 1, interface.batching)
+        stats = StatsReader(url, "grpc")
+        python = PythonEngine()
+        for meter in (engine, python):
+            meter.prepare(url, "grpc", interface, samples, requests, batch_size=1, work_dir=work / "pa")
+        try:
+            for label, meter, concurrency in (("pa_c1", engine, 1), ("pa_c16", engine, 16),
+                                              ("python_c16", python, 16)):
+                level = meter.measure(concurrency, window_s=args.window, max_s=args.seconds, stats=stats)
+                row[label] = {"rps": round(level.throughput, 1), "p50_ms": level.p50_ms and round(level.p50_ms, 2),
+                              "p99_ms": level.p99_ms and round(level.p99_ms, 2), "stable": level.stable,
+                              "failures": level.failures, "avg_batch": level.server.get("average_batch_size"),
+                              "queue_us": level.server.get("queue_us_per_request"),
+                              "compute_us": level.server.get("compute_us_per_request")}
+                print(json.dumps({"model": model, "measure": label, **row[label]}), flush=True)
+            if row["delay_us"]:  # did the sized delay pay? the same config with delay 0, side by side
+                from builder.repository.config import config_as_dict
+                from builder.tuning.search import ModelControl
+
+                config = config_as_dict((repo / model / "config.pbtxt").read_text())
+                config["dynamic_batching"]["max_queue_delay_microseconds"] = "0"
+                control = ModelControl(url, "grpc", model)
+                control.load(config)
+                level = engine.measure(16, window_s=args.window, max_s=args.seconds, stats=stats)
+                control.close()
+                row["pa_c16_delay0"] = {"rps": round(level.throughput, 1), "p99_ms": level.p99_ms and
+                                        round(level.p99_ms, 2), "stable": level.stable}
+                print(json.dumps({"model": model, "measure": "pa_c16 with delay 0", **row["pa_c16_delay0"]}),
+                      flush=True)
+        finally:
+            stats.close()
+    row["load_after"] = load_average()
+    return row
+
+
+def _in_process(repo: Path, model: str, meta: dict, batch: int, seconds: float) -> float:
+    """Samples/s of the published model in-process (onnxruntime, all usable cores) at ``batch``, now: the
+    best of 1 s windows over ``seconds`` (the build's own figure had a short cap, at another moment)."""
+    import time
+
+    import numpy as np
+
+    from builder.host import usable_cores
+    from builder.repository.metadata import read_reference
+    from builder.runtime import open_runner
+
+    folder = repo / model / "1"
+    artifact = meta["artifact"]
+    runner = open_runner(artifact["format"], folder / artifact["file"], [o["name"] for o in meta["spec"]["outputs"]],
+                         [i["name"] for i in meta["spec"]["inputs"]], threads=usable_cores())
+    cases, _ = read_reference(folder / "reference.npz")
+    first = cases[-1]["inputs"]  # the largest case: reference cases grow to max_batch_size
+    feeds = {n: np.resize(a, (batch, *a.shape[1:])).astype(a.dtype) for n, a in first.items()}
+    runner(feeds)
+    best, end = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        count, start = 0, time.perf_counter()
+        while time.perf_counter() - start < 1.0:
+            runner(feeds)
+            count += batch
+        best = max(best, count / (time.perf_counter() - start))
+    return round(best, 1)
+
+
+def _table(rows: list[dict], host: dict) -> None:
+    print()
+    print(f"CPU {host['cpu_model']} | flags {' '.join(host['isa_flags'])} | usable cores {host['usable_cores']} | "
+          "perf_analyzer 2.51 over gRPC, batch-1 requests, shared host")
+    head = (f"{'model':<10} {'config':<17} {'in-process':>16} {'PA c=1':>9} {'PA c=16':>9} {'p99 ms':>7} "
+            f"{'avg b':>5} {'served/in-proc':>14} {'py c=16':>8} {'py/PA':>6} {'load':>9}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        pa, py, one = r["pa_c16"], r["python_c16"], r["pa_c1"]
+        ratio = pa["rps"] / r["in_process_now"] if r.get("in_process_now") else None
+        config = f"{r['instances']}x{r['threads']} d={r['delay_us']}us"
+        inproc = f"{r['in_process_now'] or 0:.0f}/s @b{r['in_process_batch']}"
+        print(f"{r['model']:<10} {config:<17} {inproc:>16} {one['rps']:>9.0f} {pa['rps']:>9.0f} {pa['p99_ms'] or 0:>7.2f} "
+              f"{pa['avg_batch'] or 0:>5.1f} {ratio if ratio is not None else float('nan'):>14.2f} {py['rps']:>8.0f} "
+              f"{py['rps'] / pa['rps'] if pa['rps'] else float('nan'):>6.2f} {r['load_before']}->{r['load_after']}")
+    print()
+    for r in rows:
+        pa = r["pa_c16"]
+        ratio = pa["rps"] / r["in_process_now"] if r.get("in_process_now") else float("nan")
+        if r["model"].startswith("digits"):
+            met = pa["rps"] >= TARGET_RPS and (pa["p99_ms"] or 1e9) <= TARGET_P99_MS
+            print(f"target digits: >= {TARGET_RPS:.0f} req/s at p99 <= {TARGET_P99_MS:g} ms, c=16, default config: "
+                  f"{pa['rps']:.0f} req/s, p99 {pa['p99_ms']} ms -> {'MET' if met else 'NOT met'}")
+        else:
+            print(f"target {r['model']}: served default / in-process best >= {TARGET_RATIO}: {ratio:.2f} -> "
+                  f"{'MET' if ratio >= TARGET_RATIO else 'NOT met'}")
+        print(f"  {r['model']} sizing: {r['sized']}; {r['delay_sized']}")
+        print(f"  {r['model']} in-process best batch {r['in_process_batch']}: {r['in_process_now']}/s measured now, "
+              f"{r['in_process_best']}/s in the build's benchmark")
+        if r.get("pa_c16_delay0"):
+            print(f"  {r['model']} sized delay {r['delay_us']} us: {pa['rps']:.0f} req/s p99 {pa['p99_ms']} ms; "
+                  f"delay 0: {r['pa_c16_delay0']['rps']:.0f} req/s p99 {r['pa_c16_delay0']['p99_ms']} ms")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
