@@ -352,3 +352,22 @@ def test_distillation_into_a_named_student_with_feature_matching(tmp_path):
     assert any(not torch.equal(before[k], v) for k, v in student.state_dict().items())
     assert all(p.requires_grad for p in teacher.parameters())  # the teacher is handed back as it came
     assert lines[-1] == "    onnx_distilled: 4 steps (steps), accuracy 75.00%"
+
+
+def test_training_data_errors_name_data_training(tmp_path):
+    from types import SimpleNamespace
+
+    from builder.stages.compress import load_training
+
+    np.savez(tmp_path / "nolabels.npz", x=np.zeros((4, 3, 8, 8), np.float32))
+    np.savez(tmp_path / "short.npz", x=np.zeros((4, 3, 8, 8), np.float32), labels=np.zeros(3, np.int64))
+    np.savez(tmp_path / "floats.npz", x=np.zeros((4, 3, 8, 8), np.float32), labels=np.zeros(4, np.float32))
+    base = {"name": "tiny", "source": {"module": "m:build"}, "max_batch_size": 8,
+            "inputs": [{"name": "x", "shape": [3, 8, 8]}], "outputs": [{"name": "y"}]}
+    cases = {"nolabels.npz": r"data.training: nolabels.npz has no array 'labels' \(it has: x\)",
+             "short.npz": r"data.training: short.npz: the inputs and labels have different sample counts \[3, 4\]",
+             "floats.npz": r"data.training: floats.npz\['labels'\] is float32; give integer class ids"}
+    for name, message in cases.items():
+        spec = parse_spec(dict(base, data={"training": name}), tmp_path / "spec.yaml")
+        with pytest.raises(UserInputError, match=message):
+            load_training(SimpleNamespace(spec=spec))
