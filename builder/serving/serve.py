@@ -72,7 +72,7 @@ def serve_forever(
     with stop_signals() as received:
         try:
             server.start()
-            _announce_started(server, announce, served_host_warnings(Path(repository), server.models, current_host))
+            _announce_started(server, announce, served_host_warnings(repository, server.models, current_host))
             while not received:
                 if not server.is_running():
                     announce(
@@ -89,11 +89,17 @@ def serve_forever(
             server.stop()
 
 
-def served_host_warnings(repository: Path, models: Sequence[str], current_host: dict | None = None) -> list[str]:
-    """compare_hosts for each model's latest version in ``repository`` (models without metadata: none)."""
+def served_host_warnings(repository: Path | str, models: Sequence[str], current_host: dict | None = None) -> list[str]:
+    """compare_hosts for each model's latest version in ``repository`` (models without metadata: none);
+    for an ``s3://`` repository, its newest served complete version's metadata.yaml in the bucket."""
     from builder.host import host_warnings
     from builder.repository.layout import latest_version, model_dir
     from builder.repository.metadata import read_metadata
+    from builder.storage.s3_location import is_s3_url
+    if is_s3_url(str(repository)):
+        from builder.storage.served import s3_host_warnings
+        return s3_host_warnings(str(repository), list(models), current_host)
+    repository = Path(repository)
     out = []
     for name in models:
         folder = model_dir(repository, name)

@@ -27,7 +27,7 @@ from builder.storage.s3 import MARKER, S3Location, S3Store, is_s3_url, parse_s3_
     snapshot_for_check
 from builder.spec import NAME_PATTERN
 
-__all__ = ["inspect_repository", "check_served_at", "served_versions"]
+__all__ = ["inspect_repository", "check_served_at", "served_versions", "s3_host_warnings"]
 
 
 def served_versions(store: S3Store, model: str) -> tuple[list[int], list[int]]:
@@ -88,3 +88,22 @@ def check_served_at(name: str, repository: str | Path, **kwargs: Any):
     with tempfile.TemporaryDirectory(prefix="triton-builder-check-") as tmp:
         version = snapshot_for_check(location, name, Path(tmp), kwargs.pop("version", None))
         return check_served(name, repository=tmp, version=version, **kwargs)
+
+
+def s3_host_warnings(location: S3Location | str, models: list[str], current_host: dict | None = None,
+                     client: Any = None) -> list[str]:
+    """builder/host.py's warnings for each model's newest served version in an object-store repository
+    (its metadata.yaml read from the bucket), as ``serve`` gives them for a local folder."""
+    import yaml
+
+    from builder.host import host_warnings
+
+    store = S3Store(location, client=client)
+    out: list[str] = []
+    for name in models:
+        wanted, incomplete = served_versions(store, name)
+        complete = [v for v in wanted if v not in incomplete]
+        data = store.get_bytes(name, complete[-1], "metadata.yaml") if complete else None
+        if data is not None:
+            out += host_warnings(yaml.safe_load(data) or {}, name, current_host)
+    return out

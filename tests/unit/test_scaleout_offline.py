@@ -292,6 +292,27 @@ def test_inspect_repository_leaves_out_what_the_embedded_server_cannot_run(s3, t
     assert "onnxruntime" in left_out["o"] and "/tmp" not in left_out["o"]
 
 
+def test_serve_warns_when_an_s3_repositorys_version_was_measured_on_another_host(s3, tmp_path):
+    from builder.serving.serve import served_host_warnings
+
+    built_on = {"cpu_model": "AMD EPYC 9B14", "isa_flags": ["avx2", "avx512_vnni", "avx512f"],
+                "isa_class": "avx512_vnni", "usable_cores": 2}
+    here = {"cpu_model": "AMD EPYC 7B13", "isa_flags": ["avx2"], "isa_class": "avx2", "usable_cores": 2}
+    repo = tmp_path / "repo"
+    _add_version(repo)
+    with publish_version(repo, "m") as draft:  # version 2 (the one served) records where it was measured
+        (draft.folder / "model.onnx").write_text("weights-2")
+        hashes = {"model.onnx": hashlib.sha256(b"weights-2").hexdigest()}
+        (draft.folder / "metadata.yaml").write_text(yaml.safe_dump({"model_name": "m", "version": draft.version,
+                                                                    "files_sha256": hashes, "host": built_on}))
+        draft.config_text = CONFIG
+    publish_repository(repo, URL, client=s3.client)
+    [line] = served_host_warnings(URL, ["m"], current_host=here)
+    assert line.startswith("m: variants were measured on AMD EPYC 9B14 (avx512_vnni: avx2, avx512_vnni, avx512f); "
+                           "this host is AMD EPYC 7B13 (avx2)")
+    assert served_host_warnings(URL, ["m"], current_host=built_on) == []
+
+
 # --------------------------------------------------------------------------------------------
 # nginx config
 
