@@ -38,6 +38,7 @@ class CheckReport:
     config_differences: list[str] = field(default_factory=list)
     cases: int = 0
     host_warnings: list[str] = field(default_factory=list)  # this host differs from the build's (not a failure)
+    basis: str = ""  # what the stored outputs are: a variant verified by task accuracy stores its own
 
     @property
     def ok(self) -> bool:
@@ -54,6 +55,7 @@ class CheckReport:
         out += [f"- {f}" for f in self.failures]
         out += [f"- config: {d}" for d in self.config_differences]
         out += [f"- host: {w}" for w in self.host_warnings]
+        out += [f"- compared with: {self.basis}"] if self.basis else []
         return out
 
 
@@ -79,6 +81,8 @@ def check_served(name: str, *, repository: str | Path = "model_repository", url:
     tolerance = (meta.get("verification") or {}).get("tolerance") or {"rel_l2": 1e-5}
     output_names = [o["name"] for o in meta["spec"]["outputs"]]
     report = CheckReport(name, number, cases=len(cases), host_warnings=host_warnings(meta, name, current_host))
+    if meta.get("verified_by") == "task_accuracy":
+        report.basis = _task_accuracy_basis(meta)
 
     if grpc_url is None:
         host, port = _split_url(url)
@@ -114,6 +118,18 @@ def check_served(name: str, *, repository: str | Path = "model_repository", url:
             report.metrics[proto] = metrics
             report.failures += [f"{proto} {line}" for line in tolerance_failures(metrics, tolerance)]
     return report
+
+
+def _task_accuracy_basis(meta: dict[str, Any]) -> str:
+    """A variant that changes the function by design (stage compress) stores its OWN verified outputs in
+    reference.npz; say so, with the task accuracy it was verified by at build time."""
+    acc = meta.get("accuracy") or {}
+    where = ""
+    if acc.get("variant") is not None and acc.get("reference") is not None:
+        where = (f": top-1 {acc['variant']:.2f}% vs the model's {acc['reference']:.2f}% on the labelled validation "
+                 f"data (drop {acc.get('drop', 0):+.2f} points)")
+    return (f"the {meta['artifact']['variant']} variant's own outputs (verified by task accuracy at build time{where}), "
+            "not the original model's")
 
 
 def _grpc_client(url: str, timeout: float) -> TritonClient:
