@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps perf-analyzer test test-unit demo wheel-smoke bench bench-tuning bench-drift bench-replicas bench-faults bench-zoo bench-compression clean
+.PHONY: setup system-deps perf-analyzer test test-unit demo wheel-smoke bench bench-tuning bench-drift bench-replicas bench-faults bench-zoo bench-compression bench-peers clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	bash scripts/make-venv.sh "$(PYTHON)" $(VENV)
@@ -61,6 +61,9 @@ bench-zoo: setup
 
 bench-compression: setup
 	$(BIN)/python benchmarks/compression.py
+
+bench-peers: setup
+	$(BIN)/python benchmarks/quant_peers.py
 
 clean:
 	rm -rf runs .pytest_cache
