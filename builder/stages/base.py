@@ -81,6 +81,7 @@ class Variant:
     # closeness; reference.npz of their published version holds their OWN outputs (what check compares)
     verified_by: str = "reference"  # reference | task_accuracy
     own_outputs: list[dict[str, Any]] | None = None  # per reference case, set by verify for task_accuracy
+    own_validation_outputs: dict[str, Any] | None = None  # on the validation set: the drift profile's outputs
     stats: dict[str, Any] | None = None  # parameters, MACs, FLOPs of the torch model it came from
     compression: dict[str, Any] | None = None  # what training made it: ratio, steps, budget, history
 

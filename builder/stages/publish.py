@@ -57,13 +57,15 @@ def _metadata(ctx: BuildContext, variant: Variant, name: str, version: int, hash
     }
 
 
-def _profile_data(ctx: BuildContext):
-    """The data the drift profile describes: the validation set, else the largest reference case."""
+def _profile_data(ctx: BuildContext, variant: Variant):
+    """The data the drift profile describes: the validation set, else the largest reference case (with
+    the variant's own outputs where it changed the function by design: stage compress)."""
     ref = ctx.reference
     if ref.validation_inputs is not None:
-        return ref.validation_inputs, ref.validation_outputs
+        return ref.validation_inputs, (variant.own_validation_outputs if variant.own_validation_outputs is not None
+                                       else ref.validation_outputs)
     index = max(range(len(ref.cases)), key=lambda i: len(next(iter(ref.cases[i]["inputs"].values()))))
-    return ref.cases[index]["inputs"], ref.outputs[index]
+    return ref.cases[index]["inputs"], (variant.own_outputs or ref.outputs)[index]
 
 
 def _describe(ctx: BuildContext, variant: Variant, name: str, version: int) -> tuple[VersionDescription, str]:
@@ -81,7 +83,7 @@ def _describe(ctx: BuildContext, variant: Variant, name: str, version: int) -> t
     outputs = variant.own_outputs if variant.own_outputs is not None else ctx.reference.outputs
     extra: dict[str, bytes] = {"reference.npz": reference_bytes(ctx.reference.cases, outputs)}
     if config.backend == "python":
-        extra["drift_profile.json"] = profile_text(build_profile(*_profile_data(ctx))).encode()
+        extra["drift_profile.json"] = profile_text(build_profile(*_profile_data(ctx, variant))).encode()
     record = _metadata(ctx, variant, name, version, None, config.backend)  # version + files_sha256: on publish
     record["serving"] = {"instances": config.instance_groups[0].count,
                          "intra_op_threads": int(config.parameters.get("intra_op_threads", 0)) or None,

@@ -54,6 +54,8 @@ def verify_variant(ctx: BuildContext, variant: Variant) -> list[str]:
     if ref.validation_inputs is not None:
         batch = spec.max_batch_size or len(next(iter(ref.validation_inputs.values())))
         got = run_batched(run, ref.validation_inputs, batch) if spec.batching else run(ref.validation_inputs)
+        if variant.verified_by == "task_accuracy":
+            variant.own_validation_outputs = got
         variant.accuracy = {"cosine_vs_reference": {
             name: m.get("cosine") for name, m in compare_outputs(ref.validation_outputs, got).items()}}
         if ref.labels is not None:

@@ -218,6 +218,15 @@ def test_pruned_variant_is_verified_by_task_accuracy_and_publishes_its_own_outpu
     run = open_runner("onnx", folder / meta["artifact"]["file"], ["logits"], ["image"])
     for case, stored in zip(cases, outputs):
         np.testing.assert_allclose(run(case["inputs"])["logits"], stored["logits"], rtol=1e-6)
+    # the drift profile describes what this variant serves: its own outputs on the validation set
+    import json
+
+    from builder.monitoring.drift_profile import build_profile
+    score = "output:logits:score"
+    published = json.loads((folder / "drift_profile.json").read_text())["features"][score]["mean"]
+    own = build_profile(ctx.reference.validation_inputs, pruned.own_validation_outputs)["features"][score]["mean"]
+    theirs = build_profile(ctx.reference.validation_inputs, ctx.reference.validation_outputs)["features"][score]["mean"]
+    assert published == pytest.approx(own, rel=1e-6) and published != pytest.approx(theirs, rel=1e-6)
     report = (folder / "build_report.md").read_text()
     assert "verified by task accuracy" in report and "## Compression" in report
 
