@@ -380,3 +380,22 @@ def test_training_data_errors_name_data_training(tmp_path):
         spec = parse_spec(dict(base, data={"training": name}), tmp_path / "spec.yaml")
         with pytest.raises(UserInputError, match=message):
             load_training(SimpleNamespace(spec=spec))
+
+
+def test_every_reason_to_skip_names_what_to_set():
+    from types import SimpleNamespace
+
+    from builder.stages.compress import why_not
+
+    base = {"name": "tiny", "source": {"module": "m:build"}, "max_batch_size": 8, "data": {"training": "d:f"},
+            "inputs": [{"name": "x", "shape": [3, 8, 8]}], "outputs": [{"name": "y"}]}
+    labelled = SimpleNamespace(labels=np.zeros(4, np.int64))
+
+    def reason(model=Concat(), reference=labelled, **changes):
+        return why_not(SimpleNamespace(spec=parse_spec(dict(base, **changes)), model=model, reference=reference))
+
+    assert reason() == ""
+    assert reason(data={}).startswith("needs labelled training data: set data.training")
+    assert reason(model=object()) == "needs a trainable PyTorch model (source.module); the source is module"
+    assert reason(max_batch_size=0).startswith("needs a batch dimension (max_batch_size > 0)")
+    assert reason(reference=SimpleNamespace(labels=None)).endswith("data.validation with a 'labels' array")
