@@ -1,6 +1,6 @@
 """The main job, end to end on the embedded default: build a spec, serve the repository on the
-embedded tritonserver, run the served accuracy gate over HTTP and gRPC, drive a short Locust load,
-print one report, stop the server.
+embedded tritonserver, run the served accuracy gate over HTTP and gRPC, drive a short Locust load
+and a short perf_analyzer measurement (when installed), print one report, stop the server.
 
 Usage::
 
@@ -61,6 +61,7 @@ def run_main_job(spec: str | Path, repository: str | Path = "runs/model_reposito
 
         announce(f"\n== 4/4 load test ({users} users, {load_seconds:.0f} s, HTTP)")
         summary = _load(name, server, users, load_seconds, repository, announce)
+        measured = _perf_analyzer(name, server, users, repository, announce)
 
         announce("\n== report")
         rows = [
@@ -71,6 +72,8 @@ def run_main_job(spec: str | Path, repository: str | Path = "runs/model_reposito
         ]
         if summary:
             rows += [("load", _format_load(summary))]
+        if measured:
+            rows += [("perf_analyzer", measured)]
         rows += [("metrics (Prometheus text)", server.metrics_url),
                  ("Prometheus scrape config", "monitoring/prometheus/prometheus.yml (targets: this metrics port)"),
                  ("elapsed", f"{time.perf_counter() - started:.1f} s")]
@@ -106,6 +109,40 @@ def _load(name, server, users, seconds, repository, announce):
     announce("  " + format_summary(summary))
     announce(f"  reports: {out}")
     return summary
+
+
+def _perf_analyzer(name, server, concurrency, repository, announce) -> str | None:
+    """Triton's perf_analyzer on the served model (gRPC, ``concurrency`` in flight, a few seconds): the
+    throughput the server gives, measured by a client that takes little of its CPU; None where it is not
+    installed (`make setup` installs it) or the measurement failed."""
+    from builder.tuning.engine import PerfAnalyzerEngine, choose_engine
+    from builder.tuning.payload import fetch_model, load_samples
+    from builder.tuning.stats import StatsReader
+
+    engine = choose_engine("auto", install=False)
+    if not isinstance(engine, PerfAnalyzerEngine):
+        announce("  perf_analyzer is not installed (scripts/install-perf-analyzer.sh, part of `make setup`)")
+        return None
+    try:
+        interface = fetch_model(server.grpc_url, "grpc", name)
+        samples, _ = load_samples(interface, None, repository)
+        engine.prepare(server.grpc_url, "grpc", interface, samples, samples,
+                       work_dir=Path(repository).parent / "perf_analyzer" / name)
+        stats = StatsReader(server.grpc_url, "grpc")
+        try:
+            level = engine.measure(concurrency, window_s=0.5, max_s=5.0, stats=stats)
+        finally:
+            stats.close()
+    except BuilderError as exc:
+        announce(f"  perf_analyzer failed: {exc}")
+        return None
+    if level.failures:
+        announce(f"  perf_analyzer failed: {'; '.join(level.errors)}")
+        return None
+    line = (f"{level.throughput:.0f} req/s at concurrency {concurrency} over gRPC, p50 {level.p50_ms:.1f} ms, "
+            f"p99 {level.p99_ms:.1f} ms{'' if level.stable else ' (did not settle)'}")
+    announce(f"  perf_analyzer {engine.tool.version}: {line}")
+    return line
 
 
 def _payload(repository: Path, name: str) -> Path | None:

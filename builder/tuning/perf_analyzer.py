@@ -5,11 +5,11 @@ release; 2.52-2.60 need glibc 2.38, 2.61+ ship no binary): only the one file
 ``tritonclient-2.51.0.data/data/bin/perf_analyzer`` is taken out of it. The wheel is never installed
 (it would downgrade protobuf/grpcio). The binary needs ``libb64.so.0d`` and ``libcudart.so.12``, which
 the nvidia-pytriton wheel already bundles under hashed names in ``site-packages/nvidia_pytriton.libs``:
-a ``lib/`` folder beside the binary links them under the names it asks for, and goes first on its
-``LD_LIBRARY_PATH``.
+a ``lib-<tag>/`` folder beside the binary (one per nvidia-pytriton install) links them under the
+names it asks for, and goes first on its ``LD_LIBRARY_PATH``.
 
 Layout: ``~/.cache/triton-builder/perf_analyzer/2.51.0/`` (or under $TRITON_BUILDER_CACHE) holding
-``bin/perf_analyzer``, ``lib/`` and ``ready`` (written last, after ``perf_analyzer --version``
+``bin/perf_analyzer``, ``lib-<tag>/`` and ``ready`` (written last, after ``perf_analyzer --version``
 answered). ``$TRITON_BUILDER_PERF_ANALYZER`` names another binary instead (nothing is installed then).
 ``make setup`` installs it (scripts/install-perf-analyzer.sh).
 
@@ -23,6 +23,7 @@ Usage::
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import shutil
 import sys
@@ -80,10 +81,10 @@ def manual_steps() -> str:
     home = install_dir()
     return (f"on a machine with PyPI access: `pip download --no-deps --only-binary=:all: --platform manylinux1_x86_64 "
             f"--python-version 3.11 tritonclient=={VERSION}`, then `unzip -j tritonclient-{VERSION}-*.whl "
-            f"{WHEEL_MEMBER} -d {home}/bin`, link <site-packages>/nvidia_pytriton.libs/libb64-*.so.0d as "
-            f"{home}/lib/libb64.so.0d and libcudart-*.so.12* as {home}/lib/libcudart.so.12, then `touch {home}/ready` "
-            f"(or `apt-get install libb64-0d` and set ${BINARY_ENV} to the binary); "
-            f"scripts/install-perf-analyzer.sh does all of this")
+            f"{WHEEL_MEMBER} -d {home}/bin` and `touch {home}/ready` (libb64.so.0d and libcudart.so.12 are linked "
+            f"from nvidia-pytriton's bundled libraries on first use; without it, `apt-get install libb64-0d` and the "
+            f"CUDA runtime), or set ${BINARY_ENV} to a perf_analyzer binary; scripts/install-perf-analyzer.sh "
+            "does all of this")
 
 
 def _bundled_libs() -> Path | None:
@@ -95,6 +96,14 @@ def _bundled_libs() -> Path | None:
         return None
     libs = Path(list(spec.submodule_search_locations)[0]).parent / "nvidia_pytriton.libs"
     return libs if libs.is_dir() else None
+
+
+def lib_dir_for(home: Path) -> Path:
+    """``home/lib-<tag>``: one folder of links per nvidia-pytriton install (each virtualenv links its
+    own copy; a removed virtualenv cannot leave another's links dangling)."""
+    bundled = _bundled_libs()
+    tag = hashlib.sha1(str(bundled).encode()).hexdigest()[:10] if bundled is not None else "system"
+    return home / f"lib-{tag}"
 
 
 def link_libraries(lib_dir: Path) -> list[str]:
@@ -125,12 +134,13 @@ def find_perf_analyzer() -> PerfAnalyzer | None:
         path = Path(given)
         if not (path.is_file() and os.access(path, os.X_OK)):
             return None
-        lib_dir = home / "lib"
+        lib_dir = lib_dir_for(home)
         return PerfAnalyzer(path, lib_dir if not link_libraries(lib_dir) else None)
     binary = home / "bin" / "perf_analyzer"
     if (home / "ready").is_file() and binary.is_file() and os.access(binary, os.X_OK):
-        link_libraries(home / "lib")  # nvidia-pytriton may have been reinstalled since
-        return PerfAnalyzer(binary, home / "lib")
+        lib_dir = lib_dir_for(home)
+        link_libraries(lib_dir)  # this environment's nvidia-pytriton (created on first use from it)
+        return PerfAnalyzer(binary, lib_dir)
     return None
 
 
@@ -172,11 +182,12 @@ def install_perf_analyzer(progress: Callable[[str], object] = lambda m: None) ->
             shutil.copyfileobj(src, dst)
         binary.chmod(0o755)
         shutil.rmtree(download)
-        missing = link_libraries(staging / "lib")
+        lib_dir = lib_dir_for(staging)
+        missing = link_libraries(lib_dir)
         if missing:
             raise PerfAnalyzerMissing(f"{', '.join(missing)} not found in nvidia_pytriton.libs (is nvidia-pytriton "
                                       "installed?); `apt-get install libb64-0d` provides libb64.so.0d")
-        tool = PerfAnalyzer(binary, staging / "lib")
+        tool = PerfAnalyzer(binary, lib_dir)
         answer = run_command(tool.command(["--version"]), 60, env=tool.environment())
         if answer.returncode != 0 or "Perf Analyzer Version" not in answer.stdout + answer.stderr:
             raise PerfAnalyzerMissing(f"the extracted binary does not run: {(answer.stderr or answer.stdout)[-300:]}")

@@ -5,6 +5,7 @@ bert_tiny's dynamic sequence length, a tune, and a perf_analyzer run that fails.
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -99,3 +100,15 @@ def test_a_failing_perf_analyzer_run_is_a_failed_level(served, perf_analyzer, tm
                                        work_dir=tmp_path, window_s=0.25, max_s=1.0)
     assert level.failures == 1 and level.throughput == 0 and not level.stable
     assert level.errors[0].startswith("perf_analyzer exit ") and "image" in level.errors[0], level.errors
+
+
+def test_the_main_job_reports_perf_analyzers_figure(served, perf_analyzer, tmp_path):
+    from builder.main_job import _perf_analyzer
+
+    said = []
+    repo = tmp_path / "model_repository"
+    shutil.copytree(served.repository / "digits_cnn", repo / "digits_cnn")
+    line = _perf_analyzer("digits_cnn", served, 2, repo, said.append)
+    assert line is not None and " req/s at concurrency 2 over gRPC, p50 " in line, said
+    assert said == [f"  perf_analyzer 2.51.0: {line}"]
+    assert (tmp_path / "perf_analyzer" / "digits_cnn" / "digits_cnn_input_data.json").is_file()
