@@ -16,17 +16,25 @@ python backend's model.py use the same ones, so what is verified is what is meas
   otherwise runs FP32 models in bfloat16 (rel L2 ~3e-3 on digits): an "FP32" variant must be FP32.
   Triton's own openvino backend cannot set this (it knows only HINT_BF16=YES), see config.py.
 
-Telemetry: ``openvino.convert_model`` (ovc) and NNCF send usage data through ``openvino_telemetry``
-unless a consent file says no or the process looks like CI. The builder converts with
-``Core.read_model`` (the same ONNX frontend convert_model uses, without ovc's telemetry session)
-and sets ``NNCF_CI`` before NNCF is imported (NNCF then installs its telemetry stub; the variable
-has no other effect in NNCF 3.4). Nothing is written to ``~/intel``.
+Telemetry: OpenVINO 2026.4 sends usage events through ``openvino_telemetry`` unless a consent file
+(``~/intel/openvino_telemetry``, written by ``opt_in_out --opt_out``) says no or the process looks
+like CI: ``import openvino`` itself (openvino/tools/ovc/__init__.py sends an "import" event),
+``openvino.convert_model`` (ovc) and NNCF. Without a consent file they count as consent. The builder
+(``import_openvino``) imports openvino with ``CI=true`` set for that import only - the
+``disable_in_ci`` switch ovc's telemetry is created with, checked once when it is created, so it
+stays off for the process; the variable is restored at once - converts with ``Core.read_model`` (the
+ONNX frontend convert_model uses, without ovc's conversion session) and sets ``NNCF_CI`` before NNCF
+is imported (NNCF then uses its telemetry stub; the variable does nothing else in NNCF 3.4). The
+python backend's model.py imports openvino the same way. Nothing is sent and nothing is written to
+``~/intel``; the user's own opt-in/out file is left alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -37,6 +45,28 @@ IR_FILE = "model.xml"
 LATENCY_CONFIG = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
 
 
+@contextlib.contextmanager
+def _declined_as_ci():
+    """``CI=true`` for the duration (openvino_telemetry declines for tools made with disable_in_ci)."""
+    saved = os.environ.get("CI")
+    os.environ["CI"] = "true"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("CI", None)
+        else:
+            os.environ["CI"] = saved
+
+
+def import_openvino():
+    """``import openvino`` with its usage telemetry declined (see the module's docstring)."""
+    if "openvino" not in sys.modules:
+        with _declined_as_ci():
+            import openvino  # noqa: F401 - ovc's telemetry is created (declined) during this import
+    return sys.modules["openvino"]
+
+
 def disable_telemetry() -> None:
     """Make NNCF install its telemetry stub (call before ``import nncf``; import_nncf does)."""
     for key, value in NNCF_TELEMETRY_OFF.items():
@@ -44,6 +74,7 @@ def disable_telemetry() -> None:
 
 
 def import_nncf():
+    import_openvino()  # first: NNCF imports openvino, whose telemetry must be created declined
     disable_telemetry()
     import nncf
 
@@ -51,21 +82,21 @@ def import_nncf():
 
 
 def version() -> str:
-    import openvino as ov
+    ov = import_openvino()
 
     return ov.__version__.split("-")[0]
 
 
 def read_onnx(path: Path):
     """The ov.Model of an ONNX file (OpenVINO's ONNX frontend; external data beside it is read too)."""
-    import openvino as ov
+    ov = import_openvino()
 
     return ov.Core().read_model(str(path))
 
 
 def save_ir(model, folder: Path) -> Path:
     """Write ``model`` as IR (``model.xml`` + ``model.bin``) into ``folder``; weights stay FP32."""
-    import openvino as ov
+    ov = import_openvino()
 
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / IR_FILE
@@ -83,7 +114,7 @@ def ir_files(xml: Path) -> list[Path]:
 
 
 def compile_ir(path: Path, threads: int | None = None, hint: str = "LATENCY"):
-    import openvino as ov
+    ov = import_openvino()
 
     from builder.host import usable_cores
 

@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -179,15 +180,21 @@ def test_target_cpu_publishes_the_ir_for_tritons_openvino_backend(tmp_path):
         "--build-arg OPENVINO_VERSION) or publish the onnx variant"]
 
 
-def test_nncf_is_imported_with_its_telemetry_stub():
-    # a fresh interpreter without pytest loaded (NNCF turns telemetry off under pytest by itself)
-    code = ("from builder.openvino_tools import import_nncf; import_nncf(); "
-            "from nncf.telemetry import wrapper; print(type(wrapper.telemetry).__name__)")
-    env = {k: v for k, v in os.environ.items() if k not in ("NNCF_CI", "NNCF_DEV", "CI")}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+def test_openvino_and_nncf_are_imported_with_their_telemetry_declined(tmp_path):
+    # a fresh interpreter without pytest (NNCF turns telemetry off under pytest by itself), a fresh home
+    # without a consent file (which openvino_telemetry treats as consent) and no CI variable
+    code = ("import os; from builder.openvino_tools import import_nncf, to_ir; import_nncf(); "
+            "from nncf.telemetry import wrapper; from openvino_telemetry import Telemetry; "
+            "print(type(wrapper.telemetry).__name__, Telemetry().consent, os.environ.get('CI'))")
+    env = {k: v for k, v in os.environ.items() if k not in ("NNCF_CI", "NNCF_DEV", "CI", "TF_BUILD", "JENKINS_URL")}
+    env["HOME"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                          cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr
-    # nncf/telemetry/wrapper.py: NNCFTelemetryStub = MagicMock (sends nothing); NNCFTelemetry otherwise
-    assert done.stdout.strip().splitlines()[-1] == "MagicMock"
+    # NNCF's stub is a MagicMock; ovc's import-time telemetry (openvino/tools/ovc/__init__.py) declined;
+    # CI restored (unset) right after the import
+    assert done.stdout.strip().splitlines()[-1] == "MagicMock False None"
+    assert not (tmp_path / "intel").exists()  # no client id, no usage counter
 
 
 def test_over_the_accuracy_budget_nncf_runs_its_accuracy_aware_quantisation(tiny_build, tmp_path, monkeypatch):
