@@ -12,8 +12,11 @@ is the one onnxruntime runs fast (digits: 2.5x the throughput of exporting the f
 they are). Where that conversion fails, torch.onnx exports the fake-quant ops as QuantizeLinear /
 DequantizeLinear and ``fold_weight_quantizers`` stores each weight as an INT8 initializer.
 
-(NNCF 3.4's PyTorch QAT was not used: this keeps the scheme under our control and close to
-onnxruntime's U8/S8 per-channel static recipe, so the two INT8 variants compare like for like.)
+(NNCF 3.4's PyTorch QAT was tried and not used: ``nncf.quantize`` of a torch model runs, but its
+fake-quant ops JIT-compile a C++ extension at first use (g++ + ninja; on this busy 2-core host it did
+not finish within NNCF's 60 s load timeout), which a wheel user may not have. The scheme here is
+plain torch, and matches onnxruntime's U8/S8 per-channel static recipe, so the two INT8 variants
+compare like for like.)
 
 Usage::
 
