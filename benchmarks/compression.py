@@ -83,7 +83,7 @@ def main() -> None:
             stats = v.stats or {}
             m1, m64 = speed[1][name], speed[64][name]
             print(f"| {name} | {v.verified_by} | {stats.get('params', '-')} | "
-                  f"{stats.get('flops', 0) / 2 / 1e6:.3f} | {files[name].stat().st_size / 1e3:.1f} | "
+                  f"{stats.get('flops', 0) / 1e6:.3f} | {files[name].stat().st_size / 1e3:.1f} | "
                   f"{m1.percentiles_ms()['p50']:.4f} | {m1.throughput:.0f} | {m64.throughput:.0f} | "
                   f"{m64.throughput / base:.2f} | {accuracy[name]:.2f} | "
                   f"{'yes' if m1.stable and m64.stable else 'no (fastest 3 windows)'} |")

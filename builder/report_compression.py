@@ -46,11 +46,11 @@ def compression_lines(rows: list[dict[str, Any]]) -> list[str]:
              "labelled validation data within verify.max_accuracy_drop (not by closeness to the reference), and "
              "their published reference.npz holds their own outputs, which `check` compares the served answers "
              "with. Unstructured (mask) pruning is not offered: zeros in a dense weight make no dense kernel faster.",
-             "", "| variant | verified by | params | MFLOPs (b=1) | size MB | p50 ms (b=1) | best inf/s | x onnx | "
+             "", "| variant | verified by | params | MFLOPs/sample | size MB | p50 ms (b=1) | best inf/s | x onnx | "
                  "top-1 % | drop | Pareto |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         verified = "task accuracy" if r.get("verified_by") == "task_accuracy" else "closeness to the reference"
-        flops = None if r.get("flops") is None else r["flops"] / 2 / 1e6  # the stats were counted on a batch of 2
+        flops = None if r.get("flops") is None else r["flops"] / 1e6
         lines.append(f"| {r['variant']} | verified by {verified} | {_cell(r.get('params'), ',')} | "
                      f"{_cell(flops, '.3f')} | {_cell(r['size MB'], '.3f')} | {_cell(r['p50 ms (b=1)'], '.3f')} | "
                      f"{_cell(r['throughput'], '.0f')} | {_cell(r['x onnx'], '.2f')} | {_cell(r.get('accuracy'), '.2f')} | "

@@ -65,7 +65,7 @@ def _tensors(result) -> list[Any]:
 
 
 def count_params_macs(model, example: list[Any]) -> tuple[int, int]:
-    """(parameters, multiply-accumulates per call on ``example``) by torch-pruning's counter."""
+    """(parameters, multiply-accumulates per sample) by torch-pruning's counter (``example``: any batch)."""
     import torch
     import torch_pruning as tp
     with torch.no_grad():

@@ -149,6 +149,7 @@ class _Session:
         return self.pruned
 
     def stats(self, model) -> dict:
+        """Parameters, and multiply-accumulates / FLOPs (2 x MACs) per sample (torch-pruning counts per sample)."""
         params, macs = self.count(model)
         return {"params": params, "macs": macs, "flops": 2 * macs}
 
@@ -274,7 +275,7 @@ def run(ctx: BuildContext) -> StageResult:
 
     session = _Session(ctx)
     reference_stats = session.stats(ctx.model)
-    threads = training_threads(reference_stats["macs"] / len(session.example[0]))
+    threads = training_threads(reference_stats["macs"])
     for variant in ctx.variants:
         variant.stats = variant.stats or dict(reference_stats, of="the user's model")
     made, failed = {}, {}
