@@ -6,10 +6,13 @@ a data-dependent count, a detector with variable-size outputs, a segmenter) - fr
 in benchmarks/zoo_models.py; written out as a spec folder the way a user would, then built with
 ``triton-builder build`` (the library's ``build``), served on the embedded tritonserver and checked
 over HTTP and gRPC (``check``). Prints one row per model: build seconds, the exporter that produced
-the ONNX variant, variants verified, the published variant and the served rel L2 (worst output over
-both protocols and every reference case), or the refusal with its reason.
+the ONNX variant, variants verified, the published variant, the served rel L2 (worst output over
+both protocols and every reference case) and the published variant's measured speed-up over FP32
+onnx (in-process, the build's own benchmark: --benchmark-seconds per variant), or the refusal with
+its reason.
 
-Usage: python benchmarks/model_zoo.py [--models resnet,bert,...] [--variants onnx,torchscript] [--keep DIR]
+Usage: python benchmarks/model_zoo.py [--models resnet,bert,...] [--variants onnx,torchscript,...]
+                                      [--benchmark-seconds 1] [--keep DIR]
 Not part of the test run (tests/integration/test_model_zoo.py builds a fast subset, marker slow).
 """
 
@@ -151,8 +154,10 @@ def write_spec(root: Path, name: str, variants: list[str], **changes) -> Path:
     return folder / "spec.yaml"
 
 
-def run_zoo(names: list[str], root: Path, variants: list[str]) -> list[dict]:
-    """Build every model into root/model_repository, serve them, check each; one record per model."""
+def run_zoo(names: list[str], root: Path, variants: list[str], benchmark_seconds: float = 0.0) -> list[dict]:
+    """Build every model into root/model_repository, serve them, check each; one record per model.
+    With ``benchmark_seconds`` > 0 the build measures its variants (that cap each) and selects by
+    throughput; the row's ``speedup`` is the published variant's best throughput over FP32 onnx's."""
     from builder.errors import BuilderError
     from builder.pipeline import build
     from builder.serving.check import check_served
@@ -162,15 +167,17 @@ def run_zoo(names: list[str], root: Path, variants: list[str]) -> list[dict]:
     rows = []
     for name in names:
         row = {"model": name, "build_s": None, "exporter": "-", "verified": "-", "published": "-",
-               "served_rel_l2": None, "refusal": "", "note": ""}
+               "served_rel_l2": None, "speedup": None, "refusal": "", "note": ""}
         start = time.perf_counter()
         try:
-            result = build(write_spec(root, name, variants), repo, benchmark_seconds=0, progress=lambda _: None)
+            result = build(write_spec(root, name, variants), repo, benchmark_seconds=benchmark_seconds,
+                           progress=lambda _: None)
             row["build_s"] = time.perf_counter() - start
             ctx = result.context
             row["exporter"] = next((v.exporter for v in ctx.variants if v.format == "onnx"), "-") or "-"
             row["verified"] = ",".join(v.name for v in ctx.variants if v.verified) or "-"
             row["published"] = next((v.name for v in ctx.variants if v.selected), "-")
+            row["speedup"] = _speedup(ctx)
             notes = ["trace-unsafe: scripted" for n in ctx.notes if n.startswith("trace-unsafe")][:1]
             notes += [f"{v.name} not verified: {v.rejected.splitlines()[1].lstrip('- ')[:90]}"
                       for v in ctx.variants if v.verified is False and "\n" in v.rejected]
@@ -203,11 +210,20 @@ def run_zoo(names: list[str], root: Path, variants: list[str]) -> list[dict]:
     return rows
 
 
+def _speedup(ctx) -> float | None:
+    """The published variant's best measured throughput over FP32 onnx's (None: not both measured)."""
+    chosen, plain = next((v for v in ctx.variants if v.selected), None), ctx.variant("onnx")
+    fast = (chosen.benchmark or {}).get("best_throughput") if chosen else None
+    base = (plain.benchmark or {}).get("best_throughput") if plain else None
+    return fast / base if fast and base else None
+
+
 def table(rows: list[dict]) -> str:
-    head = ["model", "build s", "exporter", "variants verified", "published", "served rel L2", "refusal / reason (or exporter note)"]
+    head = ["model", "build s", "exporter", "variants verified", "published", "served rel L2", "x FP32 onnx",
+            "refusal / reason (or exporter note)"]
     body = [[r["model"], f"{r['build_s']:.1f}" if r["build_s"] is not None else "-", r["exporter"], r["verified"],
              r["published"], f"{r['served_rel_l2']:.1e}" if r["served_rel_l2"] is not None else "-",
-             r["refusal"] or r["note"] or "-"] for r in rows]
+             f"{r['speedup']:.2f}" if r.get("speedup") else "-", r["refusal"] or r["note"] or "-"] for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
     line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
     return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, body)])
@@ -226,7 +242,10 @@ def host_line() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from: {', '.join(MODELS)}")
-    parser.add_argument("--variants", default="onnx,torchscript")
+    parser.add_argument("--variants", default="onnx,torchscript,onnx_opt,onnx_int8_dynamic",
+                        help="variants each model tries (default: %(default)s)")
+    parser.add_argument("--benchmark-seconds", type=float, default=1.0,
+                        help="measuring cap per variant; 0 skips measuring (no speed-up column) (default: %(default)s)")
     parser.add_argument("--keep", help="build into this folder (kept) instead of a temporary one")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.models.split(",") if n.strip()]
@@ -235,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
     with tempfile.TemporaryDirectory(prefix="model-zoo-") as tmp:
         root = Path(args.keep) if args.keep else Path(tmp)
-        rows = run_zoo(names, root, args.variants.split(","))
+        rows = run_zoo(names, root, args.variants.split(","), args.benchmark_seconds)
     print(host_line())
     print(table(rows))
     unexpected = [r["model"] for r in rows if r["refusal"] and EXPECTED_REFUSALS.get(r["model"], "\0") not in r["refusal"]]

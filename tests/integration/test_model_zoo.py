@@ -38,5 +38,6 @@ def test_zoo_subset_builds_serves_and_checks(tmp_path, monkeypatch):
     assert rows["detector"]["published"] == "onnx", text
     assert rows["refine_loop"]["published"] == "torchscript" and rows["refine_loop"]["verified"] == "torchscript", text
     assert "trace-unsafe" in rows["refine_loop"]["note"], text
+    assert all(r["speedup"] is None for r in rows.values()) and "| x FP32 onnx |" in text  # nothing measured
     config = (tmp_path / "model_repository" / "zoo_detector" / "config.pbtxt").read_text()
     assert "max_batch_size: 0" in config and "dims: [ -1, 4 ]" in config and "dims: [ -1 ]" in config
