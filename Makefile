@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps perf-analyzer test test-unit demo wheel-smoke bench bench-tuning bench-drift bench-replicas bench-faults bench-zoo bench-compression bench-peers clean
+.PHONY: setup system-deps perf-analyzer test test-unit demo wheel-smoke bench bench-tuning bench-serving bench-drift bench-replicas bench-faults bench-zoo bench-compression bench-peers clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	bash scripts/make-venv.sh "$(PYTHON)" $(VENV)
@@ -45,6 +45,10 @@ bench: setup
 
 bench-tuning: setup
 	$(BIN)/python benchmarks/tuning_gain.py
+
+# issue 14's serving targets: default config served vs in-process, digits at concurrency 16 (perf_analyzer)
+bench-serving: setup
+	$(BIN)/python benchmarks/serving_targets.py
 
 bench-drift: setup
 	$(BIN)/python benchmarks/drift_overhead.py
