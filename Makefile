@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps perf-analyzer test test-unit demo wheel-smoke bench bench-tuning bench-serving bench-drift bench-replicas bench-faults bench-zoo bench-compression bench-peers clean
+.PHONY: setup system-deps perf-analyzer test test-unit demo wheel-smoke bench bench-tuning bench-serving bench-drift bench-replicas bench-faults bench-zoo bench-compression bench-peers bench-vs-ma clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	bash scripts/make-venv.sh "$(PYTHON)" $(VENV)
@@ -68,6 +68,10 @@ bench-compression: setup
 
 bench-peers: setup
 	$(BIN)/python benchmarks/quant_peers.py
+
+# tune vs Triton Model Analyzer 1.58 (its own venv, installed on first use), same server and perf_analyzer
+bench-vs-ma: setup
+	$(BIN)/python benchmarks/vs_model_analyzer.py
 
 clean:
 	rm -rf runs .pytest_cache

@@ -1,0 +1,227 @@
+"""`triton-builder tune` against Triton Model Analyzer, side by side: same server binary, same perf_analyzer.
+
+Builds an example (default: convnet64, a compute-bound conv net; digits is the overhead-bound one) with
+its default published config, then:
+
+1. Model Analyzer 1.58 (its own virtualenv under ~/.cache/triton-builder/tools, installed on first
+   use from PyPI: it pins its own tritonclient) runs a quick search in local launch mode against the
+   embedded tritonserver, with perf_analyzer 2.51 (builder/tuning/perf_analyzer.py) and concurrency
+   up to --max-concurrency; its best config by throughput is read from its results CSV.
+2. `triton-builder tune` searches the same model under a p99 budget equal to Model Analyzer's best
+   p99 (so "better" means more throughput at no worse tail latency), with the perf_analyzer engine.
+3. The default config, Model Analyzer's best and tune's winner are served side by side (one server,
+   three copies of the model) and measured by perf_analyzer at --concurrency, in --rounds interleaved
+   rounds; the table shows the median throughput and p99 of each, the wall time of each search and
+   the in-process best of the same variant (from the build's own benchmark).
+
+Client, server and both tools share this machine's cores: run it on a quiet machine. The CPU model
+and ISA flags are printed first.
+
+Usage: python benchmarks/vs_model_analyzer.py [--example convnet64] [--max-concurrency 16] [--rounds 3] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MA_VERSION = "1.58.0"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--example", default="convnet64", help="examples/<name>/spec.yaml (default: %(default)s)")
+    ap.add_argument("--max-concurrency", type=int, default=16)
+    ap.add_argument("--concurrency", type=int, default=16, help="the side-by-side measurement's concurrency")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--window-ms", type=int, default=3000, help="perf_analyzer's measurement window")
+    ap.add_argument("--keep", action="store_true", help="keep the work folder (configs, MA's reports)")
+    args = ap.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="vs-model-analyzer-"))
+    try:
+        return run(args, work)
+    finally:
+        if args.keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def model_analyzer_python(say) -> Path:
+    """The interpreter of a cached virtualenv with triton-model-analyzer (created on first use)."""
+    from builder.processes import run_command
+
+    root = Path(os.environ.get("TRITON_BUILDER_CACHE") or Path.home() / ".cache" / "triton-builder") / "tools"
+    home = root / f"model-analyzer-{MA_VERSION}"
+    if (home / "ready").is_file():
+        return home / "bin" / "python"
+    say(f"installing triton-model-analyzer {MA_VERSION} into {home} (once) ...")
+    shutil.rmtree(home, ignore_errors=True)
+    run_command([sys.executable, "-m", "venv", str(home)], 600, check=True)
+    run_command([home / "bin" / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                 f"triton-model-analyzer=={MA_VERSION}"], 1200, check=True)
+    (home / "ready").write_text(MA_VERSION + "\n")
+    return home / "bin" / "python"
+
+
+def run(args, work: Path) -> int:
+    import yaml
+
+    from builder.host import host_profile
+    from builder.pipeline import build
+    from builder.processes import free_ports, run_command
+    from builder.serving.install import build_backend_dir, find_tritonserver, server_environment
+    from builder.tuning.perf_analyzer import install_perf_analyzer
+
+    say = lambda line: print(line, flush=True)  # noqa: E731
+    host = host_profile(with_gpu=False)
+    say(f"host: {host.get('cpu_model')} | ISA {' '.join(host.get('isa_flags') or [])} | "
+        f"usable cores {host.get('usable_cores')}")
+    spec = ROOT / "examples" / args.example / "spec.yaml"
+    name = yaml.safe_load(spec.read_text())["name"]
+    repo = work / "model_repository"
+    say(f"building {args.example} (onnx, default published config) ...")
+    result = build(spec, repo, variants=["onnx"], progress=lambda m: None)
+    meta = yaml.safe_load((Path(result.published[0]["path"]) / "metadata.yaml").read_text())
+    in_process = (meta.get("benchmark") or {}).get("best_throughput")
+    tool = install_perf_analyzer(progress=say)
+    python = model_analyzer_python(say)
+
+    # 1. Model Analyzer, quick search, local launch mode on the embedded tritonserver
+    install = find_tritonserver()
+    backends = build_backend_dir(install, work / "backends")
+    wrapper = work / "perf_analyzer"
+    env_lines = "".join(f"export {k}='{v}'\n" for k, v in tool.environment().items() if k == "LD_LIBRARY_PATH")
+    wrapper.write_text(f"#!/bin/sh\n{env_lines}exec '{tool.binary}' \"$@\"\n")
+    wrapper.chmod(0o755)
+    ports = free_ports("127.0.0.1", 3)
+    environment = server_environment(install)
+    config = {
+        "model_repository": str(repo), "profile_models": {name: {"cpu_only": True}},
+        "run_config_search_mode": "quick", "run_config_search_max_concurrency": args.max_concurrency,
+        "triton_launch_mode": "local", "triton_server_path": str(install.binary),
+        "triton_server_flags": {"backend-directory": str(backends), "http-address": "127.0.0.1",
+                                "grpc-address": "127.0.0.1", "metrics-address": "127.0.0.1"},
+        "triton_server_environment": {k: environment[k] for k in ("LD_LIBRARY_PATH", "PATH") if k in environment},
+        "perf_analyzer_path": str(wrapper), "client_protocol": "grpc",
+        "triton_http_endpoint": f"127.0.0.1:{ports[0]}", "triton_grpc_endpoint": f"127.0.0.1:{ports[1]}",
+        "triton_metrics_url": f"http://127.0.0.1:{ports[2]}/metrics",
+        "output_model_repository_path": str(work / "ma_models"), "override_output_model_repository": True,
+        "export_path": str(work / "ma_export"), "checkpoint_directory": str(work / "ma_checkpoints"),
+    }
+    (work / "ma_export").mkdir()
+    (work / "ma.yaml").write_text(yaml.safe_dump(config))
+    say("Model Analyzer: quick search ...")
+    started = time.perf_counter()
+    done = run_command([python, "-c", "import sys; from model_analyzer.entrypoint import main; "
+                        "sys.argv[0] = 'model-analyzer'; sys.exit(main())", "profile", "-f", work / "ma.yaml"],
+                       3600, cwd=work)
+    ma_seconds = time.perf_counter() - started
+    (work / "ma.log").write_text((done.stdout or "") + (done.stderr or ""))
+    if done.returncode != 0:
+        say(f"Model Analyzer failed (exit {done.returncode}): {(done.stdout or '')[-1500:]}{(done.stderr or '')[-1500:]}")
+        return 1
+    ma_best = best_model_analyzer_row(work / "ma_export", args.max_concurrency)
+    say(f"Model Analyzer: {ma_seconds:.0f} s; best {ma_best['config']} {ma_best['throughput']:.0f} infer/s, "
+        f"p99 {ma_best['p99_ms']:.1f} ms at concurrency {ma_best['concurrency']}")
+
+    # 2. triton-builder tune under Model Analyzer's best p99
+    from builder.serving.embedded import EmbeddedServer
+    from builder.tuning.tune import run_tune
+
+    tuned_repo = work / "tuned_repository"
+    shutil.copytree(repo, tuned_repo)
+    started = time.perf_counter()
+    with EmbeddedServer(tuned_repo, load_models=[name]) as server:
+        tuned = run_tune(name, tuned_repo, server.grpc_url, protocol="grpc", p99_budget_ms=ma_best["p99_ms"],
+                         write=True, out_dir=work / "tune", engine="perf_analyzer",
+                         max_concurrency=args.max_concurrency, progress=lambda line: None)
+    tune_seconds = time.perf_counter() - started
+    say(f"tune: {tune_seconds:.0f} s; winner {(tuned['winner'] or {}).get('label')}")
+
+    # 3. side by side: three copies of the model on one server, measured in interleaved rounds
+    side = work / "side_by_side"
+    configs = {"default": repo / name / "config.pbtxt",
+               "model_analyzer": work / "ma_models" / ma_best["config"] / "config.pbtxt",
+               "tune": tuned_repo / name / "config.pbtxt"}
+    for label, config_path in configs.items():
+        copy = side / f"{name}_{label}"
+        shutil.copytree(repo / name, copy, ignore=shutil.ignore_patterns("config.pbtxt"))
+        text = re.sub(r'^name:\s*"[^"]*"', f'name: "{name}_{label}"', config_path.read_text(), count=1, flags=re.M)
+        (copy / "config.pbtxt").write_text(text)
+    figures: dict[str, list[tuple[float, float]]] = {label: [] for label in configs}
+    with EmbeddedServer(side, load_models=[f"{name}_{label}" for label in configs]) as server:
+        for round_index in range(args.rounds):
+            for label in configs:
+                figures[label].append(perf_analyzer_level(tool, server.grpc_url, f"{name}_{label}", args, work))
+            say(f"round {round_index + 1}: " + ", ".join(f"{k} {v[-1][0]:.0f}/s p99 {v[-1][1]:.1f} ms"
+                                                          for k, v in figures.items()))
+    print_table(args, figures, ma_seconds, tune_seconds, in_process, ma_best)
+    return 0
+
+
+def best_model_analyzer_row(export: Path, max_concurrency: int) -> dict:
+    """Model Analyzer's best measured config by throughput (its results/metrics-model-inference.csv),
+    among the rows at concurrency <= ``max_concurrency``: it profiles the default config past its own
+    cap (seen: concurrency 128, p99 214 ms), which is no like-for-like comparison."""
+    found = sorted(export.rglob("metrics-model-inference.csv"))
+    if not found:
+        raise SystemExit(f"no metrics-model-inference.csv under {export}: Model Analyzer wrote no results")
+    rows = list(csv.DictReader(found[0].open()))
+    rows = [r for r in rows if int(r.get("Concurrency") or 0) <= max_concurrency] or rows
+    column = next(c for c in rows[0] if c.startswith("Throughput"))
+    p99 = next(c for c in rows[0] if c.startswith("p99 Latency"))
+    best = max(rows, key=lambda r: float(r[column]))
+    return {"config": best["Model Config Path"], "throughput": float(best[column]), "p99_ms": float(best[p99]),
+            "concurrency": best.get("Concurrency")}
+
+
+def perf_analyzer_level(tool, url: str, model: str, args, work: Path) -> tuple[float, float]:
+    """(inferences/s, p99 ms) of one perf_analyzer run at args.concurrency (random input data)."""
+    from builder.processes import run_command
+    from builder.tuning.pa_measure import parse_csv
+
+    report = work / f"{model}.csv"
+    report.unlink(missing_ok=True)
+    done = run_command(tool.command(["-m", model, "-u", re.sub(r"^[a-z]+://", "", url), "-i", "grpc",
+                                     "--concurrency-range", f"{args.concurrency}:{args.concurrency}",
+                                     "--measurement-mode", "time_windows", "--measurement-interval",
+                                     str(args.window_ms), "-s", "10", "-f", str(report)]),
+                       600, env=tool.environment())
+    if done.returncode != 0 or not report.is_file():
+        raise SystemExit(f"perf_analyzer failed on {model}: {(done.stdout or '')[-800:]}{(done.stderr or '')[-800:]}")
+    row = parse_csv(report.read_text())[0]
+    return row.inferences_per_s, (row.p99_us or 0) / 1e3
+
+
+def print_table(args, figures, ma_seconds, tune_seconds, in_process, ma_best) -> None:
+    medians = {k: (statistics.median(t for t, _ in v), statistics.median(p for _, p in v)) for k, v in figures.items()}
+    print()
+    print(f"{args.example}, perf_analyzer at concurrency {args.concurrency}, median of {args.rounds} interleaved rounds")
+    print(f"{'config':<16}| {'infer/s':>8} | {'p99 ms':>7} | {'x default':>9} | {'x in-process':>12} | search s")
+    print("-" * 16 + "+" + "-" * 10 + "+" + "-" * 9 + "+" + "-" * 11 + "+" + "-" * 14 + "+" + "-" * 9)
+    for label, (throughput, p99) in medians.items():
+        seconds = {"model_analyzer": f"{ma_seconds:.0f}", "tune": f"{tune_seconds:.0f}"}.get(label, "-")
+        versus = f"{throughput / in_process:.2f}" if in_process else "-"
+        print(f"{label:<16}| {throughput:>8.0f} | {p99:>7.1f} | {throughput / medians['default'][0]:>9.2f} | "
+              f"{versus:>12} | {seconds}")
+    ma, ours = medians["model_analyzer"], medians["tune"]
+    print()
+    print(json.dumps({"tune_vs_model_analyzer_throughput": round(ours[0] / ma[0], 3),
+                      "tune_p99_ms": round(ours[1], 2), "model_analyzer_p99_ms": round(ma[1], 2),
+                      "tune_vs_model_analyzer_wall_time": round(tune_seconds / ma_seconds, 3),
+                      "in_process_best": in_process, "model_analyzer_own_best": ma_best}))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
