@@ -13,7 +13,7 @@ from __future__ import annotations
 import shutil
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -33,6 +33,28 @@ def accuracy_drop_failure(accuracy: dict[str, Any] | None, limit: float) -> str:
     if drop is None or drop <= limit:
         return ""
     return f"drop {drop:.2f} points > {limit} allowed"
+
+
+def make_each(ctx: "BuildContext", wanted: list[str], make: Callable[[str], str]) -> tuple[dict, dict, str]:
+    """Make each wanted variant with ``make(name)`` (returns its one-line summary). One failing is recorded
+    - its short error in ``ctx.notes``, its work folder removed - and does not stop the others; a
+    UserInputError (the spec is wrong) goes up. Returns (made, failed, one line for the stage result)."""
+    from builder import onnx_tools
+    from builder.errors import UserInputError
+
+    made, failed = {}, {}
+    for name in wanted:
+        ctx.progress(f"  making {name} ...")
+        try:
+            made[name] = make(name)
+        except UserInputError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one variant failing must not stop the others
+            failed[name] = onnx_tools.short_error(exc)
+            ctx.notes.append(f"{name}: not made: {failed[name]}")
+            shutil.rmtree(ctx.workdir / name, ignore_errors=True)
+    text = "; ".join([f"{k}: {v}" for k, v in made.items()] + [f"{k} FAILED: {v}" for k, v in failed.items()])
+    return made, failed, text
 
 
 # ------------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import numpy as np
 from builder import onnx_tools
 from builder.errors import UserInputError
 from builder.stages.base import BuildContext, StageResult, Variant
-from builder.stages.common import export_module_onnx
+from builder.stages.common import export_module_onnx, make_each
 from builder.tensors import top1_accuracy
 from builder.variants import register_variant
 
@@ -278,19 +278,11 @@ def run(ctx: BuildContext) -> StageResult:
     threads = training_threads(reference_stats["macs"])
     for variant in ctx.variants:
         variant.stats = variant.stats or dict(reference_stats, of="the user's model")
-    made, failed = {}, {}
-    for name in wanted:
-        ctx.progress(f"  making {name} ...")
-        try:
-            with torch_threads(threads):
-                made[name] = MAKERS[name](session)
-        except UserInputError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - one variant failing must not stop the others
-            failed[name] = onnx_tools.short_error(exc)
-            ctx.notes.append(f"{name}: not made: {failed[name]}")
-            shutil.rmtree(ctx.workdir / name, ignore_errors=True)
-    text = "; ".join([f"{k}: {v}" for k, v in made.items()] + [f"{k} FAILED: {v}" for k, v in failed.items()])
+    def make(name: str) -> str:
+        with torch_threads(threads):
+            return MAKERS[name](session)
+
+    made, failed, text = make_each(ctx, wanted, make)
     outputs = {"made": made, "failed": failed, "reference_accuracy": session.reference_accuracy,
                "reference_stats": reference_stats, "training_threads": threads or "torch default"}
     return StageResult.ok(STAGE, text, **outputs) if made else StageResult.fail(STAGE, text, **outputs)

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import io
-import shutil
 import warnings
 
 import numpy as np
 
-from builder import onnx_tools, openvino_tools
+from builder import openvino_tools
 from builder.stages.base import BuildContext, StageResult, Variant
-from builder.stages.common import accuracy_drop_failure, calibration_samples
+from builder.stages.common import accuracy_drop_failure, calibration_samples, make_each
 from builder.tensors import run_batched, top1_accuracy
 from builder.variants import register_variant
 
@@ -181,16 +180,7 @@ def run(ctx: BuildContext) -> StageResult:
     wanted = [name for name in MAKERS if ctx.wants(name)]
     if not wanted:
         return StageResult.skipped(STAGE, "no OpenVINO variant requested (openvino, openvino_int8: opt-in)")
-    made, failed = {}, {}
-    for name in wanted:
-        ctx.progress(f"  making {name} ...")
-        try:
-            made[name] = MAKERS[name](ctx)
-        except Exception as exc:  # noqa: BLE001 - one variant failing must not stop the others
-            failed[name] = onnx_tools.short_error(exc)
-            ctx.notes.append(f"{name}: not made: {failed[name]}")
-            shutil.rmtree(ctx.workdir / name, ignore_errors=True)
-    text = "; ".join([f"{k}: {v}" for k, v in made.items()] + [f"{k} FAILED: {v}" for k, v in failed.items()])
+    made, failed, text = make_each(ctx, wanted, lambda name: MAKERS[name](ctx))
     if made:
         return StageResult.ok(STAGE, text, made=made, failed=failed)
     return StageResult.fail(STAGE, text, made=made, failed=failed)

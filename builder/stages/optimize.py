@@ -13,10 +13,9 @@ Both are verified and measured like every other variant; nothing here is assumed
 
 from __future__ import annotations
 
-import shutil
-
 from builder import onnx_tools
 from builder.stages.base import BuildContext, StageResult, Variant
+from builder.stages.common import make_each
 from builder.variants import register_variant
 
 STAGE = "optimize"
@@ -85,16 +84,7 @@ def run(ctx: BuildContext) -> StageResult:
     wanted = [name for name in MAKERS if ctx.wants(name)]
     if not wanted:
         return StageResult.skipped(STAGE, "no optimised variant requested (onnx_opt, onnx_fp16)")
-    made, failed = {}, {}
-    for name in wanted:
-        ctx.progress(f"  making {name} ...")
-        try:
-            made[name] = MAKERS[name](ctx)
-        except Exception as exc:  # noqa: BLE001 - one variant failing must not stop the others
-            failed[name] = onnx_tools.short_error(exc)
-            ctx.notes.append(f"{name}: not made: {failed[name]}")
-            shutil.rmtree(ctx.workdir / name, ignore_errors=True)
-    text = "; ".join([f"{k}: {v}" for k, v in made.items()] + [f"{k} FAILED: {v}" for k, v in failed.items()])
+    made, failed, text = make_each(ctx, wanted, lambda name: MAKERS[name](ctx))
     if made:
         return StageResult.ok(STAGE, text, made=made, failed=failed)
     return StageResult.fail(STAGE, text, made=made, failed=failed)
