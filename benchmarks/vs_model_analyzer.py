@@ -25,11 +25,9 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import re
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -58,20 +56,13 @@ def main(argv=None) -> int:
 
 
 def model_analyzer_python(say) -> Path:
-    """The interpreter of a cached virtualenv with triton-model-analyzer (created on first use)."""
-    from builder.processes import run_command
+    """The interpreter of a cached virtualenv with triton-model-analyzer (builder/side_env.py, first use)."""
+    from builder.side_env import cache_root, cached_virtualenv
 
-    root = Path(os.environ.get("TRITON_BUILDER_CACHE") or Path.home() / ".cache" / "triton-builder") / "tools"
-    home = root / f"model-analyzer-{MA_VERSION}"
-    if (home / "ready").is_file():
-        return home / "bin" / "python"
-    say(f"installing triton-model-analyzer {MA_VERSION} into {home} (once) ...")
-    shutil.rmtree(home, ignore_errors=True)
-    run_command([sys.executable, "-m", "venv", str(home)], 600, check=True)
-    run_command([home / "bin" / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                 f"triton-model-analyzer=={MA_VERSION}"], 1200, check=True)
-    (home / "ready").write_text(MA_VERSION + "\n")
-    return home / "bin" / "python"
+    home = cache_root() / "tools" / f"model-analyzer-{MA_VERSION}"
+    if not (home / "ready").is_file():
+        say(f"installing triton-model-analyzer {MA_VERSION} into {home} (once) ...")
+    return cached_virtualenv(home, [f"triton-model-analyzer=={MA_VERSION}"], 1200)
 
 
 def run(args, work: Path) -> int:

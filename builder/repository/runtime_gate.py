@@ -20,8 +20,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import sys
 import tempfile
 from importlib.resources import files
 from pathlib import Path
@@ -30,49 +28,28 @@ from typing import Any, Callable
 from builder.errors import BuilderError
 from builder.repository.triton_releases import (OPENVINO_MAX_OPSET, Runtime, TritonRelease, onnx_runtime_for,
                                                 triton_release)
+from builder.side_env import cache_root, cached_virtualenv
 
-CACHE_ENV = "TRITON_BUILDER_CACHE"
 INSTALL_TIMEOUT_S = 600
 REPLAY_TIMEOUT_S = 600
 STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
 
 
 def runtimes_root() -> Path:
-    base = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "triton-builder")
-    return Path(base) / "runtimes"
+    return cache_root() / "runtimes"
 
 
 def side_python(onnxruntime_version: str, progress: Callable[[str], object] = lambda m: None) -> Path:
     """The interpreter of a cached virtualenv holding onnxruntime==``onnxruntime_version`` and numpy;
-    built on first use (in a temporary folder renamed into place: a killed install leaves no half env)."""
-    from builder.processes import run_command
-
-    root = runtimes_root()
-    home = root / f"onnxruntime-{onnxruntime_version}"
-    python = home / "bin" / "python"
-    if (home / "ready").is_file() and python.exists():
-        return python
-    root.mkdir(parents=True, exist_ok=True)
-    progress(f"installing onnxruntime {onnxruntime_version} into {home} (once; reused afterwards) ...")
-    staging = Path(tempfile.mkdtemp(prefix=f".onnxruntime-{onnxruntime_version}-", dir=root))
+    built on first use (builder/side_env.py: a killed install leaves no half env)."""
+    home = runtimes_root() / f"onnxruntime-{onnxruntime_version}"
+    if not (home / "ready").is_file():
+        progress(f"installing onnxruntime {onnxruntime_version} into {home} (once; reused afterwards) ...")
     try:
-        # built aside, then renamed: we only ever run `bin/python -m ...`, which a moved venv keeps working
-        run_command([sys.executable, "-m", "venv", str(staging)], INSTALL_TIMEOUT_S, check=True)
-        run_command([staging / "bin" / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                     f"onnxruntime=={onnxruntime_version}", "numpy"], INSTALL_TIMEOUT_S, check=True)
-        (staging / "ready").write_text(onnxruntime_version + "\n")
-        shutil.rmtree(home, ignore_errors=True)  # a half one from an older layout
-        try:
-            os.rename(staging, home)
-        except OSError:
-            if not (home / "ready").is_file():  # not a concurrent validate that finished first
-                raise
+        return cached_virtualenv(home, [f"onnxruntime=={onnxruntime_version}", "numpy"], INSTALL_TIMEOUT_S)
     except Exception as err:  # noqa: BLE001
         raise BuilderError(f"could not install onnxruntime {onnxruntime_version} into {home}: {err}; check that "
                            "PyPI is reachable (pip install works), or run validate without --triton-release") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return python
 
 
 def limit_failures(model_path: Path, release: Runtime) -> list[str]:

@@ -40,30 +40,17 @@ TAG_LIMIT = 5000  # MLflow's tag value limit (older servers)
 
 
 def mlflow_python(progress: Callable[[str], object] = lambda m: None) -> Path:
-    """The interpreter of a cached virtualenv with mlflow==MLFLOW_VERSION (built on first use)."""
-    import sys
+    """The interpreter of a cached virtualenv with mlflow==MLFLOW_VERSION (builder/side_env.py; built on
+    first use)."""
+    from builder.side_env import cache_root, cached_virtualenv
 
-    from builder.processes import run_command
-
-    root = Path(os.environ.get("TRITON_BUILDER_CACHE") or Path.home() / ".cache" / "triton-builder") / "tools"
-    home = root / f"mlflow-{MLFLOW_VERSION}"
-    if (home / "ready").is_file():
-        return home / "bin" / "python"
-    root.mkdir(parents=True, exist_ok=True)
-    progress(f"installing mlflow {MLFLOW_VERSION} into {home} (once) ...")
-    staging = Path(tempfile.mkdtemp(prefix=f".mlflow-{MLFLOW_VERSION}-", dir=root))
+    home = cache_root() / "tools" / f"mlflow-{MLFLOW_VERSION}"
+    if not (home / "ready").is_file():
+        progress(f"installing mlflow {MLFLOW_VERSION} into {home} (once) ...")
     try:
-        run_command([sys.executable, "-m", "venv", str(staging)], 600, check=True)
-        run_command([staging / "bin" / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                     f"mlflow=={MLFLOW_VERSION}"], 900, check=True)
-        (staging / "ready").write_text(MLFLOW_VERSION + "\n")
-        shutil.rmtree(home, ignore_errors=True)
-        os.rename(staging, home)
+        return cached_virtualenv(home, [f"mlflow=={MLFLOW_VERSION}"], 900)
     except Exception as err:  # noqa: BLE001
         raise ServerError(f"could not install mlflow {MLFLOW_VERSION} into {home}: {err}") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return home / "bin" / "python"
 
 
 class MlflowServer(LocalService):

@@ -27,17 +27,16 @@ import hashlib
 import os
 import shutil
 import sys
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from builder.errors import BuilderError
+from builder.side_env import cache_root, install_atomically
 
 VERSION = "2.51.0"
 BINARY_ENV = "TRITON_BUILDER_PERF_ANALYZER"
-CACHE_ENV = "TRITON_BUILDER_CACHE"
 WHEEL_MEMBER = f"tritonclient-{VERSION}.data/data/bin/perf_analyzer"
 #: the name the binary asks for -> the file in nvidia_pytriton.libs that provides it
 LIBRARIES = {"libb64.so.0d": "libb64-*.so.0d", "libcudart.so.12": "libcudart-*.so.12*"}
@@ -72,8 +71,7 @@ class PerfAnalyzer:
 
 
 def install_dir() -> Path:
-    base = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "triton-builder")
-    return Path(base) / "perf_analyzer" / VERSION
+    return cache_root() / "perf_analyzer" / VERSION
 
 
 def manual_steps() -> str:
@@ -159,11 +157,10 @@ def install_perf_analyzer(progress: Callable[[str], object] = lambda m: None) ->
     from builder.processes import CommandError, TimeoutExpired, run_command
 
     home = install_dir()
-    home.parent.mkdir(parents=True, exist_ok=True)
     progress(f"installing perf_analyzer {VERSION} into {home} (once; only the binary from the tritonclient "
              f"{VERSION} wheel) ...")
-    staging = Path(tempfile.mkdtemp(prefix=f".perf_analyzer-{VERSION}-", dir=home.parent))
-    try:
+
+    def fill(staging: Path) -> None:
         staging.chmod(0o755)
         download = staging / "download"
         try:
@@ -191,19 +188,13 @@ def install_perf_analyzer(progress: Callable[[str], object] = lambda m: None) ->
         answer = run_command(tool.command(["--version"]), 60, env=tool.environment())
         if answer.returncode != 0 or "Perf Analyzer Version" not in answer.stdout + answer.stderr:
             raise PerfAnalyzerMissing(f"the extracted binary does not run: {(answer.stderr or answer.stdout)[-300:]}")
-        (staging / "ready").write_text(VERSION + "\n")
-        shutil.rmtree(home, ignore_errors=True)  # a half one from an interrupted install
-        try:
-            os.rename(staging, home)
-        except OSError:
-            if not (home / "ready").is_file():  # not a concurrent install that finished first
-                raise
+
+    try:
+        install_atomically(home, fill, VERSION)
     except (CommandError, TimeoutExpired, OSError, KeyError, zipfile.BadZipFile, PerfAnalyzerMissing) as err:
         reason = " ".join(str(err).split())[-400:]
         raise PerfAnalyzerMissing(f"could not install perf_analyzer {VERSION} into {home}: {reason}. To install it "
                                   f"by hand: {manual_steps()}") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     found = find_perf_analyzer()
     if found is None:
         raise PerfAnalyzerMissing(f"perf_analyzer was installed into {home} but cannot be found there; "
