@@ -201,9 +201,8 @@ def confirm_finalists(ctx: BuildContext, pair: list[Variant], batches: list[int]
     put those figures in place of the first ones."""
     spec = ctx.spec
     sizes = batch_sizes(spec.max_batch_size) if spec.batching else [1]
-    feeds = {b: _inputs(ctx, b) for b in batches}
-    runners = {v.name: _open(ctx, v, {**feeds, **{k: _inputs(ctx, k) for k in (sizes[0], sizes[-1])}}, sizes,
-                             threads)[0] for v in pair}
+    feeds = {b: _inputs(ctx, b) for b in dict.fromkeys([*batches, sizes[0], sizes[-1]])}  # + _open's warm-up sizes
+    runners = {v.name: _open(ctx, v, feeds, sizes, threads)[0] for v in pair}
     window = max(v.benchmark["window_seconds"] for v in pair)
     for b in batches:
         calls = {name: (lambda run=run, feed=feeds[b][0]: run(feed)) for name, run in runners.items()}
