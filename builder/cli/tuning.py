@@ -145,15 +145,19 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--signing-key", help="with --publish: elliptic-curve private key (PEM) that signs the new version "
                    "(default: $TRITON_BUILDER_SIGNING_KEY; its password only via $TRITON_BUILDER_SIGNING_KEY_PASSWORD)")
     p.add_argument("--delays", type=int_list, help="max_queue_delay_microseconds to try (default 0,100,500,2000)")
-    p.add_argument("--instances", dest="instance_counts", type=int_list, help="instance counts (default 1,2)")
+    p.add_argument("--instances", dest="instance_counts", type=int_list,
+                   help="instance counts at the built threads (default: from the usable cores: 1 x all cores, "
+                        "2 x half, one per core, cores + 1)")
     p.add_argument("--threads", dest="thread_counts", type=int_list,
-                   help="intra-op threads per instance (python backend; default 1,2,4.. up to the usable cores)")
-    p.add_argument("--max-batch-sizes", type=int_list, help="smaller max_batch_size values to try (default none)")
+                   help="intra-op threads per instance, tried with the best instance count (python backend; "
+                        "default: the host layouts cover them)")
+    p.add_argument("--max-batch-sizes", type=int_list, help="smaller max_batch_size values to try (default: the power of two at most the "
+                        "requests per instance at the scoring concurrency, and twice that)")
     p.add_argument("--levels", type=int_list, help="concurrency levels (default 1,2,4,...,64)")
     p.add_argument("--max-concurrency", type=int, help="highest concurrency level")
     p.add_argument("--max-candidates", type=int, default=12, help="bound on configs tried (default 12)")
     p.add_argument("--no-confirm", action="store_true", help="skip re-measuring the winner and baselines")
-    p.add_argument("--tie-margin", type=float, default=0.10,
-                   help="prefer the config closest to the default within this fraction of the best (default 0.10)")
+    p.add_argument("--tie-margin", type=float, default=0.05,
+                   help="prefer the config closest to the one as built within this fraction of the best (default 0.05)")
     _engine(p)
     p.set_defaults(func=cmd_tune)

@@ -1,12 +1,13 @@
 """The measuring half of ``triton-builder tune`` (builder/tuning/tune.py has the whole story):
-candidate configs, loading one on the running server, and measuring it at rising concurrency.
+candidate configs, loading one on the running server, and measuring it: the config as built over
+rising concurrency, every other candidate where that one scored (``Search.probe``).
 
 Usage::
 
     search = Search(url, "grpc", "digits_cnn", base_config, requests, ["logits"], levels=[1, 2, 4],
                     budget=10.0, window_s=0.5, per_level_s=2.0, max_candidates=12, say=print)
-    none, default = search.candidates(built_max=64, instance_counts=[1, 2], delays=[0, 100],
-                                      max_batch_sizes=[])
+    none, default = search.candidates(built_candidate(base_config), layouts=[(1, 2), (3, 1)],
+                                      delays=[100], max_batch_sizes=None)
     best_candidate(search.order).label
     search.restore()            # the model served from its config.pbtxt again
 """
@@ -134,6 +135,8 @@ class Search:
         self.server = ModelControl(url, protocol, model)
         self.stats = StatsReader(url, protocol)
         self.measured: dict[tuple, Candidate] = {}
+        self.operating: int | None = None  # the concurrency the default scored at: where candidates are compared
+        self.probe_level_s = max(4 * window_s, 2 * per_level_s)
         self.order: list[Candidate] = []
         self.client_kind = ""
         if engine is None:  # the in-process Python client on these requests
@@ -144,39 +147,44 @@ class Search:
             engine.prepare(url, protocol, SimpleNamespace(name=model, outputs=outputs), None, requests)
         self.engine = engine  #: builder/tuning/engine.py, prepared
 
-    def candidates(self, built_max: int, instance_counts, delays, max_batch_sizes,
+    def candidates(self, default: Candidate, layouts, delays, max_batch_sizes,
                    thread_counts=()) -> tuple[Candidate, Candidate]:
-        """The staged search (module doc, stages 1-5); returns the two baselines. ``thread_counts``:
-        intra-op threads per instance tried with the best instance count (python backend)."""
+        """The staged search (builder/tuning/tune.py's doc, stages 1-5) from ``default``, the config as
+        built (``built_candidate``); returns the two baselines ``(no batching, default)``. ``layouts``:
+        (instances, intra-op threads) pairs to try, 0 threads meaning as built; ``thread_counts``: threads
+        tried with the best instance count after them; ``max_batch_sizes`` None: sizes derived from the
+        concurrency that scored (``derived_max_batch_sizes``)."""
         evaluate = self.measure
-        with_batching = built_max > 0
-        none = Candidate("no batching", False, 0, 1, built_max)
-        default = Candidate("default", True, 0, 1, built_max) if with_batching else none
+        built_max = default.max_batch_size
+        with_batching = default.batching
+        evaluate(default)  # climbs the concurrency levels: the level that scores is where the rest is compared
+        self.operating = default.best["concurrency"] if default.best else self.levels[0]
+        none = Candidate("no batching", False, 0, 1, built_max) if with_batching else default
         evaluate(none)
-        if with_batching:
-            evaluate(default)
-        # instances, delays, sizes: explored from the best batching candidate (from "no batching" for a
-        # model without a batch dimension); the winner is the best of all, "no batching" included
-        start = default
-        for count in instance_counts:
-            if count != start.instances:
-                evaluate(Candidate(f"{count} instances", start.batching, start.delay_us, count, start.max_batch_size))
-        best = best_candidate([c for c in self.order if c.batching == with_batching]) or start
+        # layouts, threads, delays, sizes: each stage starts from the best candidate so far with the built
+        # batching setting; the winner is the best of all, "no batching" included
+        for instances, threads in layouts:
+            label = f"{instances} x {threads} threads" if threads else f"{instances} instances"
+            evaluate(Candidate(label, default.batching, default.delay_us, instances, built_max,
+                               list(default.preferred), threads=threads))
+        best = best_candidate([c for c in self.order if c.batching == with_batching]) or default
         for threads in thread_counts:
             evaluate(Candidate(f"{best.instances} x {threads} threads", best.batching, best.delay_us, best.instances,
-                               best.max_batch_size, threads=threads))
+                               best.max_batch_size, list(best.preferred), threads=threads))
         best = best_candidate([c for c in self.order if c.batching == with_batching]) or best
         if with_batching:
             for delay in delays:
                 evaluate(Candidate(f"delay {delay} us", True, delay, best.instances, best.max_batch_size,
-                                   threads=best.threads))
+                                   list(best.preferred), threads=best.threads))
             best = best_candidate([c for c in self.order if c.batching]) or best
-            for size in max_batch_sizes:
+            sizes = (derived_max_batch_sizes(self.operating, best.instances, built_max)
+                     if max_batch_sizes is None else max_batch_sizes)
+            for size in sizes:
                 if size != best.max_batch_size:
                     evaluate(Candidate(f"max batch {size}", True, best.delay_us, best.instances, size,
-                                       threads=best.threads))
+                                       [p for p in best.preferred if p <= size], threads=best.threads))
             best = best_candidate([c for c in self.order if c.batching]) or best
-            if best.delay_us > 0 and best.best and best.best.get("server_avg_batch"):
+            if best.delay_us > 0 and not best.preferred and best.best and best.best.get("server_avg_batch"):
                 nearest = 2 ** round(math.log2(max(1.0, best.best["server_avg_batch"])))
                 nearest = max(1, min(nearest, best.max_batch_size))
                 evaluate(Candidate(f"preferred {nearest}", True, best.delay_us, best.instances,
@@ -214,7 +222,10 @@ class Search:
             if within and row["throughput_rps"] > candidate.best["throughput_rps"]:
                 candidate.best = dict(row, from_confirm=True)
             return candidate
-        candidate.levels, candidate.best = self.climb()
+        if self.operating is None:
+            candidate.levels, candidate.best = self.climb()
+        else:
+            candidate.levels, candidate.best = self.probe(self.operating)
         return candidate
 
     def climb(self) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
@@ -247,19 +258,43 @@ class Search:
                 over = middle
         return rows, best
 
-    def run_level(self, concurrency: int) -> tuple[dict[str, Any], bool]:
-        row, within = self.measure_once(concurrency)
+    def probe(self, around: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        """A candidate measured where the default scored (``around``), not over every level: one level up
+        as well when its p99 there is under half the budget (room to grow), one level down when it is over
+        the budget (a slower candidate still scores): ``(rows, best row)``."""
+        rows, best = [], None
+        row, within = self.run_level(around, self.probe_level_s)
+        rows.append(row)
+        if within:
+            best = row
+            higher = [c for c in self.levels if c > around]
+            if higher and (row["p99_ms"] or math.inf) <= self.budget / 2:
+                row, within = self.run_level(higher[0], self.probe_level_s)
+                rows.append(row)
+                if within and row["throughput_rps"] > best["throughput_rps"]:
+                    best = row
+        else:
+            lower = [c for c in self.levels if c < around]
+            if lower and not row["failures"]:
+                row, within = self.run_level(lower[-1], self.probe_level_s)
+                rows.append(row)
+                best = row if within else None
+        return rows, best
+
+    def run_level(self, concurrency: int, max_s: float | None = None) -> tuple[dict[str, Any], bool]:
+        row, within = self.measure_once(concurrency, max_s)
         if not within and not row["failures"]:
             # over the budget: once more before believing it (another process may have taken the CPU
             # for a moment; interference only ever slows a run down, so the better of the two counts)
-            again, again_within = self.measure_once(concurrency)
+            again, again_within = self.measure_once(concurrency, max_s)
             if again_within or (again["p99_ms"] or math.inf) < (row["p99_ms"] or math.inf):
                 row, within = again, again_within
             row["measured_twice"] = True
         return row, within
 
-    def measure_once(self, concurrency: int) -> tuple[dict[str, Any], bool]:
-        level = self.engine.measure(concurrency, window_s=self.window_s, max_s=self.per_level_s, stats=self.stats)
+    def measure_once(self, concurrency: int, max_s: float | None = None) -> tuple[dict[str, Any], bool]:
+        level = self.engine.measure(concurrency, window_s=self.window_s, max_s=max_s or self.per_level_s,
+                                    stats=self.stats)
         self.client_kind = level.client
         row = level.as_row()
         row["errors"] = level.errors
@@ -278,6 +313,26 @@ class Search:
         except (ServerError, UserInputError) as exc:
             return exc
         return None
+
+
+def built_candidate(base: dict[str, Any]) -> Candidate:
+    """The config on disk as the ``default`` candidate: what the build published (sized to its host)."""
+    built_max = int(base.get("max_batch_size", 0))
+    batching = base.get("dynamic_batching")
+    batching_on = built_max > 0 and batching is not None
+    groups = base.get("instance_group") or [{}]
+    return Candidate("default", batching_on, int((batching or {}).get("max_queue_delay_microseconds", 0) or 0),
+                     int(groups[0].get("count", 1) or 1), built_max,
+                     [int(p) for p in (batching or {}).get("preferred_batch_size", [])] if batching_on else [])
+
+
+def derived_max_batch_sizes(concurrency: int, instances: int, built_max: int) -> list[int]:
+    """Smaller max_batch_size values worth a try: the power of two at most the requests each instance
+    holds at ``concurrency``, and twice that; a bound on a batch bounds its latency (Model Analyzer's
+    winners on small CPU hosts were many instances with a small max batch)."""
+    share = max(1, concurrency // max(1, instances))
+    power = 2 ** int(math.log2(share))
+    return [size for size in (power, 2 * power) if size < built_max]
 
 
 def best_candidate(candidates: list[Candidate]) -> Candidate | None:

@@ -17,19 +17,27 @@ place: Triton 2.51's python backend crashed the server when requests reached a m
 place while its old instance was still unloading), so it is unavailable for a second or two each
 time: tune on a server that is not taking production traffic.
 
-The search is staged and bounded (stages 2-5 start from the best batching candidate so far;
-``seconds_per_candidate`` is spread over the concurrency levels, at least 4 windows each):
+The search is staged and bounded, and compares candidates where it matters: the config as built
+(``default``: what the build published, already sized to its host) is measured over the rising
+concurrency levels; every other candidate only at the level where the default scored, plus one level
+up when its p99 there is under half the budget, or one down when it is over (``Search.probe``): a
+quick search that spends its time on configs, not on levels. Stages 3-5 start from the best batching
+candidate so far (``seconds_per_candidate`` is spread over the levels of the default's climb; a probed
+level may take twice that share):
 
-1. baselines: ``no batching`` (dynamic batching off, 1 instance) and ``default`` (batching on,
-   delay 0, 1 instance, the built max_batch_size);
-2. instance counts (``instance_counts``);
+1. baselines: ``default`` (the config on disk) and ``no batching`` (dynamic batching off, 1 instance);
+2. layouts: instances x intra-op threads per instance (``layouts``), by default from the cores this
+   process may use (``host_layouts``: 1 x all cores, 2 x half, one instance per core, and one more
+   instance than cores, which keeps the cores busy while an instance is in its per-request overhead);
+   or ``instance_counts`` at the built threads, then ``thread_counts`` with the best instance count;
 3. queue delays (``delays`` us);
-4. smaller max_batch_sizes (``max_batch_sizes``, each <= the built one);
+4. smaller max_batch_sizes (``max_batch_sizes``, each <= the built one; by default the power of two at
+   most the requests each instance holds at the scoring level, and twice that);
 5. preferred_batch_size = the power of two nearest the average batch Triton formed, if the best
    so far waits for batches (delay > 0).
 
-The winner is the config with the fewest changes from the default among those within
-``tie_margin`` (10 %) of the best score: smaller differences are within run-to-run noise on a
+The winner is the config with the fewest changes from the config as built among those within
+``tie_margin`` (5 %) of the best score: smaller differences are within run-to-run noise on a
 shared machine, and not worth a change. The winner, the top scorer and both baselines are then
 measured once more at the concurrency that scored
 (``confirm``) and each keeps the better of its two measurements (interference from other processes
@@ -58,10 +66,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from builder.errors import ServerError, UserInputError
-from builder.tuning.search import Candidate, ModelControl, Search, best_candidate as _best
+from builder.tuning.search import Candidate, ModelControl, Search, best_candidate as _best, built_candidate
 
 DEFAULT_DELAYS = (0, 100, 500, 2000)
-DEFAULT_INSTANCES = (1, 2)
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -80,10 +87,10 @@ def _csv_ints(values, what: str, low: int = 0) -> list[int]:
 
 def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "grpc", p99_budget_ms: float,
              seconds_per_candidate: float = 10.0, write: bool = False, out_dir: str | Path = "runs/tune",
-             payload: str | Path | None = None, delays=DEFAULT_DELAYS, instance_counts=DEFAULT_INSTANCES,
-             max_batch_sizes=(), levels=DEFAULT_LEVELS, max_concurrency: int | None = None,
+             payload: str | Path | None = None, delays=DEFAULT_DELAYS, instance_counts=None,
+             max_batch_sizes=None, levels=DEFAULT_LEVELS, max_concurrency: int | None = None,
              max_candidates: int = 12, window_s: float = 0.5, confirm: bool = True, batch_size: int = 1,
-             tie_margin: float = 0.10, thread_counts=None, usable_cores: int | None = None, publish: bool = False,
+             tie_margin: float = 0.05, thread_counts=None, usable_cores: int | None = None, publish: bool = False,
              engine: str = "auto", signing_key=None,
              progress: Callable[[str], object] | None = None) -> dict[str, Any]:
     """Search configs of ``model`` on the server at ``url`` (its ``protocol`` port) under ``p99_budget_ms``.
@@ -109,8 +116,10 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
     if publish:  # a bad key fails before the search; $TRITON_BUILDER_SIGNING_KEY when none is given
         from builder.repository.reselect import resolve_signing_key
         key = resolve_signing_key(signing_key, Path(repository))
-    built_max = int(base.get("max_batch_size", 0))
-    thread_counts = _thread_counts(base, thread_counts, usable_cores)
+    default = built_candidate(base)
+    thread_counts = _thread_counts(base, thread_counts)
+    layouts = _layouts(base, default, instance_counts, usable_cores)
+    delays = [d for d in delays if not (default.batching and d == default.delay_us)]
 
     interface = fetch_model(url, protocol, model)  # ServerError if not reachable / not ready
     differences = config_differences(base, interface.config)
@@ -129,12 +138,12 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
                     window_s, per_level_s, max_candidates, say, engine=meter)
     started = time.monotonic()
     try:
-        none, default = search.candidates(built_max, instance_counts, delays, max_batch_sizes, thread_counts)
-        winner = _choose(search.order, built_max, tie_margin)
+        none, default = search.candidates(default, layouts, delays, max_batch_sizes, thread_counts)
+        winner = _choose(search.order, default, tie_margin)
         if confirm and winner is not None:
             for candidate in dict.fromkeys([winner, _best(search.order), none, default]):  # in this order, each once
                 search.measure(candidate, confirm_round=True)
-            winner = _choose(search.order, built_max, tie_margin)
+            winner = _choose(search.order, default, tie_margin)
     finally:
         restore_error = search.restore()
     if restore_error is not None:
@@ -175,8 +184,8 @@ def _check_arguments(p99_budget_ms, seconds_per_candidate, window_s, protocol, t
     if not 0 <= tie_margin < 1:
         raise UserInputError(f"--tie-margin {tie_margin}: a fraction within 0..1, e.g. 0.1")
     delays = _csv_ints(delays, "delays")
-    instance_counts = _csv_ints(instance_counts, "instances", 1)
-    max_batch_sizes = _csv_ints(max_batch_sizes, "max-batch-sizes", 1)
+    instance_counts = None if instance_counts is None else _csv_ints(instance_counts, "instances", 1)
+    max_batch_sizes = None if max_batch_sizes is None else _csv_ints(max_batch_sizes, "max-batch-sizes", 1)
     levels = sorted(set(_csv_ints(levels, "levels", 1)))
     if max_concurrency is not None:
         levels = [c for c in levels if c <= max_concurrency] or [max_concurrency]
@@ -185,21 +194,46 @@ def _check_arguments(p99_budget_ms, seconds_per_candidate, window_s, protocol, t
     return delays, instance_counts, max_batch_sizes, levels
 
 
-def _thread_counts(base: dict, given, usable_cores: int | None) -> list[int]:
-    """Intra-op threads per instance to try: ``given`` (--threads), else 1, 2, 4, ... up to the cores this
-    process may use (builder/host.py; ``usable_cores`` injects them), leaving out the built setting; []
-    where the config has no intra_op_threads parameter (only the python backend takes it)."""
+def _thread_counts(base: dict, given) -> list[int]:
+    """Intra-op threads per instance to try with the best instance count (``given``: --threads); []
+    where none are given, and an error where the config has no intra_op_threads parameter (only the
+    python backend takes it)."""
     built = ((base.get("parameters") or {}).get("intra_op_threads") or {}).get("string_value")
     if built is None:
         if given:
             raise UserInputError("--threads: this model's config has no intra_op_threads parameter "
                                  "(only python-backend models built by triton-builder take it)")
         return []
-    if given is not None:
-        return _csv_ints(given, "threads", 1)
-    from builder.host import usable_cores as host_cores
-    cores = usable_cores or host_cores()
-    return [t for t in (1, 2, 4, 8, 16, 32) if t <= cores and str(t) != built]
+    return [] if given is None else _csv_ints(given, "threads", 1)
+
+
+def host_layouts(cores: int, threaded: bool, max_instances: int = 16) -> list[tuple[int, int]]:
+    """(instances, intra-op threads) to try on a host with ``cores`` usable cores: 1 x all cores, 2 x half,
+    one instance per core, and one instance more than cores (keeps the cores busy while an instance is
+    in its per-request overhead: Model Analyzer's best on a 2-core host was 3 instances). Without
+    intra-op threads (``threaded`` False: not the python backend) the instance counts alone, threads 0."""
+    cores = max(1, int(cores))
+    counts = sorted({1, 2, max(1, cores // 2), cores, cores + 1} & set(range(1, max_instances + 1)))
+    return [(count, max(1, cores // count) if threaded else 0) for count in counts]
+
+
+def _layouts(base: dict, default: Candidate, instance_counts, usable_cores: int | None) -> list[tuple[int, int]]:
+    """The (instances, threads) pairs of stage 2, without the config as built; threads 0: as built.
+    ``instance_counts`` given (--instances): those at the built threads; else ``host_layouts`` from the
+    usable cores (builder/host.py; ``usable_cores`` injects them)."""
+    built = ((base.get("parameters") or {}).get("intra_op_threads") or {}).get("string_value")
+    built_threads = int(built) if built and built.isdigit() else 0
+    if instance_counts is not None:
+        pairs = [(count, 0) for count in instance_counts]
+    else:
+        from builder.host import usable_cores as host_cores
+        pairs = host_layouts(usable_cores or host_cores(), built is not None)
+    out = []
+    for instances, threads in pairs:
+        threads = 0 if threads == built_threads else threads
+        if (instances, threads) != (default.instances, 0) and (instances, threads) not in out:
+            out.append((instances, threads))
+    return out
 
 
 def _read_config(repository, model: str, max_batch_sizes: list[int], batch_size: int) -> tuple[Path, str, dict]:
@@ -278,20 +312,21 @@ def _write_winner(server: ModelControl, repository, model, config_path: Path, ba
     say(f"wrote {config_file} and {record_file}; the server now serves the tuned config")
 
 
-def _changes(candidate: Candidate, built_max: int) -> int:
-    """How far a candidate is from the default config (batching on, delay 0, 1 instance, built size)."""
-    return (int(candidate.batching != (built_max > 0)) + int(candidate.delay_us != 0) + int(candidate.instances != 1)
-            + int(candidate.max_batch_size != built_max) + int(bool(candidate.preferred)) + int(bool(candidate.threads)))
+def _changes(candidate: Candidate, default: Candidate) -> int:
+    """How far a candidate is from the config as built (``default``)."""
+    return (int(candidate.batching != default.batching) + int(candidate.delay_us != default.delay_us)
+            + int(candidate.instances != default.instances) + int(candidate.max_batch_size != default.max_batch_size)
+            + int(candidate.preferred != default.preferred) + int(bool(candidate.threads)))
 
 
-def _choose(candidates: list[Candidate], built_max: int, margin: float) -> Candidate | None:
-    """The winner: the config closest to the default among those within ``margin`` of the best score
+def _choose(candidates: list[Candidate], default: Candidate, margin: float) -> Candidate | None:
+    """The winner: the config closest to the one as built among those within ``margin`` of the best score
     (a smaller gain is within run-to-run noise, and not worth a change); the higher score on a tie."""
     top = _best(candidates)
     if top is None:
         return None
     close = [c for c in candidates if c.best is not None and not c.error and c.score * (1 + margin) >= top.score]
-    return min(close, key=lambda c: (_changes(c, built_max), -c.score))
+    return min(close, key=lambda c: (_changes(c, default), -c.score))
 
 
 def _ratio(winner: Candidate | None, baseline: Candidate) -> float | None:

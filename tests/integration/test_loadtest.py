@@ -179,21 +179,25 @@ def test_tune_writes_the_winner_and_the_server_serves_it(own_server, tmp_path):
     repo = own_server.repository
     version_before = _tree_hashes(repo / MODEL / "1")
     budget = 50.0
+    built_instances = int(re.search(r"count: (\d+)", (repo / MODEL / "config.pbtxt").read_text()).group(1))
     proc = run_cli("tune", MODEL, "--repository", str(repo), "--url", own_server.grpc_url, "--p99-budget-ms",
-                   str(budget), "--seconds-per-candidate", "3", "--delays", "0", "--instances", "1,2",
-                   "--threads", "2", "--levels", "1,4", "--out", str(tmp_path), "--write", timeout=240)
+                   str(budget), "--seconds-per-candidate", "3", "--delays", "0", "--instances", "1,5",
+                   "--threads", "2", "--max-batch-sizes", "8", "--levels", "1,4", "--out", str(tmp_path), "--write",
+                   timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
-    for label in ("no batching", "default", "2 instances"):  # the table lists every candidate
+    labels = ["default", "no batching"] + [f"{n} instances" for n in (1, 5) if n != built_instances]
+    for label in labels:  # the table lists every candidate; the config as built is "default"
         assert f"\n{label} " in out, out
     assert " x 2 threads " in out, out  # intra-op threads tried with the best instance count
+    assert "\nmax batch 8 " in out, out
     assert "WINNER" in out and "x no batching" in out and "x default" in out
 
     record = json.loads((repo / MODEL / "tuning.json").read_text())
     assert record == json.loads((tmp_path / "tuning.json").read_text())
     winner = record["winner"]
     assert winner["best_level"]["p99_ms"] <= budget and winner["throughput_within_budget_rps"] > 0
-    assert len(record["candidates"]) == 4 and record["written"]
+    assert len(record["candidates"]) == len(labels) + 2 and record["written"]  # + threads, max batch
     assert set(record["ratios"]) == {"vs_no_batching", "vs_default"}
 
     text = (repo / MODEL / "config.pbtxt").read_text()
@@ -221,7 +225,7 @@ def test_tune_publish_serves_the_winner_as_a_new_version(built_repository, tmp_p
     with EmbeddedServer(repo, load_models=[MODEL], ready_timeout=90) as server:
         proc = run_cli("tune", MODEL, "--repository", str(repo), "--url", server.grpc_url, "--p99-budget-ms", "200",
                        "--seconds-per-candidate", "2", "--delays", "0", "--instances", "1", "--threads", "2",
-                       "--levels", "1", "--no-confirm", "--out", str(tmp_path / "tune"), "--publish", timeout=180)
+                       "--max-batch-sizes", "64", "--levels", "1", "--no-confirm", "--out", str(tmp_path / "tune"), "--publish", timeout=180)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         record = json.loads((tmp_path / "tune" / "tuning.json").read_text())
         assert record["published_version"] == 2
@@ -234,7 +238,7 @@ def test_tune_publish_serves_the_winner_as_a_new_version(built_repository, tmp_p
 def test_tune_refuses_a_budget_nothing_meets(own_server, tmp_path):
     proc = run_cli("tune", MODEL, "--repository", str(own_server.repository), "--url", own_server.grpc_url,
                    "--p99-budget-ms", "0.001", "--seconds-per-candidate", "2", "--delays", "0", "--instances", "1",
-                   "--levels", "1", "--no-confirm", "--out", str(tmp_path), timeout=120)
+                   "--max-batch-sizes", "64", "--levels", "1", "--no-confirm", "--out", str(tmp_path), timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "no candidate met p99 <= 0.001 ms" in proc.stdout
     assert own_server.model_ready(MODEL)  # the model was reloaded from its (unchanged) file

@@ -83,11 +83,12 @@ def test_tune_measures_with_perf_analyzer(served, perf_analyzer, tmp_path):
 
     said = []
     record = run_tune("digits_cnn", served.repository, served.grpc_url, p99_budget_ms=200, seconds_per_candidate=1.0,
-                      window_s=0.25, delays=[0], instance_counts=[1], thread_counts=[], levels=[1], confirm=False,
+                      window_s=0.25, delays=[0], instance_counts=[], thread_counts=[], max_batch_sizes=[], levels=[1],
+                      confirm=False,
                       out_dir=tmp_path, engine="perf_analyzer", progress=said.append)
     assert record["engine"] == "perf_analyzer" and record["client"].startswith("perf_analyzer 2.51.0")
     assert record["exit_code"] == 0 and record["winner"]["throughput_within_budget_rps"] > 0
-    assert [c["label"] for c in record["candidates"]] == ["no batching", "default"]
+    assert [c["label"] for c in record["candidates"]] == ["default", "no batching"]
     assert served.model_ready("digits_cnn")
 
 

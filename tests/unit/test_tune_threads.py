@@ -1,28 +1,59 @@
-"""`tune` also searches intra-op threads per instance (builder/tuning/search.py, tune.py): which thread
-counts it tries (from injected usable cores), how a candidate writes them into the config, and that the
-staged search carries the best thread count on - with injected throughputs, no server."""
+"""`tune`'s search (builder/tuning/search.py, tune.py) without a server: the layouts (instances x intra-op
+threads) it tries from injected usable cores, how a candidate writes them into the config, the config as
+built as the baseline, the quick search that compares candidates where the default scored, and the
+winner rule - with injected throughputs."""
 
 from __future__ import annotations
 
 import pytest
 
 from builder.errors import UserInputError
-from builder.tuning.search import Candidate, Search
-from builder.tuning.tune import _thread_counts
+from builder.tuning.search import Candidate, Search, built_candidate, derived_max_batch_sizes
+from builder.tuning.tune import _choose, _layouts, _thread_counts, host_layouts
 
 PYTHON_BASE = {"name": "m", "backend": "python", "max_batch_size": 8,
+               "dynamic_batching": {"max_queue_delay_microseconds": "0"},
                "parameters": {"intra_op_threads": {"string_value": "1"}},
                "instance_group": [{"count": 1, "kind": "KIND_CPU"}]}
+BUILT_2X1 = dict(PYTHON_BASE, instance_group=[{"count": 2, "kind": "KIND_CPU"}])
 
 
-def test_thread_counts_follow_the_usable_cores():
-    assert _thread_counts(PYTHON_BASE, None, usable_cores=2) == [2]
-    assert _thread_counts(PYTHON_BASE, None, usable_cores=8) == [2, 4, 8]
-    assert _thread_counts(PYTHON_BASE, None, usable_cores=1) == []
-    assert _thread_counts(PYTHON_BASE, [1, 3], usable_cores=2) == [1, 3]
-    assert _thread_counts({"backend": "onnxruntime"}, None, usable_cores=8) == []
+def test_host_layouts_follow_the_usable_cores():
+    assert host_layouts(2, threaded=True) == [(1, 2), (2, 1), (3, 1)]
+    assert host_layouts(8, threaded=True) == [(1, 8), (2, 4), (4, 2), (8, 1), (9, 1)]
+    assert host_layouts(1, threaded=True) == [(1, 1), (2, 1)]
+    assert host_layouts(4, threaded=False) == [(1, 0), (2, 0), (4, 0), (5, 0)]
+
+
+def test_layouts_leave_out_the_config_as_built_and_name_built_threads_zero():
+    default = built_candidate(BUILT_2X1)
+    assert (default.instances, default.threads, default.batching, default.delay_us) == (2, 0, True, 0)
+    assert _layouts(BUILT_2X1, default, None, usable_cores=2) == [(1, 2), (3, 0)]  # 2 x 1 is the default
+    assert _layouts(BUILT_2X1, default, [1, 2, 4], usable_cores=2) == [(1, 0), (4, 0)]
+    onnx = {"name": "m", "platform": "onnxruntime_onnx", "max_batch_size": 8, "instance_group": [{"count": 1}]}
+    assert _layouts(onnx, built_candidate(onnx), None, usable_cores=2) == [(2, 0), (3, 0)]
+
+
+def test_thread_counts_are_only_those_given():
+    assert _thread_counts(PYTHON_BASE, None) == []
+    assert _thread_counts(PYTHON_BASE, [1, 3]) == [1, 3]
+    assert _thread_counts({"backend": "onnxruntime"}, None) == []
     with pytest.raises(UserInputError, match="--threads: this model's config has no intra_op_threads"):
-        _thread_counts({"backend": "onnxruntime"}, [2], usable_cores=8)
+        _thread_counts({"backend": "onnxruntime"}, [2])
+
+
+def test_built_candidate_reads_the_config_on_disk():
+    built = built_candidate(dict(BUILT_2X1, dynamic_batching={"max_queue_delay_microseconds": "500",
+                                                              "preferred_batch_size": [4]}))
+    assert (built.label, built.delay_us, built.preferred, built.max_batch_size) == ("default", 500, [4], 8)
+    assert built_candidate(dict(PYTHON_BASE, dynamic_batching=None) | {"max_batch_size": 0}).batching is False
+    assert built.config(BUILT_2X1)["instance_group"][0]["count"] == 2
+
+
+@pytest.mark.parametrize("concurrency, instances, built_max, sizes", [
+    (16, 3, 32, [4, 8]), (16, 1, 32, [16]), (16, 2, 8, [])])
+def test_derived_max_batch_sizes(concurrency, instances, built_max, sizes):
+    assert derived_max_batch_sizes(concurrency, instances, built_max) == sizes
 
 
 def test_a_thread_candidate_sets_intra_op_threads():
@@ -35,33 +66,79 @@ def test_a_thread_candidate_sets_intra_op_threads():
 
 
 class InjectedSearch(Search):
-    """The staged search with throughputs given per (instances, threads): no server."""
+    """The staged search with throughputs given per (instances, threads, max batch): no server. Records the
+    concurrency each candidate was measured at: the default climbs, the others are probed."""
 
-    def __init__(self, throughput):
+    def __init__(self, throughput, levels=(1, 2, 4, 8, 16), budget=50.0):
         self.throughput, self.order, self.measured, self.max_candidates = throughput, [], {}, 20
+        self.levels, self.budget, self.operating, self.probe_level_s, self.per_level_s = list(levels), budget, None, 1, 1
+        self.measured_at: dict[str, list[int]] = {}
+        self.current = None
 
     def measure(self, candidate, confirm_round=False):
         if candidate.key in self.measured:
             return self.measured[candidate.key]
-        rps = self.throughput.get((candidate.instances, candidate.threads or 1), 100.0)
-        rps += 1.0 if candidate.delay_us else 0.0  # a delay helps a little, whatever the threads
-        candidate.best = {"throughput_rps": rps, "p99_ms": 1.0}
+        self.current = candidate
         self.measured[candidate.key] = candidate
         self.order.append(candidate)
+        if self.operating is None:
+            candidate.levels, candidate.best = self.climb()
+        else:
+            candidate.levels, candidate.best = self.probe(self.operating)
         return candidate
 
+    def run_level(self, concurrency, max_s=None):
+        c = self.current
+        rps = self.throughput.get((c.instances, c.threads or 1, c.max_batch_size), 100.0)
+        rps += 1.0 if c.delay_us else 0.0  # a delay helps a little, whatever the layout
+        rps *= min(concurrency, 8) / 8  # saturates at 8 in flight
+        p99 = concurrency * 2.0  # 16 in flight: 32 ms
+        self.measured_at.setdefault(c.label, []).append(concurrency)
+        row = {"throughput_rps": rps, "p99_ms": p99, "concurrency": concurrency, "failures": 0,
+               "server_avg_batch": 2.0}
+        return row, p99 <= self.budget
 
-@pytest.mark.parametrize("throughput, instances, threads", [
-    ({(1, 1): 228.0, (2, 1): 400.0, (2, 2): 380.0}, 2, 0),   # overhead-bound: instances win, threads as built
-    ({(1, 1): 100.0, (2, 1): 150.0, (2, 2): 290.0}, 2, 2),   # compute-bound: threads win on top of instances
+
+@pytest.mark.parametrize("throughput, winner", [
+    ({(2, 1, 8): 400.0, (1, 2, 8): 380.0, (3, 1, 8): 390.0}, (2, 0, 8)),  # the built layout stays
+    ({(2, 1, 8): 300.0, (1, 2, 8): 290.0, (3, 1, 8): 420.0}, (3, 0, 8)),  # one more instance than cores
+    ({(2, 1, 8): 300.0, (1, 2, 8): 360.0, (3, 1, 8): 310.0}, (1, 2, 8)),  # threads win: compute-bound
 ])
-def test_search_tries_threads_with_the_best_instance_count_and_keeps_the_winner(throughput, instances, threads):
-    search = InjectedSearch(throughput)
-    search.candidates(8, [1, 2], [100], [], thread_counts=[2])
-    tried = [(c.instances, c.threads) for c in search.order]
-    assert (2, 2) in tried
-    last = search.order[-1]  # the delay candidate, built from the best so far
-    assert last.delay_us == 100 and (last.instances, last.threads) == (instances, threads)
+def test_quick_search_climbs_once_then_probes_where_the_default_scored(throughput, winner):
+    search = InjectedSearch(throughput, budget=30.0)  # p99 = 2 ms x concurrency: 16 is over
+    default = built_candidate(BUILT_2X1)
+    none, built = search.candidates(default, [(1, 2), (3, 0)], [100], None)
+    assert built is default and none.label == "no batching"
+    assert search.measured_at["default"][:5] == [1, 2, 4, 8, 16]  # the default climbs ...
+    assert search.operating == 8  # ... and scores where throughput saturates
+    assert search.measured_at["1 x 2 threads"] == [8]  # the others where it scored (p99 16 ms > budget/2: no step up)
+    tried = [(c.instances, c.threads, c.max_batch_size) for c in search.order]
+    assert (1, 2, 8) in tried and (3, 0, 8) in tried
+    delay = next(c for c in search.order if c.delay_us == 100)  # the delay stage starts from the best layout
+    best_layout = max([c for c in search.order if not c.delay_us and c.batching and c.max_batch_size == 8],
+                      key=lambda c: c.score)
+    assert (delay.instances, delay.threads) == (best_layout.instances, best_layout.threads)
+    chosen = _choose([c for c in search.order if not c.delay_us and c.max_batch_size == 8], default, 0.05)
+    assert (chosen.instances, chosen.threads, chosen.max_batch_size) == winner
+
+
+def test_probe_steps_down_when_over_the_budget_and_up_with_room():
+    search = InjectedSearch({}, budget=10.0)  # p99 = 2 ms x concurrency: 4 within, 8 over
+    search.current = Candidate("x", True, 0, 1, 8)
+    rows, best = search.probe(8)
+    assert [r["concurrency"] for r in rows] == [8, 4] and best["concurrency"] == 4
+    rows, best = search.probe(2)  # p99 4 ms <= 10 / 2: one level up as well
+    assert [r["concurrency"] for r in rows] == [2, 4] and best["concurrency"] == 4
+
+
+def test_the_winner_is_closest_to_the_config_as_built_within_the_margin():
+    default = built_candidate(BUILT_2X1)
+    default.best = {"throughput_rps": 100.0}
+    near = Candidate("3 instances", True, 0, 3, 8)
+    near.best = {"throughput_rps": 104.0}  # within 5 %: not worth a change
+    assert _choose([default, near], default, 0.05) is default
+    near.best = {"throughput_rps": 106.0}
+    assert _choose([default, near], default, 0.05) is near
 
 
 def test_tune_publish_makes_the_tuned_config_a_new_version(built_repository, tmp_path):
