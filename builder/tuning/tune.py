@@ -250,7 +250,7 @@ def _read_config(repository, model: str, max_batch_sizes: list[int], batch_size:
     if base.get("platform") == "ensemble":
         raise UserInputError(f"model '{model}' is an ensemble: tune its step models instead")
     built_max = int(base.get("max_batch_size", 0))
-    too_big = [m for m in max_batch_sizes if m > built_max]
+    too_big = [m for m in max_batch_sizes or () if m > built_max]
     if too_big:
         raise UserInputError(f"--max-batch-sizes {too_big}: must be <= the built max_batch_size {built_max} "
                              "(the model was verified up to that size)")

@@ -171,3 +171,14 @@ def test_tune_publish_makes_the_tuned_config_a_new_version(built_repository, tmp
     changed = dict(base, input=[dict(base["input"][0], name="other")])
     with pytest.raises(BuilderError, match="changes 'input': tuning may only change scheduling"):
         publish_tuned(repo, "digits_cnn", config_text_from_dict(changed), {})
+
+
+def test_read_config_takes_no_max_batch_sizes_as_derive_them(tmp_path):
+    from builder.repository.tuned import config_text_from_dict
+    from builder.tuning.tune import _read_config
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.pbtxt").write_text(config_text_from_dict(PYTHON_BASE))
+    assert _read_config(tmp_path, "m", None, 1)[2]["max_batch_size"] == 8
+    with pytest.raises(UserInputError, match=r"--max-batch-sizes \[16\]: must be <= the built max_batch_size 8"):
+        _read_config(tmp_path, "m", [4, 16], 1)
