@@ -55,8 +55,10 @@ class Candidate:
         cfg = copy.deepcopy(base)
         if self.max_batch_size:
             cfg["max_batch_size"] = self.max_batch_size
-        if self.batching:
-            batching: dict[str, Any] = {"max_queue_delay_microseconds": str(self.delay_us)}
+        if self.batching:  # the base's other batching settings (priorities, queue policy) are kept
+            batching: dict[str, Any] = dict(cfg.get("dynamic_batching") or {})
+            batching["max_queue_delay_microseconds"] = str(self.delay_us)
+            batching.pop("preferred_batch_size", None)
             if self.preferred:
                 batching["preferred_batch_size"] = list(self.preferred)
             cfg["dynamic_batching"] = batching
@@ -136,6 +138,9 @@ class Search:
         self.stats = StatsReader(url, protocol)
         self.measured: dict[tuple, Candidate] = {}
         self.operating: int | None = None  # the concurrency the default scored at: where candidates are compared
+        # the key of the config Triton serves now, and of the file's: set by serving_file() when it is served
+        self.loaded_key: tuple | None = None
+        self.file_key: tuple | None = None
         self.probe_level_s = max(4 * window_s, 2 * per_level_s)
         self.order: list[Candidate] = []
         self.client_kind = ""
@@ -191,6 +196,10 @@ class Search:
                                    best.max_batch_size, [nearest], threads=best.threads))
         return none, default
 
+    def serving_file(self, default: Candidate) -> None:
+        """The server serves the config on disk (``default``, checked by the caller): no reload to measure it."""
+        self.loaded_key = self.file_key = default.key
+
     def measure(self, candidate: Candidate, confirm_round: bool = False) -> Candidate:
         """Load ``candidate`` and measure it (or, ``confirm_round``, measure its best level once more)."""
         from builder.serving.check import config_differences
@@ -207,15 +216,18 @@ class Search:
             return candidate  # nothing to confirm
         config = candidate.config(self.base)
         self.say(f"{'confirm' if confirm_round else 'candidate'} {candidate.label}: {candidate.describe()}")
-        try:
-            self.server.load(config)
-            loaded_diff = config_differences(config, self.server.loaded_config())
-            if loaded_diff:
-                raise ServerError("Triton loaded something else: " + "; ".join(loaded_diff))
-        except ServerError as exc:
-            candidate.error = str(exc)
-            self.say(f"  failed: {exc}")
-            return candidate
+        if candidate.key != self.loaded_key:  # a reload costs seconds (python backend: ~1 s per instance to unload)
+            self.loaded_key = None
+            try:
+                self.server.load(config)
+                loaded_diff = config_differences(config, self.server.loaded_config())
+                if loaded_diff:
+                    raise ServerError("Triton loaded something else: " + "; ".join(loaded_diff))
+            except ServerError as exc:
+                candidate.error = str(exc)
+                self.say(f"  failed: {exc}")
+                return candidate
+            self.loaded_key = candidate.key
         if confirm_round:  # once more at the concurrency that scored; the better of the two counts
             row, within = self.run_level(candidate.best["concurrency"])
             candidate.confirm = row
@@ -308,6 +320,8 @@ class Search:
     def restore(self) -> Exception | None:
         """Serve the file again (unchanged so far) rather than the last candidate; the error, if any."""
         self.stats.close()
+        if self.loaded_key is not None and self.loaded_key == self.file_key:
+            return None  # the last candidate measured was the file's config: it is served already
         try:
             self.server.load(None)
         except (ServerError, UserInputError) as exc:

@@ -38,10 +38,12 @@ level may take twice that share):
 
 The winner is the config with the fewest changes from the config as built among those within
 ``tie_margin`` (5 %) of the best score: smaller differences are within run-to-run noise on a
-shared machine, and not worth a change. The winner, the top scorer and both baselines are then
-measured once more at the concurrency that scored
-(``confirm``) and each keeps the better of its two measurements (interference from other processes
-only ever slows a run down), so the ratios compare the three under the same conditions.
+shared machine, and not worth a change. The top scorer, the winner and the default are then
+measured once more at the concurrency that scored (``confirm``; the default last, so the model ends
+served from its file without another reload) and each keeps the better of its two measurements
+(interference from other processes only ever slows a run down), so the winner and the default are
+compared under the same conditions; ``no batching`` keeps its one measurement. A candidate whose
+config Triton already serves is measured without a reload.
 
 With ``write=True`` the winner is written to ``<model>/config.pbtxt`` (header comment saying so)
 and ``<model>/tuning.json`` (every candidate's measurements) through
@@ -136,12 +138,15 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
     meter.prepare(url, protocol, interface, samples, requests, batch_size=batch_size, work_dir=out / "perf_analyzer")
     search = Search(url, protocol, model, base, requests, interface.outputs, levels, p99_budget_ms,
                     window_s, per_level_s, max_candidates, say, engine=meter)
+    if not differences:
+        search.serving_file(default)
     started = time.monotonic()
     try:
         none, default = search.candidates(default, layouts, delays, max_batch_sizes, thread_counts)
         winner = _choose(search.order, default, tie_margin)
         if confirm and winner is not None:
-            for candidate in dict.fromkeys([winner, _best(search.order), none, default]):  # in this order, each once
+            # the default last: it is the file's config, so the model need not be reloaded afterwards
+            for candidate in dict.fromkeys([_best(search.order), winner, default]):
                 search.measure(candidate, confirm_round=True)
             winner = _choose(search.order, default, tie_margin)
     finally:

@@ -182,3 +182,52 @@ def test_read_config_takes_no_max_batch_sizes_as_derive_them(tmp_path):
     assert _read_config(tmp_path, "m", None, 1)[2]["max_batch_size"] == 8
     with pytest.raises(UserInputError, match=r"--max-batch-sizes \[16\]: must be <= the built max_batch_size 8"):
         _read_config(tmp_path, "m", [4, 16], 1)
+
+
+def test_a_candidate_keeps_the_bases_other_batching_settings():
+    base = dict(PYTHON_BASE, dynamic_batching={"max_queue_delay_microseconds": "0", "preferred_batch_size": [8],
+                                               "default_queue_policy": {"timeout_action": "REJECT"}})
+    config = Candidate("d", True, 100, 1, 8).config(base)
+    assert config["dynamic_batching"] == {"max_queue_delay_microseconds": "100",
+                                          "default_queue_policy": {"timeout_action": "REJECT"}}
+    assert Candidate("p", True, 0, 1, 8, [4]).config(base)["dynamic_batching"]["preferred_batch_size"] == [4]
+
+
+class RecordingControl:
+    """Stands in for ModelControl (no server): records the configs loaded."""
+
+    def __init__(self):
+        self.loads = []
+
+    def load(self, config):
+        self.loads.append(config)
+
+    def loaded_config(self):
+        return self.loads[-1]
+
+
+def test_the_config_already_served_is_measured_without_a_reload_and_not_restored():
+    from types import SimpleNamespace
+
+    search = InjectedSearch({})
+    search.server, search.stats, search.say = RecordingControl(), SimpleNamespace(close=lambda: None), lambda m: None
+    search.base, search.loaded_key, search.file_key = BUILT_2X1, None, None
+    real_measure = Search.measure.__get__(search)  # the real measure(), over the recording control
+
+    def measure(candidate, confirm_round=False):
+        search.current = candidate
+        return real_measure(candidate, confirm_round)
+
+    search.measure = measure
+    default = built_candidate(BUILT_2X1)
+    search.serving_file(default)
+    search.measure(default)
+    assert search.server.loads == []  # the server serves the file: measured as it is
+    other = Candidate("3 instances", True, 0, 3, 8)
+    search.measure(other)
+    assert [c["instance_group"][0]["count"] for c in search.server.loads] == [3]
+    search.measure(default, confirm_round=True)  # back to the file's config: a reload
+    assert len(search.server.loads) == 2 and search.restore() is None
+    assert len(search.server.loads) == 2  # ... and none to restore it
+    search.measure(other, confirm_round=True)
+    assert search.restore() is None and search.server.loads[-1] is None  # restored from the file
