@@ -13,7 +13,9 @@ one is counted per input on Triton's metrics endpoint (triton_builder_nonfinite_
 reject it gets an INVALID_ARG error (HTTP 400) naming the input instead of an answer.
 If drift_profile.json and drift.py are present, a sample of the traffic feeds drift gauges on
 Triton's own metrics endpoint (see monitoring/README.md). Parameters: drift (on/off), drift_window
-(rows, default 512), drift_sample_every (default 1), drift_publish_every (sampled calls, default 64).
+(rows, default 512), drift_sample_every (default 1), drift_publish_every (sampled calls, default 64),
+drift_observe_rows (batched models: sampled rows gathered before they are binned together, default 64;
+binning costs about as much for one row as for 64, ~0.25 ms a call on a 2-core host).
 """
 
 import importlib.util
@@ -85,7 +87,7 @@ class TritonPythonModel:
             self._run = run_openvino
         else:
             raise pb_utils.TritonModelException(f"unknown runtime '{runtime}' (use onnxruntime, torchscript or openvino)")
-        self.drift = _DriftHook.create(folder, self.model_name, self.version, params)
+        self.drift = _DriftHook.create(folder, self.model_name, self.version, params, self.batching)
         self.non_finite = _NonFiniteGuard(self.model_name, self.version, params.get("non_finite_inputs", "count"),
                                           [name for name, dtype in self.inputs if np.issubdtype(dtype, np.floating)])
 
@@ -213,11 +215,14 @@ class _NonFiniteGuard:
         return None
 
 
+PENDING_BYTES = 4 << 20  # gathered drift rows are binned once they hold this much
+
+
 class _DriftHook:
     """Feeds a sample of the traffic to drift.DriftWindow and publishes its scores as gauges."""
 
     @classmethod
-    def create(cls, folder, model_name, version, params):
+    def create(cls, folder, model_name, version, params, batching=False):
         profile_path = os.path.join(folder, "drift_profile.json")
         code_path = os.path.join(folder, "drift.py")
         if params.get("drift", "on") == "off" or not (os.path.exists(profile_path) and os.path.exists(code_path)):
@@ -225,11 +230,16 @@ class _DriftHook:
         spec = importlib.util.spec_from_file_location(f"triton_builder_drift_{model_name}_{version}", code_path)
         drift = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(drift)
-        return cls(drift, drift.load_profile(profile_path), model_name, version, params)
+        return cls(drift, drift.load_profile(profile_path), model_name, version, params, batching)
 
-    def __init__(self, drift, profile, model_name, version, params):
-        self.window = drift.DriftWindow(profile, window=int(params.get("drift_window", "512")),
-                                        sample_every=int(params.get("drift_sample_every", "1")))
+    def __init__(self, drift, profile, model_name, version, params, batching=False):
+        self.sample_every = max(1, int(params.get("drift_sample_every", "1")))
+        self.window = drift.DriftWindow(profile, window=int(params.get("drift_window", "512")), sample_every=1)
+        self.calls = 0
+        # rows on the first axis (batched models): sampled calls are gathered and binned together, in order,
+        # so the window holds the same rows as binning each call would; unbatched models bin each call
+        self.observe_rows = max(1, int(params.get("drift_observe_rows", "64"))) if batching else 1
+        self.pending, self.pending_key, self.pending_rows, self.pending_bytes = [], None, 0, 0
         self.labels = {"model": model_name, "version": str(version)}
         # publishing the gauges costs ~0.6 ms, far more than observing: do it every N sampled calls
         self.publish_every = int(params.get("drift_publish_every", "64"))
@@ -247,12 +257,48 @@ class _DriftHook:
         self.per_feature = {}
 
     def observe(self, feeds, outputs):
-        if not self.window.observe(feeds, outputs):
+        call, self.calls = self.calls, self.calls + 1
+        if call % self.sample_every:
             return
         self.sampled_since_publish += 1
+        if self.observe_rows <= 1:
+            self.window.observe(feeds, outputs)
+        else:
+            self._gather(feeds, outputs)
         if self.sampled_since_publish >= self.publish_every:
             self.sampled_since_publish = 0
+            self.flush()
             self.publish()
+
+    def _gather(self, feeds, outputs):
+        key = tuple((name, a.dtype.str, a.shape[1:]) for name, a in sorted({**feeds, **outputs}.items()))
+        if self.pending and key != self.pending_key:
+            self.flush()  # rows of another shape: bin what was gathered first
+        rows = len(next(iter(feeds.values())))
+        size = sum(a.nbytes for a in feeds.values()) + sum(a.nbytes for a in outputs.values())
+        if not self.pending and (rows >= self.observe_rows or size >= PENDING_BYTES):
+            self.window.observe(feeds, outputs)  # enough on its own: no copy
+            return
+        # inputs may be views of Triton's request buffers, released once execute() returns: keep copies
+        self.pending.append(({n: a if a.flags.owndata else a.copy() for n, a in feeds.items()},
+                             {n: a if a.flags.owndata else a.copy() for n, a in outputs.items()}))
+        self.pending_key = key
+        self.pending_rows += rows
+        self.pending_bytes += size
+        if self.pending_rows >= self.observe_rows or self.pending_bytes >= PENDING_BYTES:
+            self.flush()
+
+    def flush(self):
+        """Bin the gathered rows (one observe() over all of them)."""
+        if not self.pending:
+            return
+        pending, self.pending, self.pending_rows, self.pending_bytes = self.pending, [], 0, 0
+        if len(pending) == 1:
+            self.window.observe(*pending[0])
+            return
+        feeds = {n: np.concatenate([p[0][n] for p in pending]) for n in pending[0][0]}
+        outputs = {n: np.concatenate([p[1][n] for p in pending]) for n in pending[0][1]}
+        self.window.observe(feeds, outputs)
 
     def publish(self):
         for feature, scores in self.window.scores().items():
