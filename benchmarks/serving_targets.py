@@ -12,7 +12,9 @@ Where the build sized a batching delay, the same config with delay 0 is measured
 net; >= 5,000 req/s at p99 <= 10 ms at concurrency 16 for digits.
 
 Client and server share the CPU: the figures are this machine's, with the load average around them
-(another process on a shared host lowers them). Prints the CPU model and ISA flags first, then one JSON
+(another process on a shared host lowers them), and where the CPU went during each measurement
+(``CpuAccount``: the model's stubs, tritonserver, the load generator, the rest) - what the server's own
+frontend and the client take is the ceiling of served / in-process on a shared host. Prints the CPU model and ISA flags first, then one JSON
 line per measurement and a table.
 
 Usage: python benchmarks/serving_targets.py [--models convnet64,digits] [--seconds 8] [--window 0.5]
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -97,12 +100,13 @@ def _model(name: str, work: Path, engine, args) -> dict:
         try:
             for label, meter, concurrency in (("pa_c1", engine, 1), ("pa_c16", engine, 16),
                                               ("python_c16", python, 16)):
-                level = meter.measure(concurrency, window_s=args.window, max_s=args.seconds, stats=stats)
+                with CpuAccount() as account:
+                    level = meter.measure(concurrency, window_s=args.window, max_s=args.seconds, stats=stats)
                 row[label] = {"rps": round(level.throughput, 1), "p50_ms": level.p50_ms and round(level.p50_ms, 2),
                               "p99_ms": level.p99_ms and round(level.p99_ms, 2), "stable": level.stable,
                               "failures": level.failures, "avg_batch": level.server.get("average_batch_size"),
                               "queue_us": level.server.get("queue_us_per_request"),
-                              "compute_us": level.server.get("compute_us_per_request")}
+                              "compute_us": level.server.get("compute_us_per_request"), "cpu_cores": account.cores}
                 print(json.dumps({"model": model, "measure": label, **row[label]}), flush=True)
             if row["delay_us"]:  # did the sized delay pay? the same config with delay 0, side by side
                 from builder.repository.config import config_as_dict
@@ -122,6 +126,58 @@ def _model(name: str, work: Path, engine, args) -> dict:
             stats.close()
     row["load_after"] = load_average()
     return row
+
+
+class CpuAccount:
+    """Where the host's CPU went while a block ran: the model's python-backend stubs, tritonserver
+    itself (frontends, batcher, copies into the stubs' shared memory), the load generator (children
+    of this process: perf_analyzer) and everything else (kernel workers, other processes), in cores.
+    Linux /proc; empty elsewhere."""
+
+    def __enter__(self):
+        import resource
+        import time
+
+        self.began, self.children = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.ticks = _ticks_by_process()
+        return self
+
+    def __exit__(self, *exc):
+        import resource
+        import time
+
+        seconds = time.perf_counter() - self.began
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        after, hz = _ticks_by_process(), os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        used = {"stubs": 0.0, "tritonserver": 0.0, "client": 0.0, "other": 0.0}
+        for key, ticks in after.items():
+            delta = (ticks - self.ticks.get(key, ticks)) / hz / seconds
+            name = key[1]
+            group = ("client" if key[0] == str(os.getpid()) else "stubs" if name.startswith("triton_python")
+                     else "tritonserver" if name == "tritonserver" else "other")
+            used[group] += max(0.0, delta)
+        # perf_analyzer runs as a child and is gone by now (its ticks with it): its rusage; the Python
+        # client is this process
+        used["client"] += ((children.ru_utime + children.ru_stime) - (self.children.ru_utime + self.children.ru_stime)) \
+            / seconds
+        self.cores = {k: round(v, 2) for k, v in used.items()}
+        return False
+
+
+def _ticks_by_process() -> dict:
+    """{(pid, name): user+system ticks} of every process now (Linux /proc; {} elsewhere)."""
+    out = {}
+    for pid in (os.listdir("/proc") if os.path.isdir("/proc") else []):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[(pid, stat[stat.index("(") + 1:stat.rindex(")")])] = int(fields[11]) + int(fields[12])
+    return out
 
 
 def _in_process(repo: Path, model: str, meta: dict, batch: int, seconds: float) -> float:
@@ -183,6 +239,13 @@ def _table(rows: list[dict], host: dict) -> None:
         print(f"  {r['model']} sizing: {r['sized']}; {r['delay_sized']}")
         print(f"  {r['model']} in-process samples/s by batch, measured now: {r['in_process_by_batch']}; the build's "
               f"benchmark: {r['in_process_best']}/s at batch {r['build_best_batch']}")
+        cpu = r["pa_c16"].get("cpu_cores") or {}
+        if cpu:
+            spare = host["usable_cores"] - cpu.get("tritonserver", 0) - cpu.get("client", 0)
+            print(f"  {r['model']} CPU at PA c=16, cores of {host['usable_cores']}: model stubs {cpu.get('stubs')}, "
+                  f"tritonserver {cpu.get('tritonserver')}, perf_analyzer {cpu.get('client')}, other {cpu.get('other')}"
+                  f" -> what the server's frontend and the client leave the model: {spare / host['usable_cores']:.2f} "
+                  "of the host (the ceiling of served / in-process on a shared host)")
         if r.get("pa_c16_delay0"):
             print(f"  {r['model']} sized delay {r['delay_us']} us: {pa['rps']:.0f} req/s p99 {pa['p99_ms']} ms; "
                   f"delay 0: {r['pa_c16_delay0']['rps']:.0f} req/s p99 {r['pa_c16_delay0']['p99_ms']} ms")
