@@ -70,10 +70,12 @@ def run_main_job(spec: str | Path, repository: str | Path = "runs/model_reposito
             ("served check", "OK (HTTP + gRPC)" if report.ok else "FAIL"),
             (f"Triton {COMPOSE_RELEASE} runtime gate", "OK" if gate.ok else "FAIL"),
         ]
-        if summary:
-            rows += [("load", _format_load(summary))]
+        # the served figures are perf_analyzer's (C++, little of the server's CPU); Locust's are the client's
+        # side of a load test, its users sharing the server's cores, shown with their ratio to it
         if measured:
-            rows += [("perf_analyzer", measured)]
+            rows += [("served (perf_analyzer)", measured[0])]
+        if summary:
+            rows += [("load test (Locust)", _format_load(summary, measured[1] if measured else None))]
         rows += [("metrics (Prometheus text)", server.metrics_url),
                  ("Prometheus scrape config", "monitoring/prometheus/prometheus.yml (targets: this metrics port)"),
                  ("elapsed", f"{time.perf_counter() - started:.1f} s")]
@@ -111,10 +113,10 @@ def _load(name, server, users, seconds, repository, announce):
     return summary
 
 
-def _perf_analyzer(name, server, concurrency, repository, announce) -> str | None:
+def _perf_analyzer(name, server, concurrency, repository, announce) -> tuple[str, float] | None:
     """Triton's perf_analyzer on the served model (gRPC, ``concurrency`` in flight, a few seconds): the
-    throughput the server gives, measured by a client that takes little of its CPU; None where it is not
-    installed (`make setup` installs it) or the measurement failed."""
+    throughput the server gives, measured by a client that takes little of its CPU, as ``(report line,
+    req/s)``; None where it is not installed (`make setup` installs it) or the measurement failed."""
     from builder.tuning.engine import PerfAnalyzerEngine, choose_engine
     from builder.tuning.payload import fetch_model, load_samples
     from builder.tuning.stats import StatsReader
@@ -142,7 +144,7 @@ def _perf_analyzer(name, server, concurrency, repository, announce) -> str | Non
     line = (f"{level.throughput:.0f} req/s at concurrency {concurrency} over gRPC, p50 {level.p50_ms:.1f} ms, "
             f"p99 {level.p99_ms:.1f} ms{'' if level.stable else ' (did not settle)'}")
     announce(f"  perf_analyzer {engine.tool.version}: {line}")
-    return line
+    return line, level.throughput
 
 
 def _payload(repository: Path, name: str) -> Path | None:
@@ -153,13 +155,22 @@ def _payload(repository: Path, name: str) -> Path | None:
     return path if path and path.exists() else None
 
 
-def _format_load(summary: dict) -> str:
+def _format_load(summary: dict, served_rps: float | None = None) -> str:
+    """Locust's side of the load test: failures and the SLO verdict first, then its client-side figures,
+    with their ratio to perf_analyzer's ``served_rps`` where there is one (Locust's Python users share the
+    server's cores: on 2 cores they read 0.6-1.0 of it)."""
     def ms(key: str) -> str:  # percentiles are None when no request completed
         value = summary.get(key)
         return "-" if value is None else f"{value:.1f} ms"
 
-    parts = [f"{summary.get('rps') or 0:.0f} req/s", f"p50 {ms('p50_ms')}", f"p99 {ms('p99_ms')}",
-             f"{summary.get('requests', 0)} requests", f"{summary.get('failures', 0)} failures"]
+    slo = summary.get("slo") or {}
+    verdict = "SLO met" if slo.get("met") else "SLO BROKEN" + (f" ({'; '.join(slo['broken'])})" if slo.get("broken")
+                                                                else "")
+    parts = [f"{summary.get('requests', 0)} requests, {summary.get('failures', 0)} failures", verdict]
+    client = f"client-side {summary.get('rps') or 0:.0f} req/s"
+    if served_rps:
+        client += f" = {(summary.get('rps') or 0) / served_rps:.2f} x perf_analyzer's"
+    parts.append(f"{client}, p50 {ms('p50_ms')}, p99 {ms('p99_ms')}")
     server_side = summary.get("server") or {}
     if server_side.get("average_batch_size"):
         parts.append(f"avg formed batch {server_side['average_batch_size']:.2f}")

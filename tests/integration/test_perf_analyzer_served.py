@@ -109,7 +109,19 @@ def test_the_main_job_reports_perf_analyzers_figure(served, perf_analyzer, tmp_p
     said = []
     repo = tmp_path / "model_repository"
     shutil.copytree(served.repository / "digits_cnn", repo / "digits_cnn")
-    line = _perf_analyzer("digits_cnn", served, 2, repo, said.append)
-    assert line is not None and " req/s at concurrency 2 over gRPC, p50 " in line, said
+    line, rps = _perf_analyzer("digits_cnn", served, 2, repo, said.append)
+    assert " req/s at concurrency 2 over gRPC, p50 " in line and rps > 0, said
     assert said == [f"  perf_analyzer 2.51.0: {line}"]
     assert (tmp_path / "perf_analyzer" / "digits_cnn" / "digits_cnn_input_data.json").is_file()
+
+
+def test_the_main_jobs_load_row_is_client_side_with_its_ratio_to_perf_analyzer():
+    from builder.main_job import _format_load
+
+    summary = {"requests": 900, "failures": 0, "rps": 300.0, "p50_ms": 20.0, "p99_ms": 41.5,
+               "slo": {"met": True, "broken": []}, "server": {"average_batch_size": 3.5}}
+    assert _format_load(summary, 500.0) == ("900 requests, 0 failures, SLO met, client-side 300 req/s = 0.60 x "
+                                            "perf_analyzer's, p50 20.0 ms, p99 41.5 ms, avg formed batch 3.50")
+    broken = dict(summary, slo={"met": False, "broken": ["p99 41.5 ms > 10 ms"]}, server={})
+    assert _format_load(broken) == ("900 requests, 0 failures, SLO BROKEN (p99 41.5 ms > 10 ms), client-side "
+                                    "300 req/s, p50 20.0 ms, p99 41.5 ms")
