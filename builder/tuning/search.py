@@ -273,9 +273,11 @@ class Search:
     def probe(self, around: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """A candidate measured where the default scored (``around``), not over every level: one level up
         as well when its p99 there is under half the budget (room to grow), one level down when it is over
-        the budget (a slower candidate still scores): ``(rows, best row)``."""
+        the budget (a slower candidate still scores; measured once at ``around``): ``(rows, best row)``."""
         rows, best = [], None
-        row, within = self.run_level(around, self.probe_level_s)
+        # over the budget at once: no second measurement there (the climb's rule) - the level below is
+        # measured instead, so a candidate unlucky at ``around`` still scores, and the quick search stays quick
+        row, within = self.measure_once(around, self.probe_level_s)
         rows.append(row)
         if within:
             best = row

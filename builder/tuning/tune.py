@@ -8,7 +8,7 @@ never restarted), checked to be what Triton actually loaded, then measured with 
 rising concurrency (1, 2, 4, ...), each level until
 stable (capped), stopping at the first level whose p99 exceeds the budget or once throughput stops
 rising; two bisection steps then look between the last level within the budget and the first over
-it (e.g. 16 ok, 32 over: 24, then 20 or 28). A level over the budget is measured a second time
+it (e.g. 16 ok, 32 over: 24, then 20 or 28). A climbed level over the budget is measured a second time
 before it counts as over (a moment of CPU taken by another process must not rule a candidate out).
 A candidate's score is its highest throughput at a level within the budget and without failures.
 

@@ -87,7 +87,7 @@ class InjectedSearch(Search):
             candidate.levels, candidate.best = self.probe(self.operating)
         return candidate
 
-    def run_level(self, concurrency, max_s=None):
+    def measure_once(self, concurrency, max_s=None):
         c = self.current
         rps = self.throughput.get((c.instances, c.threads or 1, c.max_batch_size), 100.0)
         rps += 1.0 if c.delay_us else 0.0  # a delay helps a little, whatever the layout
@@ -127,6 +127,7 @@ def test_probe_steps_down_when_over_the_budget_and_up_with_room():
     search.current = Candidate("x", True, 0, 1, 8)
     rows, best = search.probe(8)
     assert [r["concurrency"] for r in rows] == [8, 4] and best["concurrency"] == 4
+    assert search.measured_at["x"] == [8, 4]  # over the budget at 8: measured once there, then one level down
     rows, best = search.probe(2)  # p99 4 ms <= 10 / 2: one level up as well
     assert [r["concurrency"] for r in rows] == [2, 4] and best["concurrency"] == 4
 
