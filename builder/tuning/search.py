@@ -272,7 +272,8 @@ class Search:
 
     def probe(self, around: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """A candidate measured where the default scored (``around``), not over every level: one level up
-        as well when its p99 there is under half the budget (room to grow), one level down when it is over
+        as well when its p99 scaled to that level's concurrency stays within the budget (room to grow:
+        a candidate with a shorter tail scores at more requests in flight), one level down when it is over
         the budget (a slower candidate still scores; measured once at ``around``): ``(rows, best row)``."""
         rows, best = [], None
         # over the budget at once: no second measurement there (the climb's rule) - the level below is
@@ -282,7 +283,8 @@ class Search:
         if within:
             best = row
             higher = [c for c in self.levels if c > around]
-            if higher and (row["p99_ms"] or math.inf) <= self.budget / 2:
+            # saturated, p99 grows with the requests in flight: step up where that forecast stays in budget
+            if higher and (row["p99_ms"] or math.inf) * higher[0] / around <= self.budget:
                 row, within = self.run_level(higher[0], self.probe_level_s)
                 rows.append(row)
                 if within and row["throughput_rps"] > best["throughput_rps"]:

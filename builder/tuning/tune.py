@@ -20,7 +20,7 @@ time: tune on a server that is not taking production traffic.
 The search is staged and bounded, and compares candidates where it matters: the config as built
 (``default``: what the build published, already sized to its host) is measured over the rising
 concurrency levels; every other candidate only at the level where the default scored, plus one level
-up when its p99 there is under half the budget, or one down when it is over (``Search.probe``): a
+up when its p99 scaled to that concurrency stays within the budget, or one down when it is over (``Search.probe``): a
 quick search that spends its time on configs, not on levels. Stages 3-5 start from the best batching
 candidate so far (``seconds_per_candidate`` is spread over the levels of the default's climb; a probed
 level may take twice that share):

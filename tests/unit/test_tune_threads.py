@@ -111,7 +111,7 @@ def test_quick_search_climbs_once_then_probes_where_the_default_scored(throughpu
     assert built is default and none.label == "no batching"
     assert search.measured_at["default"][:5] == [1, 2, 4, 8, 16]  # the default climbs ...
     assert search.operating == 8  # ... and scores where throughput saturates
-    assert search.measured_at["1 x 2 threads"] == [8]  # the others where it scored (p99 16 ms > budget/2: no step up)
+    assert search.measured_at["1 x 2 threads"] == [8]  # the others where it scored (16 ms x 16/8 > 30 ms: no step up)
     tried = [(c.instances, c.threads, c.max_batch_size) for c in search.order]
     assert (1, 2, 8) in tried and (3, 0, 8) in tried
     delay = next(c for c in search.order if c.delay_us == 100)  # the delay stage starts from the best layout
@@ -128,8 +128,14 @@ def test_probe_steps_down_when_over_the_budget_and_up_with_room():
     rows, best = search.probe(8)
     assert [r["concurrency"] for r in rows] == [8, 4] and best["concurrency"] == 4
     assert search.measured_at["x"] == [8, 4]  # over the budget at 8: measured once there, then one level down
-    rows, best = search.probe(2)  # p99 4 ms <= 10 / 2: one level up as well
+    rows, best = search.probe(2)  # p99 4 ms, x 4/2 = 8 ms <= 10: one level up as well
     assert [r["concurrency"] for r in rows] == [2, 4] and best["concurrency"] == 4
+    search.budget = 20.0
+    rows, best = search.probe(4)  # p99 8 ms, forecast 16 ms at 8 <= 20: up, and it scores there
+    assert [r["concurrency"] for r in rows] == [4, 8] and best["concurrency"] == 8
+    search.budget = 15.0
+    rows, best = search.probe(4)  # forecast 16 ms > 15: stays
+    assert [r["concurrency"] for r in rows] == [4] and best["concurrency"] == 4
 
 
 def test_the_winner_is_closest_to_the_config_as_built_within_the_margin():
