@@ -10,14 +10,18 @@ its default published config, then:
 2. `triton-builder tune` searches the same model under a p99 budget equal to Model Analyzer's best
    p99 (so "better" means more throughput at no worse tail latency), with the perf_analyzer engine.
 3. The default config, Model Analyzer's best and tune's winner are served side by side (one server,
-   three copies of the model) and measured by perf_analyzer at --concurrency, in --rounds interleaved
-   rounds; the table shows the median throughput and p99 of each, the wall time of each search and
-   the in-process best of the same variant (from the build's own benchmark).
+   three copies of the model) and measured by perf_analyzer at each of --concurrencies, in --rounds
+   interleaved rounds. Two tables: the median throughput and p99 of each config at each concurrency,
+   and the issue's comparison - each config's best median throughput at a concurrency whose median
+   p99 is within Model Analyzer's best p99 (the budget tune searched under; one fixed concurrency would
+   compare the configs at a point none of them chose) - with the wall time of each search and the
+   in-process best of the same variant (from the build's own benchmark).
 
 Client, server and both tools share this machine's cores: run it on a quiet machine. The CPU model
 and ISA flags are printed first.
 
-Usage: python benchmarks/vs_model_analyzer.py [--example convnet64] [--max-concurrency 16] [--rounds 3] [--keep]
+Usage: python benchmarks/vs_model_analyzer.py [--example convnet64] [--max-concurrency 16] [--concurrencies 8,12,16]
+       [--rounds 3] [--window-ms 2000] [--keep]
 """
 
 from __future__ import annotations
@@ -40,9 +44,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--example", default="convnet64", help="examples/<name>/spec.yaml (default: %(default)s)")
     ap.add_argument("--max-concurrency", type=int, default=16)
-    ap.add_argument("--concurrency", type=int, default=16, help="the side-by-side measurement's concurrency")
+    ap.add_argument("--concurrencies", default="8,12,16", help="the side-by-side measurement's concurrencies")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--window-ms", type=int, default=3000, help="perf_analyzer's measurement window")
+    ap.add_argument("--window-ms", type=int, default=2000, help="perf_analyzer's measurement window")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (configs, MA's reports)")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="vs-model-analyzer-"))
@@ -150,13 +154,16 @@ def run(args, work: Path) -> int:
         shutil.copytree(repo / name, copy, ignore=shutil.ignore_patterns("config.pbtxt"))
         text = re.sub(r'^name:\s*"[^"]*"', f'name: "{name}_{label}"', config_path.read_text(), count=1, flags=re.M)
         (copy / "config.pbtxt").write_text(text)
-    figures: dict[str, list[tuple[float, float]]] = {label: [] for label in configs}
+    levels = [int(c) for c in args.concurrencies.split(",") if c.strip()]
+    figures: dict[str, dict[int, list[tuple[float, float]]]] = {label: {c: [] for c in levels} for label in configs}
     with EmbeddedServer(side, load_models=[f"{name}_{label}" for label in configs]) as server:
         for round_index in range(args.rounds):
-            for label in configs:
-                figures[label].append(perf_analyzer_level(tool, server.grpc_url, f"{name}_{label}", args, work))
-            say(f"round {round_index + 1}: " + ", ".join(f"{k} {v[-1][0]:.0f}/s p99 {v[-1][1]:.1f} ms"
-                                                          for k, v in figures.items()))
+            for concurrency in levels:
+                for label in configs:
+                    figures[label][concurrency].append(
+                        perf_analyzer_level(tool, server.grpc_url, f"{name}_{label}", concurrency, args, work))
+                say(f"round {round_index + 1}, c={concurrency}: " + ", ".join(
+                    f"{k} {v[concurrency][-1][0]:.0f}/s p99 {v[concurrency][-1][1]:.1f} ms" for k, v in figures.items()))
     print_table(args, figures, ma_seconds, tune_seconds, in_process, ma_best)
     return 0
 
@@ -177,15 +184,15 @@ def best_model_analyzer_row(export: Path, max_concurrency: int) -> dict:
             "concurrency": best.get("Concurrency")}
 
 
-def perf_analyzer_level(tool, url: str, model: str, args, work: Path) -> tuple[float, float]:
-    """(inferences/s, p99 ms) of one perf_analyzer run at args.concurrency (random input data)."""
+def perf_analyzer_level(tool, url: str, model: str, concurrency: int, args, work: Path) -> tuple[float, float]:
+    """(inferences/s, p99 ms) of one perf_analyzer run at ``concurrency`` (random input data)."""
     from builder.processes import run_command
     from builder.tuning.pa_measure import parse_csv
 
     report = work / f"{model}.csv"
     report.unlink(missing_ok=True)
     done = run_command(tool.command(["-m", model, "-u", re.sub(r"^[a-z]+://", "", url), "-i", "grpc",
-                                     "--concurrency-range", f"{args.concurrency}:{args.concurrency}",
+                                     "--concurrency-range", f"{concurrency}:{concurrency}",
                                      "--measurement-mode", "time_windows", "--measurement-interval",
                                      str(args.window_ms), "-s", "10", "-f", str(report)]),
                        600, env=tool.environment())
@@ -196,22 +203,38 @@ def perf_analyzer_level(tool, url: str, model: str, args, work: Path) -> tuple[f
 
 
 def print_table(args, figures, ma_seconds, tune_seconds, in_process, ma_best) -> None:
-    medians = {k: (statistics.median(t for t, _ in v), statistics.median(p for _, p in v)) for k, v in figures.items()}
+    """Medians per config and concurrency, then each config's best within Model Analyzer's p99."""
+    budget = ma_best["p99_ms"]
+    medians = {label: {c: (statistics.median(t for t, _ in runs), statistics.median(p for _, p in runs))
+                       for c, runs in by_level.items()} for label, by_level in figures.items()}
+    levels = list(next(iter(medians.values())))
     print()
-    print(f"{args.example}, perf_analyzer at concurrency {args.concurrency}, median of {args.rounds} interleaved rounds")
-    print(f"{'config':<16}| {'infer/s':>8} | {'p99 ms':>7} | {'x default':>9} | {'x in-process':>12} | search s")
-    print("-" * 16 + "+" + "-" * 10 + "+" + "-" * 9 + "+" + "-" * 11 + "+" + "-" * 14 + "+" + "-" * 9)
-    for label, (throughput, p99) in medians.items():
+    print(f"{args.example}, perf_analyzer, median of {args.rounds} interleaved rounds: infer/s (p99 ms)")
+    print(f"{'config':<16}|" + "|".join(f"{'c=' + str(c):>16} " for c in levels))
+    for label, by_level in medians.items():
+        print(f"{label:<16}|" + "|".join(f"{t:>8.0f} ({p:>5.1f}) " for t, p in by_level.values()))
+    best = {}
+    for label, by_level in medians.items():
+        within = [(t, p, c) for c, (t, p) in by_level.items() if p <= budget]
+        best[label] = max(within) if within else (0.0, None, None)
+    print()
+    print(f"best median throughput at p99 <= {budget:.1f} ms (Model Analyzer's best p99, tune's budget)")
+    print(f"{'config':<16}| {'infer/s':>8} | {'p99 ms':>7} | {'conc':>4} | {'x default':>9} | {'x in-process':>12} | search s")
+    print("-" * 16 + "+" + "-" * 10 + "+" + "-" * 9 + "+" + "-" * 6 + "+" + "-" * 11 + "+" + "-" * 14 + "+" + "-" * 9)
+    for label, (throughput, p99, concurrency) in best.items():
         seconds = {"model_analyzer": f"{ma_seconds:.0f}", "tune": f"{tune_seconds:.0f}"}.get(label, "-")
-        versus = f"{throughput / in_process:.2f}" if in_process else "-"
-        print(f"{label:<16}| {throughput:>8.0f} | {p99:>7.1f} | {throughput / medians['default'][0]:>9.2f} | "
+        versus = f"{throughput / in_process:.2f}" if in_process and throughput else "-"
+        default = best["default"][0]
+        print(f"{label:<16}| {throughput:>8.0f} | {p99 if p99 is not None else float('nan'):>7.1f} | "
+              f"{concurrency or '-':>4} | {throughput / default if default else float('nan'):>9.2f} | "
               f"{versus:>12} | {seconds}")
-    ma, ours = medians["model_analyzer"], medians["tune"]
+    ma, ours = best["model_analyzer"], best["tune"]
     print()
-    print(json.dumps({"tune_vs_model_analyzer_throughput": round(ours[0] / ma[0], 3),
-                      "tune_p99_ms": round(ours[1], 2), "model_analyzer_p99_ms": round(ma[1], 2),
+    print(json.dumps({"tune_vs_model_analyzer_throughput": round(ours[0] / ma[0], 3) if ma[0] else None,
+                      "p99_budget_ms": budget, "tune": ours, "model_analyzer": ma,
                       "tune_vs_model_analyzer_wall_time": round(tune_seconds / ma_seconds, 3),
-                      "in_process_best": in_process, "model_analyzer_own_best": ma_best}))
+                      "in_process_best": in_process, "model_analyzer_own_best": ma_best,
+                      "medians": {k: {str(c): v for c, v in m.items()} for k, m in medians.items()}}))
 
 
 if __name__ == "__main__":
