@@ -121,7 +121,6 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
     default = built_candidate(base)
     thread_counts = _thread_counts(base, thread_counts)
     layouts = _layouts(base, default, instance_counts, usable_cores)
-    delays = [d for d in delays if not (default.batching and d == default.delay_us)]
 
     interface = fetch_model(url, protocol, model)  # ServerError if not reachable / not ready
     differences = config_differences(base, interface.config)
@@ -199,12 +198,17 @@ def _check_arguments(p99_budget_ms, seconds_per_candidate, window_s, protocol, t
     return delays, instance_counts, max_batch_sizes, levels
 
 
+def _built_threads(base: dict) -> str | None:
+    """The config's intra_op_threads parameter as written; None where it has none (only python-backend
+    models built by triton-builder take it)."""
+    return ((base.get("parameters") or {}).get("intra_op_threads") or {}).get("string_value")
+
+
 def _thread_counts(base: dict, given) -> list[int]:
     """Intra-op threads per instance to try with the best instance count (``given``: --threads); []
     where none are given, and an error where the config has no intra_op_threads parameter (only the
     python backend takes it)."""
-    built = ((base.get("parameters") or {}).get("intra_op_threads") or {}).get("string_value")
-    if built is None:
+    if _built_threads(base) is None:
         if given:
             raise UserInputError("--threads: this model's config has no intra_op_threads parameter "
                                  "(only python-backend models built by triton-builder take it)")
@@ -226,7 +230,7 @@ def _layouts(base: dict, default: Candidate, instance_counts, usable_cores: int 
     """The (instances, threads) pairs of stage 2, without the config as built; threads 0: as built.
     ``instance_counts`` given (--instances): those at the built threads; else ``host_layouts`` from the
     usable cores (builder/host.py; ``usable_cores`` injects them)."""
-    built = ((base.get("parameters") or {}).get("intra_op_threads") or {}).get("string_value")
+    built = _built_threads(base)
     built_threads = int(built) if built and built.isdigit() else 0
     if instance_counts is not None:
         pairs = [(count, 0) for count in instance_counts]
