@@ -82,10 +82,29 @@ def _client(protocol, host, timeout):
     if protocol == "grpc":
         import tritonclient.grpc as module
 
-        return module, module.InferenceServerClient(host)
+        return module, _grpc_client_class(module)(host)
     import tritonclient.http as module
 
     return module, module.InferenceServerClient(host, connection_timeout=timeout, network_timeout=timeout)
+
+
+_GRPC_CLIENT_CLASS = None
+
+
+def _grpc_client_class(module):
+    """tritonclient's gRPC client closes its channel again in __del__. Run by the garbage collector
+    at exit, after Locust printed "Shutting down", that close blocked forever now and then (seen with
+    faulthandler: the main thread in grpc Channel._close under "Garbage-collecting"; the run was only
+    ended by the hard timeout). Every client here is closed explicitly (the pre-run checks, on_stop,
+    and _close_left_clients at quit), so collecting one does nothing."""
+    global _GRPC_CLIENT_CLASS
+    if _GRPC_CLIENT_CLASS is None:
+        class ClosedExplicitly(module.InferenceServerClient):
+            def __del__(self):
+                pass
+
+        _GRPC_CLIENT_CLASS = ClosedExplicitly
+    return _GRPC_CLIENT_CLASS
 
 
 def _read_npz(path, names, batching):
@@ -242,8 +261,7 @@ def _on_init(environment, runner, **_kwargs):
         def worker_gave_up(environment, msg, **kw):
             if not _reachability.given_up:
                 _reachability.given_up = msg.data
-                print(f"triton-locust: error: {msg.data}; stopping the run", file=sys.stderr, flush=True)
-                environment.runner.quit()
+                stop_the_run(environment, msg.data)
 
         runner.register_message("triton_unreachable", worker_gave_up)
 
@@ -365,9 +383,19 @@ def _watch_reachability(environment):
         if isinstance(environment.runner, WorkerRunner):
             environment.runner.send_message("triton_unreachable", _reachability.given_up)
         else:
-            print(f"triton-locust: error: {_reachability.given_up}; stopping the run", file=sys.stderr, flush=True)
-            environment.runner.quit()
+            stop_the_run(environment, _reachability.given_up)
         return
+
+
+def stop_the_run(environment, reason):
+    """End the run early, the way it ends when --run-time has passed: the load shape's next tick
+    returns None and Locust stops once. Calling runner.quit() here as well raced that path (two stops
+    of the same users: some were killed before on_stop closed their gRPC channel, and the process hung
+    after "Shutting down"). Without a load shape there is no other stop path, so quit directly."""
+    print(f"triton-locust: error: {reason}; stopping the run", file=sys.stderr, flush=True)
+    environment.triton_stop_reason = reason
+    if environment.shape_class is None:
+        environment.runner.quit()
 
 
 @events.test_start.add_listener
@@ -392,6 +420,7 @@ class TritonUser(User):
         self.requests = target.requests()
         self.index = int(np.random.default_rng().integers(len(self.requests)))
         _, self.client = _client(target.protocol, target.host, target.timeout)
+        _open_clients.add(self.client)
         self.kind = "gRPC" if target.protocol == "grpc" else "HTTP"
         self.name = f"{target.model} infer"
 
@@ -424,8 +453,22 @@ class TritonUser(User):
         # a gRPC channel left open keeps the process alive after "Shutting down", deaf to SIGTERM
         client = getattr(self, "client", None)
         if client is not None:
+            _open_clients.discard(client)
             client.close()
             self.client = None
+
+
+# a user killed mid-task (after --stop-timeout) never reaches on_stop: its client is closed at quit
+_open_clients = set()
+
+
+@events.quitting.add_listener
+def _close_left_clients(environment, **_kwargs):
+    while _open_clients:
+        try:
+            _open_clients.pop().close()
+        except Exception:  # noqa: BLE001 - closing at exit must not hide the run's verdict
+            pass
 
 
 # ---------------------------------------------------------------------------------------------

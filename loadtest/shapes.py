@@ -1,7 +1,7 @@
 """Load shapes for loadtest/locustfile.py, chosen with ``--load-shape constant|ramp|steps``.
 
 All three read the usual ``--users``, ``--spawn-rate`` and ``--run-time`` (``use_common_options``),
-and stop the test when ``--run-time`` has passed:
+and stop the test when ``--run-time`` has passed (or when the locustfile ends the run early):
 
 - ``constant``: ``--users`` users (started at ``--spawn-rate`` per second) for the whole run.
 - ``ramp``: from 1 user up to ``--users``, linearly over ``--run-time``: the point where p99 bends
@@ -32,6 +32,8 @@ class TritonLoadShape(LoadTestShape):
         elapsed = self.get_run_time()
         if run_time and elapsed >= run_time:
             return None  # the test ends here; in-flight requests finish within --stop-timeout
+        if getattr(self.runner.environment, "triton_stop_reason", None):
+            return None  # the locustfile ended the run early (an unreachable server), same stop path
         shape = getattr(options, "load_shape", "constant") or "constant"
         if shape == "constant" or not run_time:
             return users, spawn_rate
