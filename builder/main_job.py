@@ -46,7 +46,10 @@ def run_main_job(spec: str | Path, repository: str | Path = "runs/model_reposito
 
     announce("\n== 2/4 serve (embedded tritonserver)")
     code = 0 if gate.ok else 1
-    with EmbeddedServer(repository, extra_args=["--metrics-config=summary_latencies=true"]) as server:
+    # beside the job's other outputs, so the path printed below still holds the log after the job
+    server_log = repository.parent / "tritonserver" / f"{name}.log"
+    server_log.unlink(missing_ok=True)
+    with EmbeddedServer(repository, log_path=server_log, extra_args=["--metrics-config=summary_latencies=true"]) as server:
         announce(f"  HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}")
         announce(f"  log  {server.log_path}")
         for left, why in server.left_out.items():

@@ -16,7 +16,8 @@ Usage::
         server.unload_model("resnet_python")
         server.load_model("resnet_python")         # ServerError quoting Triton's reason on failure
         server.check_alive()                       # ServerDiedError if the process has ended
-    # stopped here: SIGTERM to its process group, SIGKILL after 15 s (also at interpreter exit)
+    # stopped here: SIGTERM to its process group, SIGKILL after 15 s (also at interpreter exit);
+    # its temp dir goes too, unless the server failed (then the error names the log kept there)
 
 Beside it: install.py (finding the binary), backends.py (``unsupported_models``), server_log.py
 (log excerpts), serve.py (``serve_forever``, what ``triton-builder serve`` runs); the process
@@ -85,8 +86,10 @@ class EmbeddedServer(LocalService):
         http_port, grpc_port, metrics_port: fixed ports; ``None`` picks free ones (and retries on
             new ones if the server still finds one taken).
         host: the address every endpoint listens on. Clients connect to 127.0.0.1 if it is 0.0.0.0.
-        log_path: the server's log file (stdout and stderr); default ``<temp dir>/tritonserver.log``,
-            kept after ``stop()`` so callers can point users at it.
+        log_path: the server's log file (stdout and stderr), appended to and always kept. Default
+            ``<temp dir>/tritonserver.log``: the temp dir is removed when ``stop()`` ends a server that
+            started and was still running (nothing to look into), and kept - with the log that the
+            raised error names - when the start failed or the server ended on its own.
         model_control: ``"explicit"`` (default: loads ``load_models``, or every supported model, and
             allows ``load_model``/``unload_model``), ``"none"`` (loads everything at start) or
             ``"poll"`` (also reloads changed models every 5 s unless extra_args sets
@@ -146,6 +149,8 @@ class EmbeddedServer(LocalService):
         self._requested_ports = (http_port, grpc_port, metrics_port)
         self._ports: tuple[int, int, int] | None = None
         self._workdir: Path | None = None
+        self._log_in_workdir = self.log_path is None
+        self._started = False  # start() returned: the server was ready
         self._backend_dir: Path | None = None
         self._environ: dict[str, str] | None = None
 
@@ -184,11 +189,25 @@ class EmbeddedServer(LocalService):
                         raise UserInputError(f"model '{name}' cannot be served by the embedded server: {self.left_out[name]}")
                 self.models = list(dict.fromkeys(self.load_models))
             self.install = install
-            return super().start()
+            self._started = False
+            super().start()
+            self._started = True
+            return self
+
+    def stop(self, timeout: float | None = None) -> int | None:
+        """Stop the server (see ``LocalService.stop``). Its temp dir goes, except where it holds the
+        log (the default) of a failed start or of a server that died: the error raised names that log."""
+        with self._lock:
+            clean = self._started and self.is_running()
+            code = super().stop(timeout)
+            if self._workdir is not None and (clean or not self._log_in_workdir):
+                shutil.rmtree(self._workdir, ignore_errors=True)
+            self._started = False
+            return code
 
     def _prepare(self) -> None:
         self._workdir = Path(tempfile.mkdtemp(prefix="triton-embedded-"))
-        if self.log_path is None:
+        if self._log_in_workdir:
             self.log_path = self._workdir / "tritonserver.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._backend_dir = build_backend_dir(self.install, self._workdir / "backends")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -271,6 +272,8 @@ def test_start_with_failing_model_raises_and_cleans_up(repo):
     assert s.pid is not None and not s.is_running()
     assert not _alive(s.pid)
     s.stop()  # still fine
+    assert BOOM in s.log_path.read_text()  # the log the error names is kept
+    shutil.rmtree(s.log_path.parent)
 
 
 def test_none_mode_serves_what_it_can(small_repo):
@@ -284,11 +287,14 @@ def test_stop_leaves_no_process_and_is_idempotent(small_repo):
     s = EmbeddedServer(small_repo).start()
     pids = _tree(s.pid)
     assert len(pids) >= 2  # the server and the add_one stub
+    workdir = s.log_path.parent
+    assert workdir.name.startswith("triton-embedded-") and (workdir / "backends").is_dir()
     t0 = time.monotonic()
     code = s.stop()
     assert time.monotonic() - t0 < 16
     assert code == 0
     assert _wait_gone(pids, 5) == []
+    assert not workdir.exists()  # a clean stop leaves no temp folder behind
     assert s.stop() == code
     assert not s.is_running()
     with pytest.raises(ServerDiedError):
@@ -312,6 +318,18 @@ def test_killed_server_is_reported(small_repo):
     finally:
         s.stop()
     assert _wait_gone(pids, 5) == []
+    assert "# triton-builder:" in s.log_path.read_text()  # it died on its own: its log is kept for the error's reader
+    shutil.rmtree(s.log_path.parent)
+
+
+def test_a_log_path_given_is_kept_and_appended(small_repo, tmp_path):
+    log = tmp_path / "logs" / "server.log"
+    for _ in range(2):
+        with EmbeddedServer(small_repo, log_path=log) as s:
+            workdir = s._cwd()
+            assert s.log_path == log and workdir.is_dir()
+        assert not workdir.exists()
+    assert log.read_text().count("# triton-builder:") == 2
 
 
 def test_fixed_port_in_use(small_repo):
@@ -320,9 +338,11 @@ def test_fixed_port_in_use(small_repo):
         busy.listen()
         port = busy.getsockname()[1]
         s = EmbeddedServer(small_repo, http_port=port)
-        with pytest.raises(ServerError, match="already in use"):
+        with pytest.raises(ServerError, match="already in use") as info:
             s.start()
     assert not _alive(s.pid)
+    assert f"log: {s.log_path}" in str(info.value) and s.log_path.is_file()  # named, so kept
+    shutil.rmtree(s.log_path.parent)
 
 
 class _FirstHttpPortTaken(EmbeddedServer):
@@ -347,7 +367,7 @@ def test_chosen_port_taken_is_retried(small_repo):
         with s:
             assert s.http_port != s.busy_port
             np.testing.assert_allclose(_infer_http(s.http_url, "add_one", X), X + 1)
-    assert s.log_path.read_text().count("# triton-builder:") == 2
+            assert s.log_path.read_text().count("# triton-builder:") == 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -435,6 +455,9 @@ def test_serve_forever_reports_server_death(small_repo):
         rest = _drain(lines)
         assert "exited with code -9" in rest and "on its own" in rest
         assert _wait_gone(pids, 5) == []
+        log = Path(re.search(r"full log: (\S+)", rest).group(1))
+        assert log.is_file()  # the log the message names is kept
+        shutil.rmtree(log.parent)
     finally:
         if proc.poll() is None:
             proc.kill()
