@@ -24,6 +24,7 @@ from builder.errors import ServerError, UserInputError
 
 SATURATION_GAIN = 1.05  # a level that adds less than 5 % throughput counts as saturated
 REFINE_STEPS = 2  # bisection steps between the last level within the budget and the first over it
+DELAY_STOP_MARGIN = 0.05  # rising delays stop at the first that scores this much below a shorter one
 
 
 @dataclass(eq=False)  # identity: the same candidate measured twice is one candidate
@@ -178,9 +179,13 @@ class Search:
                                best.max_batch_size, list(best.preferred), threads=threads))
         best = best_candidate([c for c in self.order if c.batching == with_batching]) or best
         if with_batching:
-            for delay in delays:
-                evaluate(Candidate(f"delay {delay} us", True, delay, best.instances, best.max_batch_size,
-                                   list(best.preferred), threads=best.threads))
+            shorter = best.score  # the best so far at a shorter delay
+            for delay in sorted(delays):
+                tried = evaluate(Candidate(f"delay {delay} us", True, delay, best.instances, best.max_batch_size,
+                                           list(best.preferred), threads=best.threads))
+                if delay > best.delay_us and tried.score < shorter * (1 - DELAY_STOP_MARGIN):
+                    break  # a longer wait served less: longer ones only wait longer (saves a reload each)
+                shorter = max(shorter, tried.score)
             best = best_candidate([c for c in self.order if c.batching]) or best
             sizes = (derived_max_batch_sizes(self.operating, best.instances, built_max)
                      if max_batch_sizes is None else max_batch_sizes)

@@ -30,7 +30,8 @@ level may take twice that share):
    process may use (``host_layouts``: 1 x all cores, 2 x half, one instance per core, and one more
    instance than cores, which keeps the cores busy while an instance is in its per-request overhead);
    or ``instance_counts`` at the built threads, then ``thread_counts`` with the best instance count;
-3. queue delays (``delays`` us);
+3. queue delays (``delays`` us), shortest first; the first longer than the best's that scores 5 % below
+   a shorter one ends the stage (throughput over the delay rises, then falls: the rest only wait longer);
 4. smaller max_batch_sizes (``max_batch_sizes``, each <= the built one; by default the power of two at
    most the requests each instance holds at the scoring level, and twice that);
 5. preferred_batch_size = the power of two nearest the average batch Triton formed, if the best

@@ -238,3 +238,22 @@ def test_the_config_already_served_is_measured_without_a_reload_and_not_restored
     assert len(search.server.loads) == 2  # ... and none to restore it
     search.measure(other, confirm_round=True)
     assert search.restore() is None and search.server.loads[-1] is None  # restored from the file
+
+
+@pytest.mark.parametrize("by_delay, tried", [
+    ({100: 110.0, 500: 80.0, 2000: 200.0}, [100, 500]),  # 500 served less than 100: 2000 is not tried
+    ({100: 110.0, 500: 108.0, 2000: 200.0}, [100, 500, 2000]),  # within 5 % of the best: go on
+    ({100: 130.0, 500: 150.0, 2000: 160.0}, [100, 500, 2000]),  # rising: every delay
+    ({100: 90.0, 500: 200.0}, [100]),  # the first delay already served less than none
+])
+def test_the_delay_stage_stops_once_a_longer_delay_serves_less(by_delay, tried):
+    class DelaySearch(InjectedSearch):
+        def measure_once(self, concurrency, max_s=None):
+            row, within = super().measure_once(concurrency, max_s)
+            if self.current.delay_us:
+                row["throughput_rps"] = by_delay[self.current.delay_us] * min(concurrency, 8) / 8
+            return row, within
+
+    search = DelaySearch({(2, 1, 8): 100.0}, budget=30.0)
+    search.candidates(built_candidate(BUILT_2X1), [], [2000, 100, 500], [])
+    assert [c.delay_us for c in search.order if c.label.startswith("delay ")] == tried
