@@ -236,9 +236,11 @@ def test_tune_publish_serves_the_winner_as_a_new_version(built_repository, tmp_p
 
 
 def test_tune_refuses_a_budget_nothing_meets(own_server, tmp_path):
+    # the config as it is now: an earlier test's tune --write may have made a smaller max batch the winner
+    built_max = re.search(r"max_batch_size: (\d+)", (own_server.repository / MODEL / "config.pbtxt").read_text()).group(1)
     proc = run_cli("tune", MODEL, "--repository", str(own_server.repository), "--url", own_server.grpc_url,
                    "--p99-budget-ms", "0.001", "--seconds-per-candidate", "2", "--delays", "0", "--instances", "1",
-                   "--max-batch-sizes", "64", "--levels", "1", "--no-confirm", "--out", str(tmp_path), timeout=120)
+                   "--max-batch-sizes", built_max, "--levels", "1", "--no-confirm", "--out", str(tmp_path), timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "no candidate met p99 <= 0.001 ms" in proc.stdout
     assert own_server.model_ready(MODEL)  # the model was reloaded from its (unchanged) file
