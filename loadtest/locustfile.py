@@ -389,9 +389,9 @@ def _watch_reachability(environment):
 
 def stop_the_run(environment, reason):
     """End the run early, the way it ends when --run-time has passed: the load shape's next tick
-    returns None and Locust stops once. Calling runner.quit() here as well raced that path (two stops
-    of the same users: some were killed before on_stop closed their gRPC channel, and the process hung
-    after "Shutting down"). Without a load shape there is no other stop path, so quit directly."""
+    returns None and Locust stops once. Calling runner.quit() here as well raced that path (two stops of
+    the same users: "Tried to stop User in an unexpected state: stopping" in the log). Without a load
+    shape there is no other stop path, so quit directly."""
     print(f"triton-locust: error: {reason}; stopping the run", file=sys.stderr, flush=True)
     environment.triton_stop_reason = reason
     if environment.shape_class is None:

@@ -100,8 +100,17 @@ def test_a_server_killed_mid_run_stops_the_load_test_with_exit_2(built_repositor
     with EmbeddedServer(repo) as server:
         url = server.grpc_url if protocol == "grpc" else server.http_url
         killed_at = []
-        killer = threading.Timer(6 if workers else 2.5,
-                                 lambda: (killed_at.append(time.monotonic()), os.killpg(server.pid, signal.SIGKILL)))
+
+        def kill_once_under_load():
+            # after the first requests were served, not after a fixed time: Locust's start-up (and its
+            # pre-run check of the server) takes longer on a busy host
+            deadline = time.monotonic() + 60
+            while _success_count(server) < 20 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            killed_at.append(time.monotonic())
+            os.killpg(server.pid, signal.SIGKILL)
+
+        killer = threading.Thread(target=kill_once_under_load)
         killer.start()
         summary = run_loadtest(MODEL, url, protocol, users=4, run_time_s=60, out_dir=tmp_path / "out",
                                timeout_s=120, workers=workers)
