@@ -26,6 +26,7 @@ import grpc.experimental.gevent as _grpc_gevent
 
 _grpc_gevent.init_gevent()
 
+import functools  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
@@ -88,23 +89,18 @@ def _client(protocol, host, timeout):
     return module, module.InferenceServerClient(host, connection_timeout=timeout, network_timeout=timeout)
 
 
-_GRPC_CLIENT_CLASS = None
-
-
+@functools.cache  # one subclass per process
 def _grpc_client_class(module):
     """tritonclient's gRPC client closes its channel again in __del__. Run by the garbage collector
     at exit, after Locust printed "Shutting down", that close blocked forever now and then (seen with
     faulthandler: the main thread in grpc Channel._close under "Garbage-collecting"; the run was only
     ended by the hard timeout). Every client here is closed explicitly (the pre-run checks, on_stop,
     and _close_left_clients at quit), so collecting one does nothing."""
-    global _GRPC_CLIENT_CLASS
-    if _GRPC_CLIENT_CLASS is None:
-        class ClosedExplicitly(module.InferenceServerClient):
-            def __del__(self):
-                pass
+    class ClosedExplicitly(module.InferenceServerClient):
+        def __del__(self):
+            pass
 
-        _GRPC_CLIENT_CLASS = ClosedExplicitly
-    return _GRPC_CLIENT_CLASS
+    return ClosedExplicitly
 
 
 def _read_npz(path, names, batching):
