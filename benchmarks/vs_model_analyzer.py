@@ -221,10 +221,10 @@ def print_table(args, figures, ma_seconds, tune_seconds, in_process, ma_best) ->
     print(f"best median throughput at p99 <= {budget:.1f} ms (Model Analyzer's best p99, tune's budget)")
     print(f"{'config':<16}| {'infer/s':>8} | {'p99 ms':>7} | {'conc':>4} | {'x default':>9} | {'x in-process':>12} | search s")
     print("-" * 16 + "+" + "-" * 10 + "+" + "-" * 9 + "+" + "-" * 6 + "+" + "-" * 11 + "+" + "-" * 14 + "+" + "-" * 9)
+    default = best["default"][0]
     for label, (throughput, p99, concurrency) in best.items():
         seconds = {"model_analyzer": f"{ma_seconds:.0f}", "tune": f"{tune_seconds:.0f}"}.get(label, "-")
         versus = f"{throughput / in_process:.2f}" if in_process and throughput else "-"
-        default = best["default"][0]
         print(f"{label:<16}| {throughput:>8.0f} | {p99 if p99 is not None else float('nan'):>7.1f} | "
               f"{concurrency or '-':>4} | {throughput / default if default else float('nan'):>9.2f} | "
               f"{versus:>12} | {seconds}")
