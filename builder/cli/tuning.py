@@ -87,7 +87,8 @@ def cmd_tune(args: argparse.Namespace, reporter: Reporter) -> int:
                       seconds_per_candidate=args.seconds_per_candidate, write=args.write, publish=args.publish,
                       out_dir=args.out or Path("runs") / "tune" / args.name, payload=args.payload,
                       max_concurrency=args.max_concurrency, max_candidates=args.max_candidates,
-                      confirm=not args.no_confirm, batch_size=args.batch_size, tie_margin=args.tie_margin,
+                      confirm=not args.no_confirm, serve_copies=not args.in_place, batch_size=args.batch_size,
+                      tie_margin=args.tie_margin,
                       engine=args.engine, signing_key=args.signing_key, progress=reporter, **kwargs)
     if not args.write and not args.publish and result["winner"]:
         print("(dry run: pass --write to write the winner into config.pbtxt and tuning.json)")
@@ -157,6 +158,9 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--max-concurrency", type=int, help="highest concurrency level")
     p.add_argument("--max-candidates", type=int, default=12, help="bound on configs tried (default 12)")
     p.add_argument("--no-confirm", action="store_true", help="skip re-measuring the winner and baselines")
+    p.add_argument("--in-place", action="store_true",
+                   help="load each candidate into the model itself (unavailable during each reload) rather than "
+                        "as a copy under its own name (the default where its files are at most 64 MB)")
     p.add_argument("--tie-margin", type=float, default=0.05,
                    help="prefer the config closest to the one as built within this fraction of the best (default 0.05)")
     _engine(p)

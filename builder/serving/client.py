@@ -243,9 +243,12 @@ class TritonClient:
                 return "READY", entry.get("reason", "")
         return (entries[0].get("state"), entries[0].get("reason", "")) if entries else (None, "")
 
-    def load_model(self, name: str, config_json: str | None = None) -> None:
-        """Load (or reload) ``name``, with ``config_json`` replacing its config; blocks until Triton is done."""
-        self._call(f"load of model '{name}'", self.raw.load_model, name, config=config_json)
+    def load_model(self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None) -> None:
+        """Load (or reload) ``name``, with ``config_json`` replacing its config; blocks until Triton is done.
+        ``files`` (``{"file:1/model.onnx": bytes}``, with ``config_json``): the model's folder is these files,
+        not the repository's - a model of that name need not be in the repository."""
+        extra = {"files": files} if files is not None else {}
+        self._call(f"load of model '{name}'", self.raw.load_model, name, config=config_json, **extra)
 
     def unload_model(self, name: str, *, wait: bool = False, timeout: float = 60.0,
                      unload_dependents: bool = False) -> None:

@@ -18,6 +18,7 @@ import copy
 import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from builder.errors import ServerError, UserInputError
@@ -25,6 +26,7 @@ from builder.errors import ServerError, UserInputError
 SATURATION_GAIN = 1.05  # a level that adds less than 5 % throughput counts as saturated
 REFINE_STEPS = 2  # bisection steps between the last level within the budget and the first over it
 DELAY_STOP_MARGIN = 0.05  # rising delays stop at the first that scores this much below a shorter one
+COPY_UPLOAD_LIMIT = 64 * 2**20  # bytes: a bigger model is reloaded in place (each copy's load sends its files)
 
 
 @dataclass(eq=False)  # identity: the same candidate measured twice is one candidate
@@ -89,13 +91,24 @@ class Candidate:
 
 
 class ModelControl:
-    """Model control against the running server (never starts one): unload, then load a config."""
+    """Model control against the running server (never starts one): unload, then load a config - or, with
+    ``files`` (``served_copy_files``), each candidate loaded as a copy of the model under its own name.
 
-    def __init__(self, url: str, protocol: str, model: str, timeout: float = 120.0):
+    A copy (``<model>__tune<n>``, the version's files sent with the load request) leaves the model
+    itself loaded and untouched, and the previous copy is unloaded while the next one loads: Triton
+    2.51's python backend sleeps 1 s per instance when it unloads one (``StubLauncher::UpdateHealth``,
+    a health check before the stub is told to finish), so unloading before every load cost ~2.5 s of
+    a ~4 s reload for 2 instances.
+    """
+
+    def __init__(self, url: str, protocol: str, model: str, timeout: float = 120.0,
+                 files: dict[str, bytes] | None = None):
         from builder.serving.client import TritonClient
 
-        self.url, self.protocol, self.model, self.timeout = url, protocol, model, timeout
+        self.url, self.protocol, self.model, self.timeout, self.files = url, protocol, model, timeout, files
         self.client = TritonClient(url, protocol, network_timeout=timeout, connection_timeout=10)
+        self.copy_name: str | None = None  # the copy loaded now, if any
+        self.copies = 0
 
     def load(self, config: dict[str, Any] | None) -> None:
         """(Re)load the model, with ``config`` as its config or, with None, from config.pbtxt on disk.
@@ -104,38 +117,102 @@ class ModelControl:
         2.51's python backend crashed the server (SIGSEGV in TRITONBACKEND_ModelInstanceExecute) when
         requests reached a model reloaded in place while its old instance was still unloading.
         """
-        from builder.serving.client import TritonError
-
         try:
             self.client.unload_model(self.model, wait=True, timeout=self.timeout)
             self.client.load_model(self.model, json.dumps(config) if config is not None else None)
-        except TritonError as exc:
-            if exc.state is not None:  # still loaded after the unload request
-                raise
-            message = " ".join(exc.reason.split())
-            if "not allowed" in message and ("polling" in message or "explicit" in message.lower()):
-                raise UserInputError(f"Triton at {self.url} refuses model control ({message}); start it with "
-                                     "--model-control-mode=explicit (triton-builder serve does)") from None
-            raise ServerError(f"Triton at {self.url} could not load '{self.model}': {message[:400]}") from None
+        except Exception as exc:  # noqa: BLE001 - TritonError: translated below
+            raise self._load_error(exc, self.model) from None
 
-    def loaded_config(self) -> dict[str, Any]:
-        return self.client.model_config(self.model)
+    def serve(self, config: dict[str, Any], on_file: bool = False) -> tuple[str, dict[str, Any]]:
+        """Serve ``config`` for a measurement: ``(the model name to send requests to, the config as sent)``.
+        ``on_file``: it is the config the model serves from its file now (no load when copies are made)."""
+        if self.files is None:
+            self.load(config)
+            return self.model, config
+        self.drop_copy()
+        if on_file:
+            return self.model, config
+        self.copies += 1
+        name = f"{self.model}__tune{self.copies}"
+        sent = dict(config, name=name)
+        sent.pop("version_policy", None)  # the copy has one version, 1
+        try:
+            self.client.load_model(name, json.dumps(sent), files=self.files)
+        except Exception as exc:  # noqa: BLE001
+            raise self._load_error(exc, name) from None
+        self.copy_name = name
+        return name, sent
+
+    def drop_copy(self) -> None:
+        """Unload the copy loaded now, if any, without waiting for it (it ends while the next one loads)."""
+        from builder.serving.client import TritonError
+
+        if self.copy_name is not None:
+            name, self.copy_name = self.copy_name, None
+            try:
+                self.client.unload_model(name)
+            except TritonError:
+                pass  # already gone
+
+    def _load_error(self, exc: Exception, name: str) -> Exception:
+        from builder.serving.client import TritonError
+
+        if not isinstance(exc, TritonError):
+            return exc
+        if exc.state is not None:  # still loaded after the unload request
+            return exc
+        message = " ".join(exc.reason.split())
+        if "not allowed" in message and ("polling" in message or "explicit" in message.lower()):
+            return UserInputError(f"Triton at {self.url} refuses model control ({message}); start it with "
+                                  "--model-control-mode=explicit (triton-builder serve does)")
+        return ServerError(f"Triton at {self.url} could not load '{name}': {message[:400]}")
+
+    def loaded_config(self, name: str | None = None) -> dict[str, Any]:
+        return self.client.model_config(name or self.model)
 
     def close(self) -> None:
         self.client.close()
+
+
+def served_copy_files(model_dir: Path, version: int, limit: int = COPY_UPLOAD_LIMIT) -> dict[str, bytes] | None:
+    """The files of ``model_dir`` for a copy of it served as version 1 (``ModelControl``'s ``files``):
+    ``version``'s folder as ``1/``, and the model folder's own files (label files, warm-up data) except
+    config.pbtxt and other versions; None when they are over ``limit`` bytes (every load sends them) or
+    the version's folder is missing."""
+    version_dir = model_dir / str(version)
+    if not version_dir.is_dir():
+        return None
+    paths = []
+    for path in sorted(model_dir.rglob("*")):
+        if not path.is_file() or path.is_symlink() and not path.resolve().is_file():
+            continue
+        relative = path.relative_to(model_dir)
+        top = relative.parts[0]
+        if top.isdigit():
+            if top != str(version):
+                continue
+            relative = Path("1", *relative.parts[1:])
+        elif len(relative.parts) == 1 and top in ("config.pbtxt", "tuning.json"):
+            continue
+        if "__pycache__" in relative.parts:
+            continue
+        paths.append((relative, path))
+    if sum(path.stat().st_size for _, path in paths) > limit:
+        return None
+    return {f"file:{relative.as_posix()}": path.read_bytes() for relative, path in paths}
 
 
 class Search:
     """The candidates measured so far (each config once), and how to measure one more."""
 
     def __init__(self, url, protocol, model, base, requests, outputs, levels, budget, window_s, per_level_s,
-                 max_candidates, say, engine=None):
+                 max_candidates, say, engine=None, files=None):
         from builder.tuning.stats import StatsReader
 
         self.url, self.protocol, self.model, self.base = url, protocol, model, base
         self.requests, self.outputs, self.levels, self.budget = requests, outputs, levels, budget
         self.window_s, self.per_level_s, self.max_candidates, self.say = window_s, per_level_s, max_candidates, say
-        self.server = ModelControl(url, protocol, model)
+        self.server = ModelControl(url, protocol, model, files=files)  # files: candidates served as copies
         self.stats = StatsReader(url, protocol)
         self.measured: dict[tuple, Candidate] = {}
         self.operating: int | None = None  # the concurrency the default scored at: where candidates are compared
@@ -224,14 +301,15 @@ class Search:
         if candidate.key != self.loaded_key:  # a reload costs seconds (python backend: ~1 s per instance to unload)
             self.loaded_key = None
             try:
-                self.server.load(config)
-                loaded_diff = config_differences(config, self.server.loaded_config())
+                name, sent = self.server.serve(config, on_file=candidate.key == self.file_key)
+                loaded_diff = config_differences(sent, self.server.loaded_config(name))
                 if loaded_diff:
                     raise ServerError("Triton loaded something else: " + "; ".join(loaded_diff))
             except ServerError as exc:
                 candidate.error = str(exc)
                 self.say(f"  failed: {exc}")
                 return candidate
+            self.engine.model = name
             self.loaded_key = candidate.key
         if confirm_round:  # once more at the concurrency that scored; the better of the two counts
             row, within = self.run_level(candidate.best["concurrency"])
@@ -329,8 +407,10 @@ class Search:
     def restore(self) -> Exception | None:
         """Serve the file again (unchanged so far) rather than the last candidate; the error, if any."""
         self.stats.close()
-        if self.loaded_key is not None and self.loaded_key == self.file_key:
-            return None  # the last candidate measured was the file's config: it is served already
+        self.engine.model = self.model
+        self.server.drop_copy()
+        if self.file_key is not None and (self.loaded_key == self.file_key or self.server.files is not None):
+            return None  # the model serves its file: the last candidate measured, or only copies were reloaded
         try:
             self.server.load(None)
         except (ServerError, UserInputError) as exc:

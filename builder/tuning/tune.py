@@ -12,10 +12,15 @@ it (e.g. 16 ok, 32 over: 24, then 20 or 28). A climbed level over the budget is 
 before it counts as over (a moment of CPU taken by another process must not rule a candidate out).
 A candidate's score is its highest throughput at a level within the budget and without failures.
 
-Between candidates the model is unloaded and then loaded with the next config (not reloaded in
-place: Triton 2.51's python backend crashed the server when requests reached a model reloaded in
-place while its old instance was still unloading), so it is unavailable for a second or two each
-time: tune on a server that is not taking production traffic.
+Each candidate other than the config the model serves from its file is loaded as a copy of the
+model under its own name (``<model>__tune<n>``: the served version's files sent with the load
+request, builder/tuning/search.py ``ModelControl``), and the previous copy is unloaded while the next
+one loads; the model itself stays loaded and untouched. Where the files are over 64 MB (each load
+sends them), several versions are served, or ``serve_copies=False``, the model itself is unloaded and
+then loaded with the next config (not reloaded in place: Triton 2.51's python backend crashed the
+server when requests reached a model reloaded in place while its old instance was still unloading),
+so it is unavailable for a few seconds each time. Either way the candidates' measurements share the
+server's CPU with any other traffic: tune on a server that is not taking production traffic.
 
 The search is staged and bounded, and compares candidates where it matters: the config as built
 (``default``: what the build published, already sized to its host) is measured over the rising
@@ -94,7 +99,7 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
              max_batch_sizes=None, levels=DEFAULT_LEVELS, max_concurrency: int | None = None,
              max_candidates: int = 12, window_s: float = 0.5, confirm: bool = True, batch_size: int = 1,
              tie_margin: float = 0.05, thread_counts=None, usable_cores: int | None = None, publish: bool = False,
-             engine: str = "auto", signing_key=None,
+             engine: str = "auto", signing_key=None, serve_copies: bool = True,
              progress: Callable[[str], object] | None = None) -> dict[str, Any]:
     """Search configs of ``model`` on the server at ``url`` (its ``protocol`` port) under ``p99_budget_ms``.
 
@@ -136,8 +141,9 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
 
     meter = choose_engine(engine, say)
     meter.prepare(url, protocol, interface, samples, requests, batch_size=batch_size, work_dir=out / "perf_analyzer")
+    files = _copy_files(url, protocol, repository, model, say) if serve_copies else None
     search = Search(url, protocol, model, base, requests, interface.outputs, levels, p99_budget_ms,
-                    window_s, per_level_s, max_candidates, say, engine=meter)
+                    window_s, per_level_s, max_candidates, say, engine=meter, files=files)
     if not differences:
         search.serving_file(default)
     started = time.monotonic()
@@ -174,6 +180,22 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
     record["summary"] = summary_line
     record["exit_code"] = 0 if winner is not None else 1
     return record
+
+
+def _copy_files(url: str, protocol: str, repository, model: str, say) -> dict[str, bytes] | None:
+    """The files for serving candidates as copies of the model (module doc), or None: reload in place."""
+    from builder.repository.layout import model_dir
+    from builder.serving.client import TritonClient
+    from builder.tuning.search import COPY_UPLOAD_LIMIT, served_copy_files
+
+    with TritonClient(url, protocol) as client:
+        versions = [int(v) for v in client.model_metadata(model).get("versions", []) if str(v).isdigit()]
+    files = served_copy_files(model_dir(Path(repository), model), versions[0]) if len(versions) == 1 else None
+    if files is None:
+        say(f"note: candidates are loaded into '{model}' itself, which is unavailable during each reload "
+            f"(served versions {versions}; a copy needs one served version in {repository} and at most "
+            f"{COPY_UPLOAD_LIMIT // 2**20} MB of files)")
+    return files
 
 
 def _check_arguments(p99_budget_ms, seconds_per_candidate, window_s, protocol, tie_margin, delays, instance_counts,
@@ -278,6 +300,8 @@ def _record(model, url, protocol, search: Search, source, batch_size, p99_budget
         "payload": source,
         "batch_size": batch_size, "p99_budget_ms": p99_budget_ms, "seconds_per_candidate": seconds_per_candidate,
         "window_s": window_s, "levels": levels, "search_seconds": round(elapsed, 1),
+        "candidates_loaded_as": ("copies of the model (the model itself untouched)" if search.server.files is not None
+                                 else "the model itself, reloaded"),
         "scoring": "highest throughput at a concurrency level whose p99 is within the budget, with no failures",
         "winner_rule": f"the config with the fewest changes from the default among those scoring within "
                        f"{tie_margin:.0%} of the best (smaller gains are within run-to-run noise)",

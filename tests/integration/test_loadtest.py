@@ -229,6 +229,40 @@ def test_tune_writes_the_winner_and_the_server_serves_it(own_server, tmp_path):
     assert own_server.model_ready(MODEL)
 
 
+def test_tune_loads_candidates_as_copies_while_the_model_stays_ready(own_server, tmp_path):
+    from builder.serving.client import TritonClient
+    from builder.tuning.tune import run_tune
+
+    ready, stop = [], threading.Event()
+
+    def watch():
+        with TritonClient(own_server.http_url, "http") as client:
+            while not stop.is_set():
+                ready.append(client.model_ready(MODEL))
+                time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        record = run_tune(MODEL, own_server.repository, own_server.grpc_url, p99_budget_ms=200,
+                          seconds_per_candidate=2.0, delays=[100], instance_counts=[1, 3], max_batch_sizes=[8],
+                          levels=[1, 2], confirm=False, out_dir=tmp_path)
+    finally:
+        stop.set()
+        watcher.join()
+    assert record["candidates_loaded_as"].startswith("copies of the model"), record["candidates_loaded_as"]
+    assert len(ready) > 20 and all(ready), f"{ready.count(False)} of {len(ready)} polls found the model not ready"
+    measured = [c for c in record["candidates"] if not c["error"]]
+    assert len(measured) == len(record["candidates"]) >= 5, [(c["label"], c["error"]) for c in record["candidates"]]
+    for candidate in measured:  # Triton's statistics were read from the copy each was measured on
+        assert candidate["best_level"]["server_avg_batch"] >= 1, candidate
+    deadline = time.monotonic() + 20  # the last copy unloads in the background (~1 s per instance)
+    with TritonClient(own_server.http_url, "http") as client:
+        while (copies := [m["name"] for m in client.statistics()["model_stats"] if "__tune" in m["name"]]):
+            assert time.monotonic() < deadline, f"copies still loaded: {copies}"
+            time.sleep(0.2)
+
+
 def test_tune_publish_serves_the_winner_as_a_new_version(built_repository, tmp_path):
     repo = _copy_repository(built_repository, tmp_path / "repo")
     with EmbeddedServer(repo, load_models=[MODEL], ready_timeout=90) as server:
@@ -249,9 +283,11 @@ def test_tune_refuses_a_budget_nothing_meets(own_server, tmp_path):
     built_max = re.search(r"max_batch_size: (\d+)", (own_server.repository / MODEL / "config.pbtxt").read_text()).group(1)
     proc = run_cli("tune", MODEL, "--repository", str(own_server.repository), "--url", own_server.grpc_url,
                    "--p99-budget-ms", "0.001", "--seconds-per-candidate", "2", "--delays", "0", "--instances", "1",
-                   "--max-batch-sizes", built_max, "--levels", "1", "--no-confirm", "--out", str(tmp_path), timeout=120)
+                   "--max-batch-sizes", built_max, "--levels", "1", "--no-confirm", "--in-place", "--out",
+                   str(tmp_path), timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "no candidate met p99 <= 0.001 ms" in proc.stdout
+    assert json.loads((tmp_path / "tuning.json").read_text())["candidates_loaded_as"] == "the model itself, reloaded"
     assert own_server.model_ready(MODEL)  # the model was reloaded from its (unchanged) file
 
 

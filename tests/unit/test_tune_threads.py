@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from builder.errors import UserInputError
-from builder.tuning.search import Candidate, Search, built_candidate, derived_max_batch_sizes
+from builder.tuning.search import Candidate, ModelControl, Search, built_candidate, derived_max_batch_sizes
 from builder.tuning.tune import _choose, _layouts, _thread_counts, host_layouts
 
 PYTHON_BASE = {"name": "m", "backend": "python", "max_batch_size": 8,
@@ -200,25 +200,47 @@ def test_a_candidate_keeps_the_bases_other_batching_settings():
     assert Candidate("p", True, 0, 1, 8, [4]).config(base)["dynamic_batching"]["preferred_batch_size"] == [4]
 
 
-class RecordingControl:
-    """Stands in for ModelControl (no server): records the configs loaded."""
+class RecordingClient:
+    """Stands in for TritonClient's model control (no server): records loads and unloads."""
 
     def __init__(self):
-        self.loads = []
+        self.calls = []
+
+    def load_model(self, name, config_json=None, files=None):
+        self.calls.append(("load", name, sorted(files) if files is not None else None))
+
+    def unload_model(self, name, **kwargs):
+        self.calls.append(("unload", name))
+
+
+class RecordingControl(ModelControl):
+    """ModelControl over a recording client: its own serve() and drop_copy(); load() and the loaded
+    config recorded instead of asked of a server."""
+
+    def __init__(self, files=None):
+        self.model, self.files, self.copy_name, self.copies = "m", files, None, 0
+        self.client, self.loads, self.by_name = RecordingClient(), [], {}
 
     def load(self, config):
         self.loads.append(config)
+        self.by_name["m"] = config
 
-    def loaded_config(self):
-        return self.loads[-1]
+    def serve(self, config, on_file=False):
+        name, sent = super().serve(config, on_file)
+        self.by_name[name] = sent
+        return name, sent
+
+    def loaded_config(self, name=None):
+        return self.by_name.get(name or "m") or BUILT_2X1
 
 
-def test_the_config_already_served_is_measured_without_a_reload_and_not_restored():
+def _recording_search(files=None):
     from types import SimpleNamespace
 
     search = InjectedSearch({})
-    search.server, search.stats, search.say = RecordingControl(), SimpleNamespace(close=lambda: None), lambda m: None
-    search.base, search.loaded_key, search.file_key = BUILT_2X1, None, None
+    search.server, search.stats, search.say = RecordingControl(files), SimpleNamespace(close=lambda: None), lambda m: None
+    search.engine = SimpleNamespace(model="m")
+    search.base, search.loaded_key, search.file_key, search.model = BUILT_2X1, None, None, "m"
     real_measure = Search.measure.__get__(search)  # the real measure(), over the recording control
 
     def measure(candidate, confirm_round=False):
@@ -226,6 +248,11 @@ def test_the_config_already_served_is_measured_without_a_reload_and_not_restored
         return real_measure(candidate, confirm_round)
 
     search.measure = measure
+    return search
+
+
+def test_the_config_already_served_is_measured_without_a_reload_and_not_restored():
+    search = _recording_search()
     default = built_candidate(BUILT_2X1)
     search.serving_file(default)
     search.measure(default)
@@ -238,6 +265,29 @@ def test_the_config_already_served_is_measured_without_a_reload_and_not_restored
     assert len(search.server.loads) == 2  # ... and none to restore it
     search.measure(other, confirm_round=True)
     assert search.restore() is None and search.server.loads[-1] is None  # restored from the file
+    assert search.server.client.calls == []  # no copies without files
+
+
+def test_candidates_are_copies_and_the_model_itself_is_never_reloaded():
+    search = _recording_search(files={"file:1/model.onnx": b"onnx"})
+    default = built_candidate(BUILT_2X1)
+    search.serving_file(default)
+    search.measure(default)
+    assert search.engine.model == "m" and search.server.client.calls == []
+    three, one = Candidate("3 instances", True, 0, 3, 8), Candidate("1 instances", True, 0, 1, 8)
+    search.measure(three)
+    assert search.engine.model == "m__tune1"
+    assert search.server.by_name["m__tune1"]["name"] == "m__tune1"
+    assert search.server.by_name["m__tune1"]["instance_group"][0]["count"] == 3
+    search.measure(one)  # the previous copy is unloaded as the next one loads
+    assert search.server.client.calls == [("load", "m__tune1", ["file:1/model.onnx"]), ("unload", "m__tune1"),
+                                          ("load", "m__tune2", ["file:1/model.onnx"])]
+    search.measure(default, confirm_round=True)  # the file's config: the model itself, the copy dropped
+    assert search.engine.model == "m" and search.server.client.calls[-1] == ("unload", "m__tune2")
+    search.measure(three, confirm_round=True)
+    assert search.restore() is None and search.engine.model == "m"
+    assert search.server.client.calls[-2:] == [("load", "m__tune3", ["file:1/model.onnx"]), ("unload", "m__tune3")]
+    assert search.server.loads == []  # the model itself: never unloaded, never reloaded
 
 
 @pytest.mark.parametrize("by_delay, tried", [
