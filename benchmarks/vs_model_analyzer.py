@@ -10,7 +10,8 @@ its default published config, then:
 2. `triton-builder tune` searches the same model under a p99 budget equal to Model Analyzer's best
    p99 (so "better" means more throughput at no worse tail latency), with the perf_analyzer engine.
 3. The default config, Model Analyzer's best and tune's winner are served side by side (one server,
-   three copies of the model) and measured by perf_analyzer at each of --concurrencies, in --rounds
+   three copies of the model) and measured by perf_analyzer at each of --concurrencies and where Model
+   Analyzer's pick and tune's winner scored, in --rounds
    interleaved rounds. Two tables: the median throughput and p99 of each config at each concurrency,
    and the issue's comparison - each config's best median throughput at a concurrency whose median
    p99 is within Model Analyzer's best p99 (the budget tune searched under; one fixed concurrency would
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import re
 import shutil
 import statistics
@@ -154,7 +156,11 @@ def run(args, work: Path) -> int:
         shutil.copytree(repo / name, copy, ignore=shutil.ignore_patterns("config.pbtxt"))
         text = re.sub(r'^name:\s*"[^"]*"', f'name: "{name}_{label}"', config_path.read_text(), count=1, flags=re.M)
         (copy / "config.pbtxt").write_text(text)
-    levels = [int(c) for c in args.concurrencies.split(",") if c.strip()]
+    # the given levels plus where Model Analyzer's pick and tune's winner scored: each config at its own point too
+    levels = {int(c) for c in args.concurrencies.split(",") if c.strip()}
+    levels.add(int(ma_best["concurrency"]))
+    winner_level = ((tuned["winner"] or {}).get("best_level") or {}).get("concurrency")
+    levels = sorted(levels | ({int(winner_level)} if winner_level else set()))
     figures: dict[str, dict[int, list[tuple[float, float]]]] = {label: {c: [] for c in levels} for label in configs}
     with EmbeddedServer(side, load_models=[f"{name}_{label}" for label in configs]) as server:
         for round_index in range(args.rounds):
@@ -190,16 +196,20 @@ def perf_analyzer_level(tool, url: str, model: str, concurrency: int, args, work
     from builder.tuning.pa_measure import parse_csv
 
     report = work / f"{model}.csv"
-    report.unlink(missing_ok=True)
-    done = run_command(tool.command(["-m", model, "-u", re.sub(r"^[a-z]+://", "", url), "-i", "grpc",
-                                     "--concurrency-range", f"{concurrency}:{concurrency}",
-                                     "--measurement-mode", "time_windows", "--measurement-interval",
-                                     str(args.window_ms), "-s", "10", "-f", str(report)]),
-                       600, env=tool.environment())
-    if done.returncode != 0 or not report.is_file():
-        raise SystemExit(f"perf_analyzer failed on {model}: {(done.stdout or '')[-800:]}{(done.stderr or '')[-800:]}")
-    row = parse_csv(report.read_text())[0]
-    return row.inferences_per_s, (row.p99_us or 0) / 1e3
+    for stability_pct in (10, 30):  # a level that does not settle within 10 % is measured once more at 30 %
+        report.unlink(missing_ok=True)
+        done = run_command(tool.command(["-m", model, "-u", re.sub(r"^[a-z]+://", "", url), "-i", "grpc",
+                                         "--concurrency-range", f"{concurrency}:{concurrency}",
+                                         "--measurement-mode", "time_windows", "--measurement-interval",
+                                         str(args.window_ms), "-s", str(stability_pct), "-f", str(report)]),
+                           600, env=tool.environment())
+        output = (done.stdout or "") + (done.stderr or "")
+        if done.returncode == 0 and report.is_file():
+            row = parse_csv(report.read_text())[0]
+            return row.inferences_per_s, (row.p99_us or 0) / 1e3
+        if "stable measurement" not in output:
+            raise SystemExit(f"perf_analyzer failed on {model}: {output[-1600:]}")
+    return 0.0, math.inf  # never settled: counts as no throughput within any p99
 
 
 def print_table(args, figures, ma_seconds, tune_seconds, in_process, ma_best) -> None:

@@ -117,15 +117,19 @@ class ModelControl:
         2.51's python backend crashed the server (SIGSEGV in TRITONBACKEND_ModelInstanceExecute) when
         requests reached a model reloaded in place while its old instance was still unloading.
         """
+        from builder.serving.client import TritonError
+
         try:
             self.client.unload_model(self.model, wait=True, timeout=self.timeout)
             self.client.load_model(self.model, json.dumps(config) if config is not None else None)
-        except Exception as exc:  # noqa: BLE001 - TritonError: translated below
+        except TritonError as exc:
             raise self._load_error(exc, self.model) from None
 
     def serve(self, config: dict[str, Any], on_file: bool = False) -> tuple[str, dict[str, Any]]:
         """Serve ``config`` for a measurement: ``(the model name to send requests to, the config as sent)``.
         ``on_file``: it is the config the model serves from its file now (no load when copies are made)."""
+        from builder.serving.client import TritonError
+
         if self.files is None:
             self.load(config)
             return self.model, config
@@ -138,7 +142,7 @@ class ModelControl:
         sent.pop("version_policy", None)  # the copy has one version, 1
         try:
             self.client.load_model(name, json.dumps(sent), files=self.files)
-        except Exception as exc:  # noqa: BLE001
+        except TritonError as exc:
             raise self._load_error(exc, name) from None
         self.copy_name = name
         return name, sent
@@ -154,11 +158,8 @@ class ModelControl:
             except TritonError:
                 pass  # already gone
 
-    def _load_error(self, exc: Exception, name: str) -> Exception:
-        from builder.serving.client import TritonError
-
-        if not isinstance(exc, TritonError):
-            return exc
+    def _load_error(self, exc, name: str) -> Exception:
+        """A TritonError from a load as the error tune reports (the unload's own error as it is)."""
         if exc.state is not None:  # still loaded after the unload request
             return exc
         message = " ".join(exc.reason.split())
@@ -184,7 +185,7 @@ def served_copy_files(model_dir: Path, version: int, limit: int = COPY_UPLOAD_LI
         return None
     paths = []
     for path in sorted(model_dir.rglob("*")):
-        if not path.is_file() or path.is_symlink() and not path.resolve().is_file():
+        if not path.is_file():
             continue
         relative = path.relative_to(model_dir)
         top = relative.parts[0]
