@@ -7,10 +7,12 @@ versions of ``<name>`` itself, and the ``<name>__<variant>`` models a build publ
 serving to this host). Each candidate is replayed against the stored reference (reference.npz of
 ``<name>``'s latest version, the candidate's own tolerance) and measured in-process here; the best
 by the build's objective (throughput or latency) is published with this host's profile, its
-serving size (builder/host.py size_serving) and the measurements in metadata.yaml. Objective
+serving size (builder/host.py size_serving), its batching delay re-sized from the winner measured here
+at batch 1 and at a larger batch (host.size_queue_delay; only where the build sized the delay, not where
+the spec set it) and the measurements in metadata.yaml. Objective
 ``tradeoff`` ranks by the build's J (builder/objective.py: the candidate's build-time accuracy, its p50
-measured here, its recorded peak memory, the weights the build used). Where the winner
-and the size are what the latest version already serves, measured on a host like this one, nothing is
+measured here, its recorded peak memory, the weights the build used). Where the winner,
+the size and the delay are what the latest version already serves, measured on a host like this one, nothing is
 published.
 
 Usage::
@@ -29,7 +31,7 @@ from typing import Any, Callable
 import numpy as np
 
 from builder.errors import UserInputError
-from builder.host import compare_hosts, host_profile, size_serving
+from builder.host import compare_hosts, host_profile, size_queue_delay, size_serving
 from builder.objective import tradeoff_terms
 from builder.repository.description import VersionDescription
 from builder.repository.layout import existing_versions, latest_version, model_dir, reserve_version
@@ -49,6 +51,7 @@ class Candidate:
     meta: dict[str, Any]
     measured: dict[str, float] = field(default_factory=dict)
     excluded: str = ""
+    runner: Callable | None = field(default=None, repr=False)  # the variant opened here (builder/runtime.py)
 
 
 @dataclass
@@ -58,6 +61,7 @@ class SelectReport:
     candidates: list[Candidate] = field(default_factory=list)
     winner: Candidate | None = None
     sizing: tuple[int, int] | None = None
+    delay: tuple[int, str] | None = None  # (max_queue_delay_microseconds, why) re-sized here; None: kept as built
     published: dict[str, Any] | None = None
     why: str = ""
     weights: dict[str, float] | None = None  # objective tradeoff: J's alpha, beta, gamma
@@ -178,6 +182,7 @@ def select_for_host(repository: str | Path, name: str, *, measure: Measure | Non
             continue
         progress(f"select: measuring {c.variant} ({c.label}) on this host")
         c.measured = measure(c.label, runner, _batch1(cases[0]["inputs"], batching), cores)
+        c.runner = runner
         if report.weights is not None:
             _add_tradeoff(c, report.weights)
     ranked = [c for c in report.candidates if not c.excluded and (report.weights is None or "J" in c.measured)]
@@ -186,26 +191,52 @@ def select_for_host(repository: str | Path, name: str, *, measure: Measure | Non
                              + "; ".join(f"{c.variant}: {c.excluded}" for c in report.candidates))
     winner = report.winner = max(ranked, key=lambda c: _score(c.measured, objective))
     report.sizing = size_serving(cores, winner.measured["p50_ms"] / 1000.0)
+    serving = served.get("serving") or {}
+    if batching and _delay_was_sized(serving):
+        report.delay = _size_delay(winner, cases[0]["inputs"], measure, cores, int(served["spec"]["max_batch_size"]),
+                                   progress)
     served_variant = served["artifact"]["variant"]
-    served_size = ((served.get("serving") or {}).get("instances"), (served.get("serving") or {}).get("intra_op_threads"))
+    served_size = (serving.get("instances"), serving.get("intra_op_threads"))
     # the same decision on the same kind of host: nothing to publish (a different host is recorded anew,
     # so serve/check/validate stop warning)
     same = (winner.variant == served_variant and served_size == report.sizing
+            and (report.delay is None or report.delay[0] == serving.get("max_queue_delay_microseconds"))
             and not compare_hosts(served.get("host"), host, model=name))
     where = f"{host.get('cpu_model')} ({host.get('isa_class')}, {cores} usable cores)"
+    delay = f", batching delay {report.delay[0]} us" if report.delay else ""
     if same:
         report.why = (f"{name} version {number} already serves {served_variant} with {report.sizing[0]} instance(s) x "
-                      f"{report.sizing[1]} thread(s), the best on {where}: nothing published")
+                      f"{report.sizing[1]} thread(s){delay}, the best on {where}: nothing published")
         return report
     if dry_run:
-        report.why = (f"would publish {winner.variant} ({report.sizing[0]} x {report.sizing[1]}) as a new version of "
-                      f"{name} (now {served_variant}); --dry-run: nothing published")
+        report.why = (f"would publish {winner.variant} ({report.sizing[0]} x {report.sizing[1]}{delay}) as a new version "
+                      f"of {name} (now {served_variant}); --dry-run: nothing published")
         return report
     report.published = _publish(repository, name, number, winner, report, host, key)
     report.why = (f"{name} version {report.published['version']}: {winner.variant} with {report.sizing[0]} instance(s)"
-                  f" x {report.sizing[1]} intra-op thread(s), measured on {where} (was {served_variant}, "
+                  f" x {report.sizing[1]} intra-op thread(s){delay}, measured on {where} (was {served_variant}, "
                   f"version {number})")
     return report
+
+
+def _delay_was_sized(serving: dict[str, Any]) -> bool:
+    """The served batching delay was sized from a measurement (not set by the spec, not a GPU target's)."""
+    why = str(serving.get("delay_sized") or "")
+    return "max_queue_delay_microseconds" in serving and not why.startswith(("from the spec", "GPU target"))
+
+
+def _size_delay(winner: Candidate, inputs: dict[str, np.ndarray], measure: Measure, cores: int, max_batch: int,
+                progress) -> tuple[int, str]:
+    """host.size_queue_delay from the winner measured here at batch 1 (already) and at a larger batch: the
+    best batch of its build's benchmark, else the max batch size (at most 32)."""
+    built = (winner.meta.get("benchmark") or {}).get("best_batch")
+    batch = int(built) if built and 1 < int(built) <= max_batch else min(max_batch, 32)
+    progress(f"select: measuring {winner.variant} at batch {batch} on this host (the batching delay)")
+    batched = {k: np.concatenate([v[:1]] * batch) for k, v in inputs.items()}
+    per_call = measure(f"{winner.label} batch {batch}", winner.runner, batched, cores)["throughput"]
+    rates = {1: winner.measured["throughput"], batch: per_call * batch}
+    delay, why = size_queue_delay(winner.measured["p50_ms"] / 1000.0, rates)
+    return delay, f"{why} (measured on this host by triton-builder select)"
 
 
 def _model_files(folder: Path, artifact: dict[str, Any]) -> list[Path]:
@@ -216,9 +247,11 @@ def _model_files(folder: Path, artifact: dict[str, Any]) -> list[Path]:
     return [folder / main, *sorted(companions)]
 
 
-def _config_text(winner_model: Path, name: str, sizing: tuple[int, int] | None, text: str | None = None):
-    """The winner's config.pbtxt (or ``text``) renamed to ``name`` and sized, through Triton's schema:
-    (text, the ModelConfig of its name, backend and tensors that publish_model checks)."""
+def _config_text(winner_model: Path, name: str, sizing: tuple[int, int] | None, text: str | None = None,
+                 delay_us: int | None = None):
+    """The winner's config.pbtxt (or ``text``) renamed to ``name`` and sized (``delay_us``: the batching
+    delay, where it batches), through Triton's schema: (text, the ModelConfig of its name, backend and
+    tensors that publish_model checks)."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
@@ -233,6 +266,8 @@ def _config_text(winner_model: Path, name: str, sizing: tuple[int, int] | None, 
     for key in ("intra_op_threads", "INFERENCE_NUM_THREADS"):  # python backend, openvino backend
         if sizing and key in message.parameters:
             message.parameters[key].string_value = str(sizing[1])
+    if delay_us is not None and message.HasField("dynamic_batching"):
+        message.dynamic_batching.max_queue_delay_microseconds = delay_us
 
     def tensors(items):
         return [TensorConfig(t.name, model_config_pb2.DataType.Name(t.data_type), list(t.dims) or [1]) for t in items]
@@ -244,7 +279,8 @@ def _config_text(winner_model: Path, name: str, sizing: tuple[int, int] | None, 
 
 def _publish(repository: Path, name: str, served_number: int, winner: Candidate, report: SelectReport,
              host: dict[str, Any], key=None) -> dict[str, Any]:
-    text, config = _config_text(winner.folder.parent, name, report.sizing)
+    text, config = _config_text(winner.folder.parent, name, report.sizing,
+                                delay_us=report.delay[0] if report.delay else None)
     artifact = winner.meta["artifact"]
     model_files = _model_files(winner.folder, artifact)
     runtime = {n: winner.folder / n for n in ("model.py", "drift.py") if (winner.folder / n).is_file()}
@@ -259,7 +295,9 @@ def _publish(repository: Path, name: str, served_number: int, winner: Candidate,
         "build_date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "host": host,
         "serving": {"instances": report.sizing[0], "intra_op_threads": report.sizing[1],
-                    "sized": f"by triton-builder select on this host ({host.get('usable_cores')} usable cores)"},
+                    "sized": f"by triton-builder select on this host ({host.get('usable_cores')} usable cores)",
+                    **({"max_queue_delay_microseconds": report.delay[0], "delay_sized": report.delay[1]}
+                       if report.delay else {})},
         "selection": {"objective": report.objective, "selected": True,
                       **({"weights": report.weights} if report.weights is not None else {}),
                       "why": (f"best {report.objective} of the candidates re-measured on this host by "

@@ -67,7 +67,7 @@ def test_select_publishes_the_winner_of_this_host(variants_repository, tmp_path)
     assert checked.host_warnings == []
 
     # run again on the same host: the served variant and size are already right
-    again = select_for_host(repo, "digits_cnn", measure=_measure(f"digits_cnn__{other}"), current_host=HERE)
+    again = select_for_host(repo, "digits_cnn", measure=_measure("digits_cnn/2"), current_host=HERE)  # it, served
     assert again.published is None and "nothing published" in again.why
 
 
@@ -149,3 +149,54 @@ def test_select_ranks_objective_tradeoff_by_the_builds_j_not_by_throughput(varia
     assert published["artifact"]["variant"] == "torchscript"
     assert published["selection"]["objective"] == "tradeoff"
     assert published["selection"]["weights"] == {"alpha": 1.0, "beta": 2.0, "gamma": 0.0}
+
+
+def _batching_measure(p50_ms: float, batched_per_call: float):
+    """Batch 1: 1000 calls/s at ``p50_ms``; a larger batch: ``batched_per_call`` calls/s (checked to be batched)."""
+    def run(label, runner, inputs, threads):
+        rows = len(next(iter(inputs.values())))
+        assert runner(inputs)
+        if " batch " in label:
+            assert rows == int(label.rsplit(" ", 1)[1]) > 1, (label, rows)
+            return {"throughput": batched_per_call, "p50_ms": p50_ms * 4}
+        assert rows == 1
+        return {"throughput": 1000.0, "p50_ms": p50_ms}
+    return run
+
+
+def _config_delay(repo):
+    import re
+
+    found = re.search(r"max_queue_delay_microseconds: (\d+)", (repo / "digits_cnn" / "config.pbtxt").read_text())
+    return int(found.group(1)) if found else 0
+
+
+@pytest.mark.parametrize("p50_ms, batched_per_call, delay", [
+    (2.0, 1000.0 / 32 * 4, 200),  # batch 32: 4x the samples/s of batch 1, 2 ms a call: wait 0.1 of it
+    (2.0, 1000.0 / 32 * 2, 0),  # batching pays only 2x here: no wait
+    (0.5, 1000.0, 0),  # pays 32x, but the model's 0.5 ms is under the per-request overhead
+])
+def test_select_resizes_the_batching_delay_from_this_hosts_measurements(variants_repository, tmp_path, p50_ms,
+                                                                         batched_per_call, delay):
+    repo = _copy(variants_repository, tmp_path)
+    report = select_for_host(repo, "digits_cnn", measure=_batching_measure(p50_ms, batched_per_call),
+                             current_host={**HERE, "usable_cores": 8})
+    assert report.delay[0] == delay and "measured on this host by triton-builder select" in report.delay[1]
+    assert _config_delay(repo) == delay
+    serving = yaml.safe_load((repo / "digits_cnn" / "2" / "metadata.yaml").read_text())["serving"]
+    assert serving["max_queue_delay_microseconds"] == delay and serving["delay_sized"] == report.delay[1]
+
+
+def test_select_keeps_a_delay_the_spec_set(variants_repository, tmp_path):
+    repo = _copy(variants_repository, tmp_path)
+    meta_path = repo / "digits_cnn" / "1" / "metadata.yaml"
+    meta = yaml.safe_load(meta_path.read_text())
+    meta["serving"].update(max_queue_delay_microseconds=700,
+                           delay_sized="from the spec (deploy.max_queue_delay_microseconds)")
+    meta_path.write_text(yaml.safe_dump(meta))
+    config = repo / "digits_cnn" / "config.pbtxt"
+    config.write_text(config.read_text().replace("max_queue_delay_microseconds: 0", "max_queue_delay_microseconds: 700"))
+    report = select_for_host(repo, "digits_cnn", measure=_batching_measure(2.0, 1000.0 / 32 * 4),
+                             current_host={**HERE, "usable_cores": 8})
+    assert report.delay is None and report.published["version"] == 2
+    assert _config_delay(repo) == 700
