@@ -133,9 +133,9 @@ class ModelControl:
         if self.files is None:
             self.load(config)
             return self.model, config
-        self.drop_copy()
-        if on_file:
+        if on_file:  # the model itself; the copy stays loaded (switching back to it needs no reload)
             return self.model, config
+        self.drop_copy()
         self.copies += 1
         name = f"{self.model}__tune{self.copies}"
         sent = dict(config, name=name)
@@ -148,7 +148,8 @@ class ModelControl:
         return name, sent
 
     def drop_copy(self) -> None:
-        """Unload the copy loaded now, if any, without waiting for it (it ends while the next one loads)."""
+        """Unload the copy loaded now, if any, without waiting for it (it ends while the next one loads).
+        The python backend's 1 s per instance is spent while the next copy loads, not before."""
         from builder.serving.client import TritonError
 
         if self.copy_name is not None:
@@ -217,8 +218,9 @@ class Search:
         self.stats = StatsReader(url, protocol)
         self.measured: dict[tuple, Candidate] = {}
         self.operating: int | None = None  # the concurrency the default scored at: where candidates are compared
-        # the key of the config Triton serves now, and of the file's: set by serving_file() when it is served
-        self.loaded_key: tuple | None = None
+        # the configs Triton serves now, by key, and the model name each is served under (the model itself;
+        # with copies, also the current copy), and the file's key: set by serving_file() when it is served
+        self.names: dict[tuple, str] = {}
         self.file_key: tuple | None = None
         self.probe_level_s = max(4 * window_s, 2 * per_level_s)
         self.order: list[Candidate] = []
@@ -281,7 +283,8 @@ class Search:
 
     def serving_file(self, default: Candidate) -> None:
         """The server serves the config on disk (``default``, checked by the caller): no reload to measure it."""
-        self.loaded_key = self.file_key = default.key
+        self.file_key = default.key
+        self.names = {default.key: self.model}
 
     def measure(self, candidate: Candidate, confirm_round: bool = False) -> Candidate:
         """Load ``candidate`` and measure it (or, ``confirm_round``, measure its best level once more)."""
@@ -299,8 +302,10 @@ class Search:
             return candidate  # nothing to confirm
         config = candidate.config(self.base)
         self.say(f"{'confirm' if confirm_round else 'candidate'} {candidate.label}: {candidate.describe()}")
-        if candidate.key != self.loaded_key:  # a reload costs seconds (python backend: ~1 s per instance to unload)
-            self.loaded_key = None
+        name = self.names.get(candidate.key)
+        if name is None:  # a reload costs seconds (python backend: ~1 s per instance to unload)
+            # what stays served: with copies the model itself (the next copy replaces this one), else nothing
+            self.names = {k: n for k, n in self.names.items() if n == self.model and self.server.files is not None}
             try:
                 name, sent = self.server.serve(config, on_file=candidate.key == self.file_key)
                 loaded_diff = config_differences(sent, self.server.loaded_config(name))
@@ -310,11 +315,12 @@ class Search:
                 candidate.error = str(exc)
                 self.say(f"  failed: {exc}")
                 return candidate
-            self.engine.model = name
-            self.loaded_key = candidate.key
+            self.names[candidate.key] = name
+        self.engine.model = name
         if confirm_round:  # once more at the concurrency that scored; the better of the two counts
             row, within = self.run_level(candidate.best["concurrency"])
             candidate.confirm = row
+            candidate.levels.append(dict(row, confirm_round=True))
             if within and row["throughput_rps"] > candidate.best["throughput_rps"]:
                 candidate.best = dict(row, from_confirm=True)
             return candidate
@@ -410,8 +416,8 @@ class Search:
         self.stats.close()
         self.engine.model = self.model
         self.server.drop_copy()
-        if self.file_key is not None and (self.loaded_key == self.file_key or self.server.files is not None):
-            return None  # the model serves its file: the last candidate measured, or only copies were reloaded
+        if self.file_key is not None and self.names.get(self.file_key) == self.model:
+            return None  # the model serves its file: the last candidate measured, or only copies were loaded
         try:
             self.server.load(None)
         except (ServerError, UserInputError) as exc:

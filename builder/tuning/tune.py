@@ -48,7 +48,9 @@ shared machine, and not worth a change. The top scorer, the winner and the defau
 measured once more at the concurrency that scored (``confirm``; the default last, so the model ends
 served from its file without another reload) and each keeps the better of its two measurements
 (interference from other processes only ever slows a run down), so the winner and the default are
-compared under the same conditions; ``no batching`` keeps its one measurement. A candidate whose
+compared under the same conditions; with copies, the winner (its copy still loaded) and the default
+(the model itself) are then measured once more each, back to back, without a reload (best of three
+each); ``no batching`` keeps its one measurement. A candidate whose
 config Triton already serves is measured without a reload.
 
 With ``write=True`` the winner is written to ``<model>/config.pbtxt`` (header comment saying so)
@@ -151,10 +153,7 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
         none, default = search.candidates(default, layouts, delays, max_batch_sizes, thread_counts)
         winner = _choose(search.order, default, tie_margin)
         if confirm and winner is not None:
-            # the default last: it is the file's config, so the model need not be reloaded afterwards
-            for candidate in dict.fromkeys([_best(search.order), winner, default]):
-                search.measure(candidate, confirm_round=True)
-            winner = _choose(search.order, default, tie_margin)
+            winner = _confirm(search, default, winner, tie_margin)
     finally:
         restore_error = search.restore()
     if restore_error is not None:
@@ -180,6 +179,18 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
     record["summary"] = summary_line
     record["exit_code"] = 0 if winner is not None else 1
     return record
+
+
+def _confirm(search: Search, default: Candidate, winner: Candidate, tie_margin: float) -> Candidate | None:
+    """The confirm round (module doc); the winner chosen again after it."""
+    # the default last: it is the file's config, so the model need not be reloaded afterwards
+    for candidate in dict.fromkeys([_best(search.order), winner, default]):
+        search.measure(candidate, confirm_round=True)
+    if search.server.files is not None and winner is not default:
+        # both served now (the winner's copy and the model itself): once more each, back to back
+        for candidate in (winner, default):
+            search.measure(candidate, confirm_round=True)
+    return _choose(search.order, default, tie_margin)
 
 
 def _copy_files(url: str, protocol: str, repository, model: str, say) -> dict[str, bytes] | None:

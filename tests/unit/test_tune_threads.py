@@ -240,7 +240,7 @@ def _recording_search(files=None):
     search = InjectedSearch({})
     search.server, search.stats, search.say = RecordingControl(files), SimpleNamespace(close=lambda: None), lambda m: None
     search.engine = SimpleNamespace(model="m")
-    search.base, search.loaded_key, search.file_key, search.model = BUILT_2X1, None, None, "m"
+    search.base, search.names, search.file_key, search.model = BUILT_2X1, {}, None, "m"
     real_measure = Search.measure.__get__(search)  # the real measure(), over the recording control
 
     def measure(candidate, confirm_round=False):
@@ -282,11 +282,15 @@ def test_candidates_are_copies_and_the_model_itself_is_never_reloaded():
     search.measure(one)  # the previous copy is unloaded as the next one loads
     assert search.server.client.calls == [("load", "m__tune1", ["file:1/model.onnx"]), ("unload", "m__tune1"),
                                           ("load", "m__tune2", ["file:1/model.onnx"])]
-    search.measure(default, confirm_round=True)  # the file's config: the model itself, the copy dropped
-    assert search.engine.model == "m" and search.server.client.calls[-1] == ("unload", "m__tune2")
-    search.measure(three, confirm_round=True)
+    search.measure(default, confirm_round=True)  # the file's config: the model itself; the copy stays loaded
+    calls = search.server.client.calls
+    assert search.engine.model == "m" and len(calls) == 3
+    search.measure(one, confirm_round=True)  # back to the copy loaded now: no reload
+    assert search.engine.model == "m__tune2" and len(calls) == 3
+    search.measure(three, confirm_round=True)  # another config: the next copy, the previous one unloaded
+    assert calls[3:] == [("unload", "m__tune2"), ("load", "m__tune3", ["file:1/model.onnx"])]
     assert search.restore() is None and search.engine.model == "m"
-    assert search.server.client.calls[-2:] == [("load", "m__tune3", ["file:1/model.onnx"]), ("unload", "m__tune3")]
+    assert calls[-1] == ("unload", "m__tune3")
     assert search.server.loads == []  # the model itself: never unloaded, never reloaded
 
 
@@ -307,3 +311,25 @@ def test_the_delay_stage_stops_once_a_longer_delay_serves_less(by_delay, tried):
     search = DelaySearch({(2, 1, 8): 100.0}, budget=30.0)
     search.candidates(built_candidate(BUILT_2X1), [], [2000, 100, 500], [])
     assert [c.delay_us for c in search.order if c.label.startswith("delay ")] == tried
+
+
+@pytest.mark.parametrize("files, confirm_rows, loads", [
+    ({"file:1/model.onnx": b"onnx"}, 2, 0),  # copies: winner and default once more each, back to back, no reload
+    (None, 1, 1),  # the model itself reloaded: one confirm each, the default's costs a reload
+])
+def test_the_confirm_round_measures_winner_and_default_back_to_back_with_copies(files, confirm_rows, loads):
+    from builder.tuning.tune import _confirm
+
+    search = _recording_search(files=files)
+    search.throughput = {(3, 1, 8): 200.0}  # 3 instances serve twice the default's 100
+    default = built_candidate(BUILT_2X1)
+    search.serving_file(default)
+    search.measure(default)
+    search.operating = default.best["concurrency"]
+    three = search.measure(Candidate("3 instances", True, 0, 3, 8))
+    reloads_before = len(search.server.loads) + len(search.server.client.calls)
+    winner = _confirm(search, default, three, 0.05)
+    assert winner is three
+    for candidate in (three, default):
+        assert sum(1 for row in candidate.levels if row.get("confirm_round")) == confirm_rows, candidate.label
+    assert len(search.server.loads) + len(search.server.client.calls) - reloads_before == loads
