@@ -43,8 +43,9 @@ level may take twice that share):
    so far waits for batches (delay > 0).
 
 The winner is the config with the fewest changes from the config as built among those within
-``tie_margin`` (5 %) of the best score: smaller differences are within run-to-run noise on a
-shared machine, and not worth a change. The top scorer, the winner and the default are then
+``tie_margin`` (5 %) of the best score and, unless it is the default, more than ``tie_margin`` over
+the default's: smaller differences are within run-to-run noise on a shared machine, and not worth a
+change. The top scorer, the winner and the default are then
 measured once more at the concurrency that scored (``confirm``; the default last, so the model ends
 served from its file without another reload) and each keeps the better of its two measurements
 (interference from other processes only ever slows a run down), so the winner and the default are
@@ -366,11 +367,15 @@ def _changes(candidate: Candidate, default: Candidate) -> int:
 
 def _choose(candidates: list[Candidate], default: Candidate, margin: float) -> Candidate | None:
     """The winner: the config closest to the one as built among those within ``margin`` of the best score
-    (a smaller gain is within run-to-run noise, and not worth a change); the higher score on a tie."""
+    (a smaller gain is within run-to-run noise, and not worth a change); the higher score on a tie. A
+    change must also beat the default itself by more than ``margin`` (a top scorer far ahead could
+    otherwise make a config 2 % over the default the winner)."""
     top = _best(candidates)
     if top is None:
         return None
     close = [c for c in candidates if c.best is not None and not c.error and c.score * (1 + margin) >= top.score]
+    if default in candidates and default.best is not None and not default.error:
+        close = [c for c in close if c is default or c.score > default.score * (1 + margin)] or [default]
     return min(close, key=lambda c: (_changes(c, default), -c.score))
 
 

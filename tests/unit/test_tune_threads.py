@@ -146,6 +146,14 @@ def test_the_winner_is_closest_to_the_config_as_built_within_the_margin():
     assert _choose([default, near], default, 0.05) is default
     near.best = {"throughput_rps": 106.0}
     assert _choose([default, near], default, 0.05) is near
+    # a top scorer far ahead: a config closer to the default within 5 % of it is chosen only where it
+    # beats the default by more than 5 % itself, else the top scorer
+    top = Candidate("delay 100 us", True, 100, 3, 8)
+    top.best = {"throughput_rps": 110.0}
+    near.best = {"throughput_rps": 105.5}
+    assert _choose([default, near, top], default, 0.05) is near
+    near.best = {"throughput_rps": 104.9}
+    assert _choose([default, near, top], default, 0.05) is top
 
 
 def test_tune_publish_makes_the_tuned_config_a_new_version(built_repository, tmp_path):
