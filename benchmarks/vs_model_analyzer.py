@@ -142,7 +142,8 @@ def run(args, work: Path) -> int:
     with EmbeddedServer(tuned_repo, load_models=[name]) as server:
         tuned = run_tune(name, tuned_repo, server.grpc_url, protocol="grpc", p99_budget_ms=ma_best["p99_ms"],
                          write=True, out_dir=work / "tune", engine="perf_analyzer",
-                         max_concurrency=args.max_concurrency, progress=lambda line: None)
+                         max_concurrency=args.max_concurrency,
+                         progress=lambda line: say(f"  tune {time.perf_counter() - started:6.1f} s  {line}"))
     tune_seconds = time.perf_counter() - started
     say(f"tune: {tune_seconds:.0f} s; winner {(tuned['winner'] or {}).get('label')}")
 
