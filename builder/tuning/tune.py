@@ -316,7 +316,8 @@ def _record(model, url, protocol, search: Search, source, batch_size, p99_budget
                                  else "the model itself, reloaded"),
         "scoring": "highest throughput at a concurrency level whose p99 is within the budget, with no failures",
         "winner_rule": f"the config with the fewest changes from the default among those scoring within "
-                       f"{tie_margin:.0%} of the best (smaller gains are within run-to-run noise)",
+                       f"{tie_margin:.0%} of the best and, to replace the default, more than {tie_margin:.0%} over "
+                       "it (smaller gains are within run-to-run noise)",
         "winner": winner.as_dict() if winner else None,
         "baselines": {"no_batching": none.as_dict(), "default": default.as_dict()},
         "ratios": ratios,
