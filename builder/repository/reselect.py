@@ -7,7 +7,8 @@ versions of ``<name>`` itself, and the ``<name>__<variant>`` models a build publ
 serving to this host). Each candidate is replayed against the stored reference (reference.npz of
 ``<name>``'s latest version, the candidate's own tolerance) and measured in-process here; the best
 by the build's objective (throughput or latency) is published with this host's profile, its
-serving size (builder/host.py size_serving), its batching delay re-sized from the winner measured here
+serving size (builder/host.py size_serving; only where the build sized it, not where the spec set
+deploy.instances or the target is a GPU), its batching delay re-sized from the winner measured here
 at batch 1 and at a larger batch (host.size_queue_delay; only where the build sized the delay, not where
 the spec set it) and the measurements in metadata.yaml. Objective
 ``tradeoff`` ranks by the build's J (builder/objective.py: the candidate's build-time accuracy, its p50
@@ -61,6 +62,7 @@ class SelectReport:
     candidates: list[Candidate] = field(default_factory=list)
     winner: Candidate | None = None
     sizing: tuple[int, int] | None = None
+    size_kept: str | None = None  # why the served instances x threads are kept (the spec set them); None: sized here
     delay: tuple[int, str] | None = None  # (max_queue_delay_microseconds, why) re-sized here; None: kept as built
     published: dict[str, Any] | None = None
     why: str = ""
@@ -190,8 +192,12 @@ def select_for_host(repository: str | Path, name: str, *, measure: Measure | Non
         raise UserInputError(f"select {name}: no variant of it runs and matches its reference on this host: "
                              + "; ".join(f"{c.variant}: {c.excluded}" for c in report.candidates))
     winner = report.winner = max(ranked, key=lambda c: _score(c.measured, objective))
-    report.sizing = size_serving(cores, winner.measured["p50_ms"] / 1000.0)
     serving = served.get("serving") or {}
+    if _size_was_sized(serving):
+        report.sizing = size_serving(cores, winner.measured["p50_ms"] / 1000.0)
+    else:  # the user's choice (deploy.instances) or a GPU target's: select re-measures variants, not that
+        report.sizing = (int(serving.get("instances") or 1), int(serving.get("intra_op_threads") or 1))
+        report.size_kept = str(serving.get("sized") or "from the spec")
     if batching and _delay_was_sized(serving):
         report.delay = _size_delay(winner, cases[0]["inputs"], measure, cores, int(served["spec"]["max_batch_size"]),
                                    progress)
@@ -199,11 +205,12 @@ def select_for_host(repository: str | Path, name: str, *, measure: Measure | Non
     served_size = (serving.get("instances"), serving.get("intra_op_threads"))
     # the same decision on the same kind of host: nothing to publish (a different host is recorded anew,
     # so serve/check/validate stop warning)
-    same = (winner.variant == served_variant and served_size == report.sizing
+    same = (winner.variant == served_variant and (report.size_kept is not None or served_size == report.sizing)
             and (report.delay is None or report.delay[0] == serving.get("max_queue_delay_microseconds"))
             and not compare_hosts(served.get("host"), host, model=name))
     where = f"{host.get('cpu_model')} ({host.get('isa_class')}, {cores} usable cores)"
     delay = f", batching delay {report.delay[0]} us" if report.delay else ""
+    delay += f" (instances kept: {report.size_kept})" if report.size_kept else ""
     if same:
         report.why = (f"{name} version {number} already serves {served_variant} with {report.sizing[0]} instance(s) x "
                       f"{report.sizing[1]} thread(s){delay}, the best on {where}: nothing published")
@@ -217,6 +224,11 @@ def select_for_host(repository: str | Path, name: str, *, measure: Measure | Non
                   f" x {report.sizing[1]} intra-op thread(s){delay}, measured on {where} (was {served_variant}, "
                   f"version {number})")
     return report
+
+
+def _size_was_sized(serving: dict[str, Any]) -> bool:
+    """The served instances x threads were sized from a measurement (not set by the spec, not a GPU target's)."""
+    return not str(serving.get("sized") or "").startswith(("from the spec", "GPU target"))
 
 
 def _delay_was_sized(serving: dict[str, Any]) -> bool:
@@ -279,7 +291,7 @@ def _config_text(winner_model: Path, name: str, sizing: tuple[int, int] | None, 
 
 def _publish(repository: Path, name: str, served_number: int, winner: Candidate, report: SelectReport,
              host: dict[str, Any], key=None) -> dict[str, Any]:
-    text, config = _config_text(winner.folder.parent, name, report.sizing,
+    text, config = _config_text(winner.folder.parent, name, None if report.size_kept else report.sizing,
                                 delay_us=report.delay[0] if report.delay else None)
     artifact = winner.meta["artifact"]
     model_files = _model_files(winner.folder, artifact)
@@ -295,7 +307,7 @@ def _publish(repository: Path, name: str, served_number: int, winner: Candidate,
         "build_date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "host": host,
         "serving": {"instances": report.sizing[0], "intra_op_threads": report.sizing[1],
-                    "sized": f"by triton-builder select on this host ({host.get('usable_cores')} usable cores)",
+                    "sized": report.size_kept or f"by triton-builder select on this host ({host.get('usable_cores')} usable cores)",
                     **({"max_queue_delay_microseconds": report.delay[0], "delay_sized": report.delay[1]}
                        if report.delay else {})},
         "selection": {"objective": report.objective, "selected": True,

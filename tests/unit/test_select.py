@@ -200,3 +200,26 @@ def test_select_keeps_a_delay_the_spec_set(variants_repository, tmp_path):
                              current_host={**HERE, "usable_cores": 8})
     assert report.delay is None and report.published["version"] == 2
     assert _config_delay(repo) == 700
+
+
+def test_select_keeps_the_instances_the_spec_set(variants_repository, tmp_path):
+    """deploy.instances in the spec is the user's choice: select re-measures the variants but sizes nothing."""
+    repo = _copy(variants_repository, tmp_path)
+    meta_path = repo / "digits_cnn" / "1" / "metadata.yaml"
+    meta = yaml.safe_load(meta_path.read_text())
+    meta["serving"].update(instances=3, intra_op_threads=1, sized="from the spec (deploy.instances)")
+    meta_path.write_text(yaml.safe_dump(meta))
+    config = repo / "digits_cnn" / "config.pbtxt"
+    text = config.read_text()
+    assert "count: 1" in text
+    config.write_text(text.replace("count: 1", "count: 3"))
+    big = {**HERE, "usable_cores": 8}  # sized here, a compute-bound model would get 2 x 4
+    report = select_for_host(repo, "digits_cnn", measure=_measure("digits_cnn/", p50_ms=50.0), current_host=big)
+    assert report.sizing == (3, 1) and report.size_kept == "from the spec (deploy.instances)"
+    assert report.published["version"] == 2  # another host: recorded anew
+    assert "instances kept: from the spec" in report.why
+    assert "count: 3" in config.read_text() and 'string_value: "4"' not in config.read_text()
+    serving = yaml.safe_load((repo / "digits_cnn" / "2" / "metadata.yaml").read_text())["serving"]
+    assert serving["instances"] == 3 and serving["sized"] == "from the spec (deploy.instances)"
+    again = select_for_host(repo, "digits_cnn", measure=_measure("digits_cnn/2", p50_ms=50.0), current_host=big)
+    assert again.published is None and "nothing published" in again.why
