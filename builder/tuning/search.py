@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,7 @@ class ModelControl:
     """Model control against the running server (never starts one): unload, then load a config - or, with
     ``files`` (``served_copy_files``), each candidate loaded as a copy of the model under its own name.
 
-    A copy (``<model>__tune<n>``, the version's files sent with the load request) leaves the model
+    A copy (``<model>__tune<pid>_<n>``, the version's files sent with the load request) leaves the model
     itself loaded and untouched, and the previous copy is unloaded while the next one loads: Triton
     2.51's python backend sleeps 1 s per instance when it unloads one (``StubLauncher::UpdateHealth``,
     a health check before the stub is told to finish), so unloading before every load cost ~2.5 s of
@@ -137,7 +138,7 @@ class ModelControl:
             return self.model, config
         self.drop_copy()
         self.copies += 1
-        name = f"{self.model}__tune{self.copies}"
+        name = f"{self.model}__tune{os.getpid()}_{self.copies}"  # two tunes never share a copy
         sent = dict(config, name=name)
         sent.pop("version_policy", None)  # the copy has one version, 1
         try:

@@ -13,7 +13,7 @@ before it counts as over (a moment of CPU taken by another process must not rule
 A candidate's score is its highest throughput at a level within the budget and without failures.
 
 Each candidate other than the config the model serves from its file is loaded as a copy of the
-model under its own name (``<model>__tune<n>``: the served version's files sent with the load
+model under its own name (``<model>__tune<pid>_<n>``: the served version's files sent with the load
 request, builder/tuning/search.py ``ModelControl``), and the previous copy is unloaded while the next
 one loads; the model itself stays loaded and untouched. Where the files are over 64 MB (each load
 sends them), several versions are served, or ``serve_copies=False``, the model itself is unloaded and

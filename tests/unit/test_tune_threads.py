@@ -5,6 +5,8 @@ winner rule - with injected throughputs."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from builder.errors import UserInputError
@@ -277,6 +279,7 @@ def test_the_config_already_served_is_measured_without_a_reload_and_not_restored
 
 
 def test_candidates_are_copies_and_the_model_itself_is_never_reloaded():
+    PID = os.getpid()  # in the copies' names: two tunes of one model never load over each other's copies
     search = _recording_search(files={"file:1/model.onnx": b"onnx"})
     default = built_candidate(BUILT_2X1)
     search.serving_file(default)
@@ -284,21 +287,21 @@ def test_candidates_are_copies_and_the_model_itself_is_never_reloaded():
     assert search.engine.model == "m" and search.server.client.calls == []
     three, one = Candidate("3 instances", True, 0, 3, 8), Candidate("1 instances", True, 0, 1, 8)
     search.measure(three)
-    assert search.engine.model == "m__tune1"
-    assert search.server.by_name["m__tune1"]["name"] == "m__tune1"
-    assert search.server.by_name["m__tune1"]["instance_group"][0]["count"] == 3
+    assert search.engine.model == f"m__tune{PID}_1"
+    assert search.server.by_name[f"m__tune{PID}_1"]["name"] == f"m__tune{PID}_1"
+    assert search.server.by_name[f"m__tune{PID}_1"]["instance_group"][0]["count"] == 3
     search.measure(one)  # the previous copy is unloaded as the next one loads
-    assert search.server.client.calls == [("load", "m__tune1", ["file:1/model.onnx"]), ("unload", "m__tune1"),
-                                          ("load", "m__tune2", ["file:1/model.onnx"])]
+    assert search.server.client.calls == [("load", f"m__tune{PID}_1", ["file:1/model.onnx"]), ("unload", f"m__tune{PID}_1"),
+                                          ("load", f"m__tune{PID}_2", ["file:1/model.onnx"])]
     search.measure(default, confirm_round=True)  # the file's config: the model itself; the copy stays loaded
     calls = search.server.client.calls
     assert search.engine.model == "m" and len(calls) == 3
     search.measure(one, confirm_round=True)  # back to the copy loaded now: no reload
-    assert search.engine.model == "m__tune2" and len(calls) == 3
+    assert search.engine.model == f"m__tune{PID}_2" and len(calls) == 3
     search.measure(three, confirm_round=True)  # another config: the next copy, the previous one unloaded
-    assert calls[3:] == [("unload", "m__tune2"), ("load", "m__tune3", ["file:1/model.onnx"])]
+    assert calls[3:] == [("unload", f"m__tune{PID}_2"), ("load", f"m__tune{PID}_3", ["file:1/model.onnx"])]
     assert search.restore() is None and search.engine.model == "m"
-    assert calls[-1] == ("unload", "m__tune3")
+    assert calls[-1] == ("unload", f"m__tune{PID}_3")
     assert search.server.loads == []  # the model itself: never unloaded, never reloaded
 
 
