@@ -4,12 +4,16 @@ For each model (default: examples/convnet64, a compute-bound conv net; examples/
 ~0.05 ms of compute per sample) this builds the ONNX variant with a short benchmark into a temporary
 repository - the DEFAULT published config, sized by the build to this host (instances x intra-op
 threads, batching delay) - serves it on the embedded tritonserver and measures it with perf_analyzer
-(builder/tuning/engine.py, gRPC, batch-1 requests from reference.npz, time windows until stable) at
-concurrency 1 and 16, and with the in-process Python client at 16 (our client vs perf_analyzer on the
-same server). The in-process figure: onnxruntime with all usable cores, samples/s at the best of batch 1,
-the build's best batch, max/4 and max, measured by this script just before serving (best 1 s window).
-Where the build sized a batching delay, the same config with delay 0 is measured too. Targets (issue 14): served / in-process >= 0.85 for the conv
-net; >= 5,000 req/s at p99 <= 10 ms at concurrency 16 for digits.
+(builder/tuning/engine.py, batch-1 requests from reference.npz, time windows until stable) over gRPC at
+concurrency 1 and 16 and over HTTP at 16 (the protocols' own costs differ: on 2 shared cores HTTP left the
+model ~5 % more CPU than gRPC), and with the in-process Python client at 16 (our client vs perf_analyzer on
+the same server). Then ``triton-builder tune`` searches the served model (p99 budget: 1.25x the default's
+p99 at c=16, at least 10 ms; ``--tune-seconds`` per candidate, 0 to skip), its winner is written and served,
+and measured the same way: "served tuned". The in-process figure: onnxruntime with all usable cores,
+samples/s at the best of batch 1, the build's best batch, max/4 and max, measured by this script just before
+serving (best 1 s window). Where the build sized a batching delay, the same config with delay 0 is measured
+too. Targets (issue 14): served default / in-process >= 0.85 for the conv net, tuned >= 0.9; >= 5,000 req/s
+at p99 <= 10 ms at concurrency 16 for digits.
 
 Client and server share the CPU: the figures are this machine's, with the load average around them
 (another process on a shared host lowers them), and where the CPU went during each measurement
@@ -18,6 +22,7 @@ frontend and the client take is the ceiling of served / in-process on a shared h
 line per measurement and a table.
 
 Usage: python benchmarks/serving_targets.py [--models convnet64,digits] [--seconds 8] [--window 0.5]
+                                            [--tune-seconds 6]
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TARGET_RATIO = 0.85
+TARGET_RATIO, TARGET_TUNED_RATIO = 0.85, 0.9
 TARGET_RPS, TARGET_P99_MS = 5000.0, 10.0
 
 
@@ -40,6 +45,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=8.0, help="time cap per measured level")
     ap.add_argument("--window", type=float, default=0.5, help="measurement window (s)")
     ap.add_argument("--benchmark-seconds", type=float, default=1.0, help="the build's in-process benchmark cap")
+    ap.add_argument("--tune-seconds", type=float, default=6.0,
+                    help="tune's seconds per candidate (0: no tune, no 'served tuned' figures)")
     args = ap.parse_args(argv)
     from builder.host import host_profile
     from builder.tuning.engine import choose_engine
@@ -94,19 +101,13 @@ def _model(name: str, work: Path, engine, args) -> dict:
         samples, _ = load_samples(interface, None, repo)
         requests = make_requests(samples, 1, interface.batching)
         stats = StatsReader(url, "grpc")
-        python = PythonEngine()
-        for meter in (engine, python):
-            meter.prepare(url, "grpc", interface, samples, requests, batch_size=1, work_dir=work / "pa")
+        python, http = PythonEngine(), type(engine)(engine.tool) if hasattr(engine, "tool") else PythonEngine()
+        for meter, where, protocol in ((engine, url, "grpc"), (python, url, "grpc"), (http, server.http_url, "http")):
+            meter.prepare(where, protocol, interface, samples, requests, batch_size=1, work_dir=work / f"pa_{protocol}")
+        levels = (("pa_c1", engine, 1), ("pa_c16", engine, 16), ("pa_http_c16", http, 16), ("python_c16", python, 16))
         try:
-            for label, meter, concurrency in (("pa_c1", engine, 1), ("pa_c16", engine, 16),
-                                              ("python_c16", python, 16)):
-                with CpuAccount() as account:
-                    level = meter.measure(concurrency, window_s=args.window, max_s=args.seconds, stats=stats)
-                row[label] = {"rps": round(level.throughput, 1), "p50_ms": level.p50_ms and round(level.p50_ms, 2),
-                              "p99_ms": level.p99_ms and round(level.p99_ms, 2), "stable": level.stable,
-                              "failures": level.failures, "avg_batch": level.server.get("average_batch_size"),
-                              "queue_us": level.server.get("queue_us_per_request"),
-                              "compute_us": level.server.get("compute_us_per_request"), "cpu_cores": account.cores}
+            for label, meter, concurrency in levels:
+                row[label] = _level(meter, concurrency, args, stats)
                 print(json.dumps({"model": model, "measure": label, **row[label]}), flush=True)
             if row["delay_us"]:  # did the sized delay pay? the same config with delay 0, side by side
                 from builder.repository.config import config_as_dict
@@ -116,16 +117,47 @@ def _model(name: str, work: Path, engine, args) -> dict:
                 config["dynamic_batching"]["max_queue_delay_microseconds"] = "0"
                 control = ModelControl(url, "grpc", model)
                 control.load(config)
-                level = engine.measure(16, window_s=args.window, max_s=args.seconds, stats=stats)
+                row["pa_c16_delay0"] = _level(engine, 16, args, stats)
+                control.load(None)  # back to the published config
                 control.close()
-                row["pa_c16_delay0"] = {"rps": round(level.throughput, 1), "p99_ms": level.p99_ms and
-                                        round(level.p99_ms, 2), "stable": level.stable}
                 print(json.dumps({"model": model, "measure": "pa_c16 with delay 0", **row["pa_c16_delay0"]}),
                       flush=True)
+            if args.tune_seconds > 0:
+                row.update(_tuned(model, repo, url, work, engine, http, stats, args, row["pa_c16"]["p99_ms"]))
         finally:
             stats.close()
     row["load_after"] = load_average()
     return row
+
+
+def _level(meter, concurrency: int, args, stats) -> dict:
+    """One closed-loop level with where the CPU went during it."""
+    with CpuAccount() as account:
+        level = meter.measure(concurrency, window_s=args.window, max_s=args.seconds, stats=stats)
+    return {"rps": round(level.throughput, 1), "p50_ms": level.p50_ms and round(level.p50_ms, 2),
+            "p99_ms": level.p99_ms and round(level.p99_ms, 2), "stable": level.stable, "failures": level.failures,
+            "avg_batch": level.server.get("average_batch_size"), "queue_us": level.server.get("queue_us_per_request"),
+            "compute_us": level.server.get("compute_us_per_request"), "cpu_cores": account.cores}
+
+
+def _tuned(model: str, repo: Path, url: str, work: Path, engine, http, stats, args, default_p99_ms) -> dict:
+    """`triton-builder tune` on the served model (p99 budget: the default's p99 at c=16 x 1.25, at least 10
+    ms), its winner written and served, then measured like the default: c=16 over gRPC and HTTP."""
+    import time
+
+    from builder.tuning.tune import run_tune
+
+    budget = max(10.0, round(1.25 * (default_p99_ms or 0.0), 1))
+    began = time.perf_counter()
+    record = run_tune(model, repo, url, p99_budget_ms=budget, seconds_per_candidate=args.tune_seconds, write=True,
+                      out_dir=work / "tune", engine=engine.name,
+                      progress=lambda m: print(f"  [tune {time.perf_counter() - began:5.0f} s] {m}", flush=True))
+    out = {"tune_budget_ms": budget, "tune_s": round(time.perf_counter() - began, 1),
+           "tuned": (record.get("winner") or {}).get("label"), "tune_summary": record.get("summary")}
+    for label, meter in (("tuned_pa_c16", engine), ("tuned_pa_http_c16", http)):
+        out[label] = _level(meter, 16, args, stats)
+        print(json.dumps({"model": model, "measure": label, **out[label]}), flush=True)
+    return out
 
 
 class CpuAccount:
@@ -212,43 +244,63 @@ def _in_process(repo: Path, model: str, meta: dict, batch: int, seconds: float) 
 def _table(rows: list[dict], host: dict) -> None:
     print()
     print(f"CPU {host['cpu_model']} | flags {' '.join(host['isa_flags'])} | usable cores {host['usable_cores']} | "
-          "perf_analyzer 2.51 over gRPC, batch-1 requests, shared host")
-    head = (f"{'model':<10} {'config':<17} {'in-process':>16} {'PA c=1':>9} {'PA c=16':>9} {'p99 ms':>7} "
-            f"{'avg b':>5} {'served/in-proc':>14} {'py c=16':>8} {'py/PA':>6} {'load':>9}")
+          "perf_analyzer 2.51, batch-1 requests, concurrency 16 unless said, shared host")
+    head = (f"{'model':<10} {'config':<17} {'in-process':>16} {'gRPC c=1':>9} {'gRPC':>7} {'p99 ms':>7} {'avg b':>5} "
+            f"{'HTTP':>7} {'p99 ms':>7} {'served/in-proc':>18} {'py gRPC':>8} {'py/PA':>6} {'load':>9}")
     print(head)
     print("-" * len(head))
     for r in rows:
-        pa, py, one = r["pa_c16"], r["python_c16"], r["pa_c1"]
-        ratio = pa["rps"] / r["in_process_now"] if r.get("in_process_now") else None
-        config = f"{r['instances']}x{r['threads']} d={r['delay_us']}us"
-        inproc = f"{r['in_process_now'] or 0:.0f}/s @b{r['in_process_batch']}"
-        print(f"{r['model']:<10} {config:<17} {inproc:>16} {one['rps']:>9.0f} {pa['rps']:>9.0f} {pa['p99_ms'] or 0:>7.2f} "
-              f"{pa['avg_batch'] or 0:>5.1f} {ratio if ratio is not None else float('nan'):>14.2f} {py['rps']:>8.0f} "
-              f"{py['rps'] / pa['rps'] if pa['rps'] else float('nan'):>6.2f} {r['load_before']}->{r['load_after']}")
+        for tuned in ("", "tuned_"):
+            pa, web = r.get(f"{tuned}pa_c16"), r.get(f"{tuned}pa_http_c16")
+            if pa is None:
+                continue
+            one, py = r["pa_c1"], r["python_c16"]
+            config = f"{r['instances']}x{r['threads']} d={r['delay_us']}us" if not tuned else f"tuned: {r['tuned']}"
+            inproc = f"{r['in_process_now'] or 0:.0f}/s @b{r['in_process_batch']}"
+            ratios = f"{_ratio(pa, r):.2f} / {_ratio(web, r):.2f}"
+            print(f"{r['model']:<10} {config[:17]:<17} {inproc:>16} {one['rps'] if not tuned else float('nan'):>9.0f} "
+                  f"{pa['rps']:>7.0f} {pa['p99_ms'] or 0:>7.2f} {pa['avg_batch'] or 0:>5.1f} {web['rps']:>7.0f} "
+                  f"{web['p99_ms'] or 0:>7.2f} {ratios:>18} "
+                  f"{py['rps'] if not tuned else float('nan'):>8.0f} "
+                  f"{py['rps'] / pa['rps'] if pa['rps'] and not tuned else float('nan'):>6.2f} "
+                  f"{r['load_before']}->{r['load_after']}")
+    print("(served/in-proc: gRPC / HTTP)")
     print()
     for r in rows:
-        pa = r["pa_c16"]
-        ratio = pa["rps"] / r["in_process_now"] if r.get("in_process_now") else float("nan")
+        pa, web = r["pa_c16"], r["pa_http_c16"]
         if r["model"].startswith("digits"):
-            met = pa["rps"] >= TARGET_RPS and (pa["p99_ms"] or 1e9) <= TARGET_P99_MS
-            print(f"target digits: >= {TARGET_RPS:.0f} req/s at p99 <= {TARGET_P99_MS:g} ms, c=16, default config: "
-                  f"{pa['rps']:.0f} req/s, p99 {pa['p99_ms']} ms -> {'MET' if met else 'NOT met'}")
+            for protocol, level in (("gRPC", pa), ("HTTP", web)):
+                met = level["rps"] >= TARGET_RPS and (level["p99_ms"] or 1e9) <= TARGET_P99_MS
+                print(f"target digits: >= {TARGET_RPS:.0f} req/s at p99 <= {TARGET_P99_MS:g} ms, c=16, default config, "
+                      f"{protocol}: {level['rps']:.0f} req/s, p99 {level['p99_ms']} ms -> {'MET' if met else 'NOT met'}")
         else:
-            print(f"target {r['model']}: served default / in-process best >= {TARGET_RATIO}: {ratio:.2f} -> "
-                  f"{'MET' if ratio >= TARGET_RATIO else 'NOT met'}")
+            for what, target, prefix in (("default", TARGET_RATIO, ""), ("tuned", TARGET_TUNED_RATIO, "tuned_")):
+                if r.get(f"{prefix}pa_c16") is None:
+                    continue
+                for protocol, level in (("gRPC", r[f"{prefix}pa_c16"]), ("HTTP", r[f"{prefix}pa_http_c16"])):
+                    ratio = _ratio(level, r)
+                    print(f"target {r['model']}: served {what} / in-process best >= {target} over {protocol}: "
+                          f"{ratio:.2f} -> {'MET' if ratio >= target else 'NOT met'}")
         print(f"  {r['model']} sizing: {r['sized']}; {r['delay_sized']}")
+        if r.get("tune_summary"):
+            print(f"  {r['model']} tune ({r['tune_s']} s, p99 budget {r['tune_budget_ms']} ms): {r['tune_summary']}")
         print(f"  {r['model']} in-process samples/s by batch, measured now: {r['in_process_by_batch']}; the build's "
               f"benchmark: {r['in_process_best']}/s at batch {r['build_best_batch']}")
-        cpu = r["pa_c16"].get("cpu_cores") or {}
-        if cpu:
-            spare = host["usable_cores"] - cpu.get("tritonserver", 0) - cpu.get("client", 0)
-            print(f"  {r['model']} CPU at PA c=16, cores of {host['usable_cores']}: model stubs {cpu.get('stubs')}, "
-                  f"tritonserver {cpu.get('tritonserver')}, perf_analyzer {cpu.get('client')}, other {cpu.get('other')}"
-                  f" -> what the server's frontend and the client leave the model: {spare / host['usable_cores']:.2f} "
-                  "of the host (the ceiling of served / in-process on a shared host)")
+        for protocol, level in (("gRPC", pa), ("HTTP", web)):
+            cpu = level.get("cpu_cores") or {}
+            if cpu:
+                spare = host["usable_cores"] - cpu.get("tritonserver", 0) - cpu.get("client", 0)
+                print(f"  {r['model']} CPU at PA c=16 over {protocol}, cores of {host['usable_cores']}: model stubs "
+                      f"{cpu.get('stubs')}, tritonserver {cpu.get('tritonserver')}, perf_analyzer {cpu.get('client')}, "
+                      f"other {cpu.get('other')} -> what the server's frontend and the client leave the model: "
+                      f"{spare / host['usable_cores']:.2f} of the host (the ceiling of served / in-process here)")
         if r.get("pa_c16_delay0"):
             print(f"  {r['model']} sized delay {r['delay_us']} us: {pa['rps']:.0f} req/s p99 {pa['p99_ms']} ms; "
                   f"delay 0: {r['pa_c16_delay0']['rps']:.0f} req/s p99 {r['pa_c16_delay0']['p99_ms']} ms")
+
+
+def _ratio(level: dict | None, row: dict) -> float:
+    return level["rps"] / row["in_process_now"] if level and row.get("in_process_now") else float("nan")
 
 
 if __name__ == "__main__":
