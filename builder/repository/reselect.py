@@ -6,7 +6,8 @@ versions of ``<name>`` itself, and the ``<name>__<variant>`` models a build publ
 ``--publish-variants`` (without it, only the served variant is a candidate: select then re-sizes
 serving to this host). Each candidate is replayed against the stored reference (reference.npz of
 ``<name>``'s latest version, the candidate's own tolerance) and measured in-process here; the best
-by the build's objective (throughput or latency) is published with this host's profile, its
+by the build's objective (throughput or latency; a candidate further from the reference only when it is
+faster by more than the noise: builder/objective.py prefer_accurate) is published with this host's profile, its
 serving size (builder/host.py size_serving; only where the build sized it, not where the spec set
 deploy.instances or the target is a GPU), its batching delay re-sized from the winner measured here
 at batch 1 and at a larger batch (host.size_queue_delay; only where the build sized the delay, not where
@@ -33,7 +34,7 @@ import numpy as np
 
 from builder.errors import UserInputError
 from builder.host import compare_hosts, host_profile, size_queue_delay, size_serving
-from builder.objective import tradeoff_terms
+from builder.objective import prefer_accurate, tradeoff_terms
 from builder.repository.description import VersionDescription
 from builder.repository.layout import existing_versions, latest_version, model_dir, reserve_version
 from builder.repository.metadata import read_metadata, read_reference
@@ -53,6 +54,7 @@ class Candidate:
     measured: dict[str, float] = field(default_factory=dict)
     excluded: str = ""
     runner: Callable | None = field(default=None, repr=False)  # the variant opened here (builder/runtime.py)
+    rel_l2: float | None = None  # worst rel L2 of its replay against the reference (None: verified by task accuracy)
 
 
 @dataclass
@@ -67,6 +69,7 @@ class SelectReport:
     published: dict[str, Any] | None = None
     why: str = ""
     weights: dict[str, float] | None = None  # objective tradeoff: J's alpha, beta, gamma
+    tie_rule: str | None = None  # why the fastest was passed over for a candidate closer to the reference
 
     def lines(self) -> list[str]:
         out = []
@@ -77,6 +80,8 @@ class SelectReport:
                 out.append(f"  {c.variant:24s} {c.label}: {c.measured.get('throughput', 0):.1f} inf/s, "
                            f"p50 {c.measured.get('p50_ms', 0):.3f} ms"
                            + (f", J {c.measured['J']:.3f}" if "J" in c.measured else ""))
+        if self.tie_rule:
+            out.append(f"  {self.winner.variant}: {self.tie_rule}")
         out.append(self.why)
         return out
 
@@ -117,6 +122,11 @@ def _score(measured: dict[str, float], objective: str) -> float:
     if objective == "tradeoff":
         return measured["J"]
     return -measured["p50_ms"] if objective == "latency" else measured["throughput"]
+
+
+def _speed(measured: dict[str, float], objective: str) -> float:
+    """Higher is faster: inferences/s, or 1/p50 for objective latency."""
+    return 1.0 / measured["p50_ms"] if objective == "latency" else measured["throughput"]
 
 
 def _weights(served: dict[str, Any]) -> dict[str, float]:
@@ -182,6 +192,9 @@ def select_for_host(repository: str | Path, name: str, *, measure: Measure | Non
         if failures:
             c.excluded = "differs from the reference: " + "; ".join(failures)[:300]
             continue
+        if (c.meta.get("verification") or {}).get("verified_by", "reference") == "reference":
+            c.rel_l2 = max((m["rel_l2"] for m in metrics.values() if isinstance(m.get("rel_l2"), (int, float))),
+                           default=None)
         progress(f"select: measuring {c.variant} ({c.label}) on this host")
         c.measured = measure(c.label, runner, _batch1(cases[0]["inputs"], batching), cores)
         c.runner = runner
@@ -191,7 +204,13 @@ def select_for_host(repository: str | Path, name: str, *, measure: Measure | Non
     if not ranked:
         raise UserInputError(f"select {name}: no variant of it runs and matches its reference on this host: "
                              + "; ".join(f"{c.variant}: {c.excluded}" for c in report.candidates))
-    winner = report.winner = max(ranked, key=lambda c: _score(c.measured, objective))
+    winner = max(ranked, key=lambda c: _score(c.measured, objective))
+    if objective != "tradeoff":  # the build's tie rule: further from the reference needs more than noise
+        choice = prefer_accurate({c.label: _speed(c.measured, objective) for c in ranked},
+                                 {c.label: c.rel_l2 for c in ranked})
+        if choice.why:
+            winner, report.tie_rule = next(c for c in ranked if c.label == choice.name), choice.why
+    report.winner = winner
     serving = served.get("serving") or {}
     if _size_was_sized(serving):
         report.sizing = size_serving(cores, winner.measured["p50_ms"] / 1000.0)
@@ -313,7 +332,7 @@ def _publish(repository: Path, name: str, served_number: int, winner: Candidate,
         "selection": {"objective": report.objective, "selected": True,
                       **({"weights": report.weights} if report.weights is not None else {}),
                       "why": (f"best {report.objective} of the candidates re-measured on this host by "
-                              f"triton-builder select"),
+                              f"triton-builder select" + (f"; {report.tie_rule}" if report.tie_rule else "")),
                       "candidates": {c.variant: (c.excluded or c.measured) for c in report.candidates}},
         "reselected_from": {"model": winner.label, "served_version": served_number,
                             "measured_on": winner.meta.get("host")},

@@ -2,7 +2,9 @@
 
 With measurements (stage `benchmark`), the objective decides: highest throughput (default) or
 lowest p50 latency at batch 1, among variants that passed verification (per-precision tolerance)
-and the accuracy constraint (drop <= verify.max_accuracy_drop). Every variant gets the reason it won
+and the accuracy constraint (drop <= verify.max_accuracy_drop); a variant further from the reference
+(INT8 next to FP32) must beat a closer one by more than the measurement noise, else the closer one is
+published (builder/objective.py ``prefer_accurate``). Every variant gets the reason it won
 or lost, with the numbers. Without measurements, a fixed preference per target applies and says so.
 Objective ``tradeoff`` (spec ``objective: {alpha: .., beta: .., gamma: ..}``) picks the highest
 J = alpha*accuracy - beta*p50 latency (ms) - gamma*memory (MB) (see ``tradeoff``); the report shows J.
@@ -14,12 +16,11 @@ A base export that was built only because a derived variant needs it (e.g. ``onn
 from __future__ import annotations
 
 from builder.measure import human
-from builder.objective import tradeoff_terms
+from builder.objective import NOISE, prefer_accurate, tradeoff_terms
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import accuracy_drop_failure
 
 STAGE = "select"
-NOISE = 0.05  # a winning margin below this is reported as within measurement noise
 
 # used only when nothing was measured
 PREFERENCE = {
@@ -45,6 +46,21 @@ def _score(variant, objective: str) -> float | None:
         p50 = bench.get("latency_ms_b1", {}).get("p50")
         return -p50 if p50 else None
     return bench.get("best_throughput")
+
+
+def _speed(variant, objective: str) -> float:
+    """Higher is faster: inferences/s, or 1/p50 for objective latency."""
+    score = _score(variant, objective)
+    return 1.0 / -score if objective == "latency" else score
+
+
+def worst_rel_l2(variant) -> float | None:
+    """The variant's largest rel L2 over its outputs against the reference (None: verified by task accuracy)."""
+    if variant.verified_by != "reference":
+        return None
+    metrics = (variant.verification or {}).get("metrics") or {}
+    values = [m["rel_l2"] for m in metrics.values() if isinstance(m.get("rel_l2"), (int, float))]
+    return max(values) if values else None
 
 
 def _mark_constraints(ctx: BuildContext) -> None:
@@ -103,7 +119,21 @@ def run(ctx: BuildContext) -> StageResult:
     measured = [v for v in eligible if _score(v, objective) is not None]
     if measured:
         winner = max(measured, key=lambda v: _score(v, objective))
+        passed_over = None
+        if objective != "tradeoff":  # J weighs accuracy itself
+            choice = prefer_accurate({v.name: _speed(v, objective) for v in measured},
+                                     {v.name: worst_rel_l2(v) for v in measured})
+            if choice.why:
+                passed_over, winner = winner, next(v for v in measured if v.name == choice.name)
         _explain_measured(ctx, winner, measured, objective)
+        if passed_over is not None:
+            head = "highest throughput" if objective == "throughput" else "lowest p50 latency"
+            winner.selection_reason = winner.selection_reason.replace(f"selected: {head}",
+                                                                      f"selected: {choice.why}; measured", 1)
+            ratio, numbers = _versus(passed_over, winner, objective)
+            passed_over.selection_reason = (f"rejected: only {_times(1 / ratio)} faster than {winner.name} ({numbers}), "
+                                            f"inside measurement noise, for rel L2 {worst_rel_l2(passed_over):.1e} "
+                                            f"vs {worst_rel_l2(winner):.1e}")
         for v in eligible:
             if v not in measured:
                 v.selection_reason = "not measured (see stage benchmark): not comparable"
@@ -133,10 +163,11 @@ def _explain_measured(ctx: BuildContext, winner: Variant, measured: list[Variant
         ratio = winner.benchmark["best_throughput"] / plain.benchmark["best_throughput"]
         reason += f"; {_times(ratio)} the throughput of onnx"
     others = sorted((v for v in measured if v is not winner), key=lambda v: -_score(v, objective))
-    if others:
-        ratio, _ = _versus(others[0], winner, objective)
+    slower = [v for v in others if _versus(v, winner, objective)[0] >= 1]  # not one passed over for accuracy
+    if slower:
+        ratio, _ = _versus(slower[0], winner, objective)
         if ratio - 1 < NOISE:
-            reason += f"; runner-up {others[0].name} within {100 * (ratio - 1):.1f}% (inside measurement noise)"
+            reason += f"; runner-up {slower[0].name} within {100 * (ratio - 1):.1f}% (inside measurement noise)"
     drop = (winner.accuracy or {}).get("drop")
     if drop is not None:
         reason += f"; accuracy drop {drop:+.2f} points (limit {ctx.spec.verify.max_accuracy_drop})"

@@ -5,6 +5,7 @@ depend on this machine; the replay against reference.npz and the publish are rea
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
@@ -223,3 +224,41 @@ def test_select_keeps_the_instances_the_spec_set(variants_repository, tmp_path):
     assert serving["instances"] == 3 and serving["sized"] == "from the spec (deploy.instances)"
     again = select_for_host(repo, "digits_cnn", measure=_measure("digits_cnn/2", p50_ms=50.0), current_host=big)
     assert again.published is None and "nothing published" in again.why
+
+
+@pytest.mark.parametrize("other_speed, published_other", [(1040.0, False), (1200.0, True)])
+def test_select_publishes_the_variant_closer_to_the_reference_inside_the_noise(variants_repository, tmp_path,
+                                                                                other_speed, published_other):
+    """The build's tie rule on the serving host: the other variant answers 0.1 % off the reference (a
+    tolerated error it really replays with); 4 % faster is noise (the served one stays), 20 % is not."""
+    import builder.runtime
+
+    repo = _copy(variants_repository, tmp_path)
+    served = _served(repo)
+    other = next(p for p in repo.iterdir() if p.name.startswith("digits_cnn__"))
+    meta_path = other / "1" / "metadata.yaml"
+    meta = yaml.safe_load(meta_path.read_text())
+    meta["verification"] = {**(meta.get("verification") or {}), "tolerance": {"rel_l2": 1e-2}}
+    meta_path.write_text(yaml.safe_dump(meta))
+    real_open = builder.runtime.open_runner
+
+    def open_runner(fmt, path, *args, **kwargs):
+        run = real_open(fmt, path, *args, **kwargs)
+        if other not in Path(path).parents:
+            return run
+        return lambda feeds: {k: v * 1.001 for k, v in run(feeds).items()}
+
+    def measure(label, runner, inputs, threads):
+        return {"throughput": other_speed if label.startswith(other.name) else 1000.0, "p50_ms": 1.0}
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(builder.runtime, "open_runner", open_runner)
+        report = select_for_host(repo, "digits_cnn", measure=measure, current_host=HERE, dry_run=True)
+    far = next(c for c in report.candidates if c.folder.parent == other)
+    assert 5e-4 < far.rel_l2 < 2e-3
+    if published_other:
+        assert report.winner is far and report.tie_rule is None
+    else:
+        assert report.winner.variant == served and report.winner.rel_l2 < 1e-5
+        assert report.tie_rule.startswith(f"within measurement noise of {far.label} (1.04x")
+        assert any(report.tie_rule in line for line in report.lines())
