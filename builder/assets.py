@@ -65,7 +65,7 @@ def drift_module() -> Path:
 
 
 def loadtest_dir() -> Path:
-    """loadtest/: locustfile.py, shapes.py and locust.conf, which Locust is given by file name."""
+    """loadtest/: locustfile.py (+ shapes.py, triton_target.py beside it) and locust.conf, which Locust is given by file name."""
     return _path("builder._assets", "loadtest")
 
 

@@ -211,10 +211,11 @@ def render_manifests(repository_url: str, out: str | Path, *, replicas: int = 2,
                    for group in (yaml.safe_load(p.read_text(encoding="utf-8")) or {}).get("groups") or []]
     dashboards = {p.name: p.read_text(encoding="utf-8")
                   for p in sorted((monitoring / "grafana" / "dashboards").glob("*.json"))}
-    locust_files = {name: (loadtest / name).read_text(encoding="utf-8") for name in ("locustfile.py", "shapes.py")}
+    locust_files = {name: (loadtest / name).read_text(encoding="utf-8")
+                    for name in ("locustfile.py", "shapes.py", "triton_target.py")}
     notes = []
     host = "triton:8000" if locust_protocol == "http" else "triton:8001"
-    files_arg = "-f /locust/locustfile.py,/locust/shapes.py"
+    files_arg = "-f /locust/locustfile.py,/locust/shapes.py,/locust/triton_target.py"
     master_command = (f"exec locust {files_arg} --master --host {host} "
                       f"--triton-protocol {locust_protocol} --web-host 0.0.0.0 --web-port 8089")
     worker_command = f"exec locust {files_arg} --worker --master-host locust-master --master-port 5557"

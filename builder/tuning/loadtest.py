@@ -46,7 +46,7 @@ from builder import assets
 from builder.errors import ServerError, UserInputError
 from builder.processes import LocalService, free_port, stop_all
 
-#: loadtest/ as installed (package data): the locustfile, its load shapes and locust.conf
+#: loadtest/ as installed (package data): the locustfile, its load shapes, what it sends and locust.conf
 LOADTEST_DIR = assets.loadtest_dir()
 SHAPES = ("constant", "ramp", "steps")
 STOP_TIMEOUT_S = 5  # locust.conf's stop-timeout: users finish the request in flight
@@ -54,15 +54,17 @@ START_MARGIN_S = 60.0  # start-up, workers connecting, reports
 _KILL_GRACE_S = 5.0
 
 
-def _locust_files(locustfile: str | Path | None) -> tuple[Path, Path, Path]:
+def _locust_files(locustfile: str | Path | None) -> tuple[list[Path], Path]:
+    """(the files Locust is given with -f, the locustfile first; locust.conf). A "-f -" worker receives
+    exactly those files from the master, so the modules the locustfile imports are among them."""
     folder = Path(locustfile).resolve().parent if locustfile else LOADTEST_DIR
     main = Path(locustfile).resolve() if locustfile else folder / "locustfile.py"
-    shapes, conf = folder / "shapes.py", folder / "locust.conf"
-    for path in (main, shapes, conf):
+    files, conf = [main, folder / "shapes.py", folder / "triton_target.py"], folder / "locust.conf"
+    for path in (*files, conf):
         if not path.is_file():
-            raise UserInputError(f"{path} is missing: a custom locustfile= needs shapes.py and locust.conf "
-                                 f"beside it; copy them from {LOADTEST_DIR}")
-    return main, shapes, conf
+            raise UserInputError(f"{path} is missing: a custom locustfile= needs shapes.py, triton_target.py and "
+                                 f"locust.conf beside it; copy them from {LOADTEST_DIR}")
+    return files, conf
 
 
 class _Locust(LocalService):
@@ -148,7 +150,7 @@ def run_loadtest(model: str, url: str, protocol: str = "http", users: int = 8, r
     _validate(protocol, users, run_time_s, workers, shape, timeout_s, slo_p99_ms, slo_max_failure_ratio,
               spawn_rate, batch_size)
     say = progress or (lambda message: None)
-    main_file, shapes_file, conf = _locust_files(locustfile)
+    locust_files, conf = _locust_files(locustfile)
     interface = fetch_model(url, protocol, model)  # ServerError (exit 2) before anything starts
     payload_path = Path(payload).resolve() if payload is not None else default_payload(repository, model)
     if payload_path is not None:  # a bad payload is a user error now, not failures later
@@ -161,7 +163,7 @@ def run_loadtest(model: str, url: str, protocol: str = "http", users: int = 8, r
     if result_path.exists():
         result_path.unlink()
 
-    command = [sys.executable, "-m", "locust", "--config", str(conf), "-f", f"{main_file},{shapes_file}",
+    command = [sys.executable, "-m", "locust", "--config", str(conf), "-f", ",".join(map(str, locust_files)),
                "--headless", "--host", url, "--triton-model", model, "--triton-protocol", protocol,
                "--users", str(users), "--spawn-rate", str(spawn_rate if spawn_rate is not None else users),
                "--run-time", f"{run_seconds}s", "--load-shape", shape, "--triton-batch-size", str(batch_size),

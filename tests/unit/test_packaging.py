@@ -46,7 +46,7 @@ def test_assets_are_real_files_of_the_installed_package():
     assert (assets.templates_dir() / "k8s" / "base" / "kustomization.yaml.j2").is_file()
     assert assets.python_backend_model().name == "model.py" and assets.python_backend_model().is_file()
     assert assets.drift_module() == Path(sys.modules["builder"].__file__).parent / "monitoring" / "drift.py"
-    assert {"locustfile.py", "shapes.py", "locust.conf"} <= {p.name for p in assets.loadtest_dir().iterdir()}
+    assert {"locustfile.py", "shapes.py", "triton_target.py", "locust.conf"} <= {p.name for p in assets.loadtest_dir().iterdir()}
     assert (assets.monitoring_dir() / "prometheus" / "prometheus.yml").is_file()
     # inside the package (in a checkout builder/_assets/<folder> links to the top-level folder)
     package = Path(sys.modules["builder"].__file__).parent

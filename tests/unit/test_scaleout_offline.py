@@ -406,7 +406,8 @@ def test_manifests_render_and_validate(manifests):
         container = docs[f"Deployment/{name}"]["spec"]["template"]["spec"]["containers"][0]
         assert container["image"] == "triton-builder-locust:2.47.0"
         assert "pip" not in " ".join(container["args"]), container["args"]
-    assert docs["ConfigMap/locust-files"]["data"]["locustfile.py"] == (ROOT / "loadtest" / "locustfile.py").read_text()
+    for name in ("locustfile.py", "shapes.py", "triton_target.py"):  # the locustfile imports the other two
+        assert docs["ConfigMap/locust-files"]["data"][name] == (ROOT / "loadtest" / name).read_text()
     kustomization = yaml.safe_load((manifests / "base" / "kustomization.yaml").read_text())
     assert kustomization["namespace"] == "inference"
 
