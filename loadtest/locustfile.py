@@ -4,9 +4,9 @@
            --host 127.0.0.1:8000 --triton-model digits_cnn [--triton-protocol grpc --host 127.0.0.1:8001]
 
 Nothing here is model specific (what is sent: triton_target.py, beside this file): the inputs' names,
-datatypes and shapes come from the server (``/v2/models/NAME`` and ``/config``), and the values from ``--payload`` (a version's reference.npz,
-or an .npz keyed by input name with rows along the first axis), else are generated (floats uniform
-in [0, 1), integers zero, dynamic dims 16). Each user sends one request at a time, with no pause
+datatypes and shapes come from the server (``/v2/models/NAME`` and ``/config``), and the values from
+``--payload`` (a version's reference.npz, or an .npz keyed by input name with rows along the first
+axis), else are generated (floats uniform in [0, 1), integers zero, dynamic dims 16). Each user sends one request at a time, with no pause
 (a closed loop): ``--users`` is the number of requests in flight.
 
 SLOs: when the test ends, p99 and the failure ratio over the whole run are checked against
