@@ -173,25 +173,32 @@ def compare_hosts(recorded: dict[str, Any] | None, current: dict[str, Any], *, m
 # a python-backend request's cost outside the model, per request: digits (a tiny CNN) serves 1263 req/s
 # at concurrency 1 under perf_analyzer on the 2-core dev host (../shared/PLATFORM.md): ~0.8 ms
 PYTHON_BACKEND_OVERHEAD_S = 0.0008
-COMPUTE_BOUND_RATIO = 20.0  # compute this many times the overhead: threads pay off more than instances
+# threads pay off once a batch-1 inference (in-process, all usable cores) takes at least this many times the
+# overhead. Measured 2026-11-24 (2-core AMD EPYC avx512_vnni, perf_analyzer gRPC, 3 interleaved rounds,
+# medians, 1 x 2 threads vs 2 x 1 thread): digits 0.02 ms: c=16 4,553 vs 6,592 req/s (instances win: one
+# stub serialises the per-request overhead); conv nets of 0.49 ms: c=1 912 vs 651, c=16 1,332 vs 1,387
+# (even under load); 0.98 ms: c=1 669 vs 399, c=16 903 vs 882, p99 31 vs 41 ms; convnet64 1.3 ms: c=1
+# 541 vs 276, c=4 635 vs 528, c=16 647 vs 602 (threads win: one request uses both cores)
+COMPUTE_BOUND_RATIO = 1.0
 
 
 def size_serving(usable_cores: int, batch_seconds: float, overhead_seconds: float = PYTHON_BACKEND_OVERHEAD_S,
                  max_instances: int = 8, ratio: float = COMPUTE_BOUND_RATIO) -> tuple[int, int]:
     """(instances, intra_op_threads) for a CPU model on a host with ``usable_cores``.
 
-    ``batch_seconds`` is the measured time of one batch-1 inference in-process; ``overhead_seconds``
-    the per-request cost outside the model (the backend's). Compute-bound (compute at least ``ratio``
-    times the overhead): few instances with several threads each, so one request uses the cores;
-    overhead-bound (small models: what the dev host's residual CNN is, where 2 instances x 1 thread
-    served 400 req/s and 1 x 1 228): one instance per core, one thread each, so requests and their
-    overhead run in parallel. instances x threads never exceeds the usable cores.
+    ``batch_seconds`` is the measured time of one batch-1 inference in-process (all usable cores);
+    ``overhead_seconds`` the per-request cost outside the model (the backend's). Compute-bound (the
+    inference takes at least ``ratio`` times the overhead): few instances with several threads each, so
+    one request uses the cores - at low concurrency a request finishes in about half the time on 2 cores,
+    and under load it serves as much or more. Overhead-bound (small models): one instance per core, one
+    thread each, so requests and their overhead run in parallel (one instance would serialise it: digits
+    served 0.69x). instances x threads never exceeds the usable cores. The figures behind the threshold:
+    the comment above COMPUTE_BOUND_RATIO; `triton-builder tune` measures layouts on the serving host.
     """
     cores = max(1, int(usable_cores))
-    compute = max(0.0, batch_seconds - overhead_seconds)
     if cores == 1:
         return 1, 1
-    if compute >= ratio * max(overhead_seconds, 1e-9):
+    if batch_seconds >= ratio * max(overhead_seconds, 1e-9):
         # two instances keep the cores busy while the other instance's request is in its overhead
         instances = 2 if cores >= 4 else 1
         return instances, cores // instances

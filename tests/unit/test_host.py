@@ -88,9 +88,17 @@ def test_compute_bound_model_gets_fewer_instances_with_more_threads():
 
 
 def test_overhead_bound_model_gets_one_instance_per_core_with_one_thread():
-    assert size_serving(2, batch_seconds=0.002, overhead_seconds=0.001) == (2, 1)
-    assert size_serving(4, batch_seconds=0.002, overhead_seconds=0.001) == (4, 1)
-    assert size_serving(64, batch_seconds=0.002, overhead_seconds=0.001) == (8, 1)  # capped
+    assert size_serving(2, batch_seconds=0.0005, overhead_seconds=0.001) == (2, 1)
+    assert size_serving(4, batch_seconds=0.0005, overhead_seconds=0.001) == (4, 1)
+    assert size_serving(64, batch_seconds=0.0005, overhead_seconds=0.001) == (8, 1)  # capped
+
+
+def test_threads_once_a_batch_1_inference_takes_the_overhead():
+    """The crossover measured on 2 cores: 0.49 ms -> instances, 0.98 ms and 1.3 ms -> threads (0.8 ms overhead)."""
+    assert size_serving(2, batch_seconds=0.00049) == (2, 1)
+    assert size_serving(2, batch_seconds=0.00098) == (1, 2)
+    assert size_serving(2, batch_seconds=0.0013) == (1, 2)
+    assert size_serving(8, batch_seconds=0.0013) == (2, 4)
 
 
 def test_serving_size_reads_the_benchmark_record():

@@ -1,0 +1,57 @@
+"""model.py's intra_op_spinning parameter on the real embedded Triton: with several intra-op threads
+onnxruntime's threads do not busy-wait unless asked (spinning collapses on a shared host), both settings
+answer like the reference, and a bad value is refused at load with the parameter named."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from builder.serving.client import TritonError
+from tests.integration.conftest import reloaded
+
+pytestmark = pytest.mark.integration
+
+
+def _threads(spinning):
+    def change(config):
+        config["parameters"]["intra_op_threads"] = {"string_value": "2"}
+        if spinning is not None:
+            config["parameters"]["intra_op_spinning"] = {"string_value": spinning}
+    return change
+
+
+def _logits(server):
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        item = httpclient.InferInput("image", [3, 1, 8, 8], "FP32")
+        item.set_data_from_numpy(np.linspace(0, 1, 3 * 64, dtype=np.float32).reshape(3, 1, 8, 8))
+        return client.infer("digits_cnn", [item]).as_numpy("logits")
+    finally:
+        client.close()
+
+
+def test_two_threads_answer_the_same_with_spinning_off_by_default_and_on(served):
+    expected = _logits(served)
+    for spinning in (None, "on", "off"):
+        with reloaded(served, "digits_cnn", _threads(spinning)) as server:
+            np.testing.assert_allclose(_logits(server), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_bad_spinning_value_is_refused_at_load_naming_the_parameter(served):
+    with served.triton() as client:
+        config = client.model_config("digits_cnn")
+    _threads("sideways")(config)
+    config["name"] = "digits_cnn_badspin"
+    with served.triton() as client:
+        with pytest.raises(TritonError, match="intra_op_spinning 'sideways': use on or off"):
+            client.load_model("digits_cnn_badspin", json.dumps(config), files=_version_files(served))
+    assert _logits(served).shape == (3, 10)  # the model itself still serves
+
+
+def _version_files(served):
+    folder = served.repository / "digits_cnn" / "1"
+    return {f"file:1/{p.name}": p.read_bytes() for p in folder.iterdir() if p.is_file()}
