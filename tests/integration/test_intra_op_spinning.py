@@ -5,12 +5,14 @@ answer like the reference, and a bad value is refused at load with the parameter
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
 from builder.serving.client import TritonError
+from builder.serving.embedded import EmbeddedServer
 from tests.integration.conftest import reloaded
 
 pytestmark = pytest.mark.integration
@@ -41,17 +43,17 @@ def test_two_threads_answer_the_same_with_spinning_off_by_default_and_on(served)
             np.testing.assert_allclose(_logits(server), expected, rtol=1e-5, atol=1e-6)
 
 
-def test_a_bad_spinning_value_is_refused_at_load_naming_the_parameter(served):
-    with served.triton() as client:
-        config = client.model_config("digits_cnn")
-    _threads("sideways")(config)
-    config["name"] = "digits_cnn_badspin"
-    with served.triton() as client:
-        with pytest.raises(TritonError, match="intra_op_spinning 'sideways': use on or off"):
-            client.load_model("digits_cnn_badspin", json.dumps(config), files=_version_files(served))
-    assert _logits(served).shape == (3, 10)  # the model itself still serves
-
-
-def _version_files(served):
-    folder = served.repository / "digits_cnn" / "1"
-    return {f"file:1/{p.name}": p.read_bytes() for p in folder.iterdir() if p.is_file()}
+def test_a_bad_spinning_value_is_refused_at_load_naming_the_parameter(built_repository, tmp_path):
+    # a server of its own: a model that failed to load leaves a server not ready (strict readiness)
+    repo = tmp_path / "repo"
+    shutil.copytree(built_repository / "digits_cnn", repo / "digits_cnn")
+    with EmbeddedServer(repo, load_models=["digits_cnn"], ready_timeout=90) as server:
+        with server.triton() as client:
+            config = client.model_config("digits_cnn")
+        _threads("sideways")(config)
+        config["name"] = "digits_cnn_badspin"
+        files = {f"file:1/{p.name}": p.read_bytes() for p in (repo / "digits_cnn" / "1").iterdir() if p.is_file()}
+        with server.triton() as client:
+            with pytest.raises(TritonError, match="intra_op_spinning 'sideways': use on or off"):
+                client.load_model("digits_cnn_badspin", json.dumps(config), files=files)
+        assert _logits(server).shape == (3, 10)  # the model itself still serves
