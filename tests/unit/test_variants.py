@@ -19,6 +19,7 @@ from builder import quant_search
 from builder.errors import UserInputError, VerificationError
 from builder.measure import (Window, batch_sizes, cpu_cores, human, is_stable, least_disturbed, measure,
                              measure_round_robin, within)
+from builder.objective import prefer_accurate
 from builder.pipeline import build
 from builder.spec import load_spec
 from builder.stages import select
@@ -127,9 +128,14 @@ def test_selection_goes_by_measured_throughput_with_reasons(digits_build):
     ctx = digits_build.context
     winner = ctx.selected
     assert winner.selected and winner.published_as == "digits_cnn"
-    best = max(v.benchmark["best_throughput"] for v in ctx.variants if v.eligible)
-    assert winner.benchmark["best_throughput"] == best
-    assert winner.selection_reason.startswith("selected: highest throughput")
+    choice = _expected_choice(ctx.variants)  # the highest throughput, or the tie rule's pick (host-dependent)
+    assert winner.name == choice.name
+    if choice.why is None:
+        best = max(v.benchmark["best_throughput"] for v in ctx.variants if v.eligible)
+        assert winner.benchmark["best_throughput"] == best
+        assert winner.selection_reason.startswith("selected: highest throughput")
+    else:
+        assert winner.selection_reason.startswith(f"selected: {choice.why}")
     for v in ctx.variants:
         if v is winner:
             continue
@@ -137,8 +143,18 @@ def test_selection_goes_by_measured_throughput_with_reasons(digits_build):
         if not v.eligible:
             assert v.selection_reason == "rejected: failed verification", v.selection_reason
             continue
+        if v.name == choice.fastest:
+            assert v.selection_reason.startswith(f"rejected: only "), v.selection_reason
+            continue
         assert re.fullmatch(rf"rejected: [\d.]+x slower than {winner.name} \(measured [\d.]+[kM]? vs "
                             rf"[\d.]+[kM]? inf/s\)", v.selection_reason), v.selection_reason
+
+
+def _expected_choice(variants):
+    """What stage select must publish from these eligible variants' figures (builder/objective.py)."""
+    eligible = [v for v in variants if v.eligible]
+    return prefer_accurate({v.name: v.benchmark["best_throughput"] for v in eligible},
+                           {v.name: select.worst_rel_l2(v) for v in eligible})
 
 
 @pytest.mark.slow
@@ -162,9 +178,11 @@ def test_dynamic_int8_is_selected_or_rejected_by_its_measurement(digits_build, f
         assert dynamic.selection_reason.startswith(f"selected: highest throughput ({human(factor * others)} inf/s")
         return
     assert ctx.selected is not dynamic
-    assert ctx.selected.benchmark["best_throughput"] == others
-    assert dynamic.selection_reason == (f"rejected: 2.0x slower than {ctx.selected.name} "
-                                        f"(measured {human(factor * others)} vs {human(others)} inf/s)")
+    choice = _expected_choice([v for v in ctx.variants if v is not dynamic])
+    assert ctx.selected.name == choice.name
+    selected = ctx.selected.benchmark["best_throughput"]
+    assert dynamic.selection_reason == (f"rejected: {select._times(selected / (factor * others))} slower than "
+                                        f"{ctx.selected.name} (measured {human(factor * others)} vs {human(selected)} inf/s)")
 
 
 @pytest.mark.slow
@@ -249,12 +267,20 @@ def test_latency_objective_picks_lowest_p50_and_calibration_choices(digits_copy,
                    benchmark_seconds=CAP, progress=quiet)
     ctx = result.context
     eligible = [v for v in ctx.variants if v.eligible]
-    fastest = min(v.benchmark["latency_ms_b1"]["p50"] for v in eligible)
-    assert ctx.selected.benchmark["latency_ms_b1"]["p50"] == fastest
-    assert ctx.selected.selection_reason.startswith("selected: lowest p50 latency (p50 ")
+    # the lowest p50 wins unless it is INT8 inside the noise of an FP32 variant (the tie rule, both outcomes
+    # in tests/unit/test_select_noise.py): which applies depends on this host's figures
+    choice = prefer_accurate({v.name: 1.0 / v.benchmark["latency_ms_b1"]["p50"] for v in eligible},
+                             {v.name: select.worst_rel_l2(v) for v in eligible})
+    assert ctx.selected.name == choice.name
+    if choice.why is None:
+        fastest = min(v.benchmark["latency_ms_b1"]["p50"] for v in eligible)
+        assert ctx.selected.benchmark["latency_ms_b1"]["p50"] == fastest
+        assert ctx.selected.selection_reason.startswith("selected: lowest p50 latency (p50 ")
+    else:
+        assert ctx.selected.selection_reason.startswith(f"selected: {choice.why}; measured (p50 ")
     for v in eligible:
         if not v.selected:
-            assert re.search(r"slower than \w+ \(p50 [\d.]+ vs [\d.]+ ms at batch 1\)", v.selection_reason)
+            assert re.search(r"(slower|faster) than \w+ \(p50 [\d.]+ vs [\d.]+ ms at batch 1\)", v.selection_reason)
     static = ctx.variant("onnx_int8_static")
     note = next(n for n in static.notes if n.startswith("calibrated on"))
     assert "validation inputs" in note and "64 samples" in note and "method percentile" in note
