@@ -72,7 +72,7 @@ def _model(name: str, work: Path, engine, args) -> dict:
     from builder.measure import load_average
     from builder.pipeline import build
     from builder.serving.embedded import EmbeddedServer
-    from builder.tuning.engine import PythonEngine
+    from builder.tuning.engine import PythonEngine, choose_engine
     from builder.tuning.payload import fetch_model, load_samples, make_requests
     from builder.tuning.stats import StatsReader
 
@@ -101,7 +101,7 @@ def _model(name: str, work: Path, engine, args) -> dict:
         samples, _ = load_samples(interface, None, repo)
         requests = make_requests(samples, 1, interface.batching)
         stats = StatsReader(url, "grpc")
-        python, http = PythonEngine(), type(engine)(engine.tool) if hasattr(engine, "tool") else PythonEngine()
+        python, http = PythonEngine(), choose_engine("perf_analyzer")  # a second one: it keeps its own protocol
         for meter, where, protocol in ((engine, url, "grpc"), (python, url, "grpc"), (http, server.http_url, "http")):
             meter.prepare(where, protocol, interface, samples, requests, batch_size=1, work_dir=work / f"pa_{protocol}")
         levels = (("pa_c1", engine, 1), ("pa_c16", engine, 16), ("pa_http_c16", http, 16), ("python_c16", python, 16))

@@ -51,6 +51,13 @@ CLOSER = 10.0  # "closer to the reference": a worst rel L2 at least this many ti
 EXACT = 1e-4  # a worst rel L2 below this is float32 rounding: such a variant is never "further" from the reference
 
 
+def speed(objective: str, throughput: float | None, p50_ms: float | None) -> float | None:
+    """What ``prefer_accurate`` compares (higher is faster): inferences/s, or 1/p50 for objective latency."""
+    if objective == "latency":
+        return 1.0 / p50_ms if p50_ms else None
+    return throughput
+
+
 @dataclass(frozen=True)
 class Choice:
     name: str

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.report_compression import compression_lines, pareto_front, row_fields
+from builder.tensors import worst_metric
 
 COLUMNS = ["variant", "size MB", "exporter", "rel L2", "max abs", "acc drop", "p50 ms (b=1)",
            "throughput", "x onnx", "status"]
@@ -22,9 +23,7 @@ PLOT_NAME = "build_report.png"
 
 
 def _worst(variant, key: str) -> float | None:
-    metrics = (variant.verification or {}).get("metrics") or {}
-    values = [m[key] for m in metrics.values() if isinstance(m.get(key), (int, float))]
-    return max(values) if values else None
+    return worst_metric((variant.verification or {}).get("metrics") or {}, key)
 
 
 def _fmt(value: Any, spec: str) -> str:

@@ -173,6 +173,12 @@ def merge_case_metrics(per_case: list[dict[str, dict[str, float]]]) -> dict[str,
     return merged
 
 
+def worst_metric(metrics: dict[str, dict[str, float]], key: str = "rel_l2") -> float | None:
+    """The largest ``key`` over the outputs of (merged) metrics; None where no output has it."""
+    values = [m[key] for m in metrics.values() if isinstance(m.get(key), (int, float))]
+    return max(values) if values else None
+
+
 def tolerance_failures(metrics: dict[str, dict[str, float]], tolerance: dict[str, float]) -> list[str]:
     """One line per failing output, with its numbers, e.g. 'logits: rel L2 3.1e-02 > 1e-05 (...)'."""
     failures = []

@@ -34,11 +34,11 @@ import numpy as np
 
 from builder.errors import UserInputError
 from builder.host import compare_hosts, host_profile, size_queue_delay, size_serving
-from builder.objective import prefer_accurate, tradeoff_terms
+from builder.objective import prefer_accurate, speed, tradeoff_terms
 from builder.repository.description import VersionDescription
 from builder.repository.layout import existing_versions, latest_version, model_dir, reserve_version
 from builder.repository.metadata import read_metadata, read_reference
-from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures
+from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures, worst_metric
 
 # measure(candidate label, runner, batch-1 inputs, threads) -> {"throughput": inferences/s, "p50_ms": ...}
 Measure = Callable[[str, Callable, dict[str, np.ndarray], int], dict[str, float]]
@@ -124,11 +124,6 @@ def _score(measured: dict[str, float], objective: str) -> float:
     return -measured["p50_ms"] if objective == "latency" else measured["throughput"]
 
 
-def _speed(measured: dict[str, float], objective: str) -> float:
-    """Higher is faster: inferences/s, or 1/p50 for objective latency."""
-    return 1.0 / measured["p50_ms"] if objective == "latency" else measured["throughput"]
-
-
 def _weights(served: dict[str, Any]) -> dict[str, float]:
     """J's weights as the build used them: metadata's selection.weights, else those in the served
     variant's benchmark, else the spec's defaults."""
@@ -193,8 +188,7 @@ def select_for_host(repository: str | Path, name: str, *, measure: Measure | Non
             c.excluded = "differs from the reference: " + "; ".join(failures)[:300]
             continue
         if (c.meta.get("verification") or {}).get("verified_by", "reference") == "reference":
-            c.rel_l2 = max((m["rel_l2"] for m in metrics.values() if isinstance(m.get("rel_l2"), (int, float))),
-                           default=None)
+            c.rel_l2 = worst_metric(metrics)
         progress(f"select: measuring {c.variant} ({c.label}) on this host")
         c.measured = measure(c.label, runner, _batch1(cases[0]["inputs"], batching), cores)
         c.runner = runner
@@ -206,8 +200,8 @@ def select_for_host(repository: str | Path, name: str, *, measure: Measure | Non
                              + "; ".join(f"{c.variant}: {c.excluded}" for c in report.candidates))
     winner = max(ranked, key=lambda c: _score(c.measured, objective))
     if objective != "tradeoff":  # the build's tie rule: further from the reference needs more than noise
-        choice = prefer_accurate({c.label: _speed(c.measured, objective) for c in ranked},
-                                 {c.label: c.rel_l2 for c in ranked})
+        speeds = {c.label: speed(objective, c.measured["throughput"], c.measured["p50_ms"]) for c in ranked}
+        choice = prefer_accurate(speeds, {c.label: c.rel_l2 for c in ranked})
         if choice.why:
             winner, report.tie_rule = next(c for c in ranked if c.label == choice.name), choice.why
     report.winner = winner
@@ -326,7 +320,8 @@ def _publish(repository: Path, name: str, served_number: int, winner: Candidate,
         "build_date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "host": host,
         "serving": {"instances": report.sizing[0], "intra_op_threads": report.sizing[1],
-                    "sized": report.size_kept or f"by triton-builder select on this host ({host.get('usable_cores')} usable cores)",
+                    "sized": (report.size_kept
+                              or f"by triton-builder select on this host ({host.get('usable_cores')} usable cores)"),
                     **({"max_queue_delay_microseconds": report.delay[0], "delay_sized": report.delay[1]}
                        if report.delay else {})},
         "selection": {"objective": report.objective, "selected": True,

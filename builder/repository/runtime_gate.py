@@ -98,7 +98,7 @@ def runtime_gate(folder: Path, meta: dict[str, Any], release_name: str,
     """(failures, notes) for the version in ``folder`` against Triton ``release_name``."""
     from builder.processes import run_command
     from builder.repository.metadata import read_reference
-    from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures
+    from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures, worst_metric
 
     release = triton_release(release_name)
     artifact = meta["artifact"]
@@ -141,7 +141,7 @@ def runtime_gate(folder: Path, meta: dict[str, Any], release_name: str,
     failures = [f"{runtime.label}: {line}; the model no longer matches "
                 "its reference on that release: rebuild with the release's onnxruntime in mind (opset, passes)"
                 for line in tolerance_failures(metrics, tolerance)]
-    worst = max((m.get("rel_l2", 0.0) for m in metrics.values()), default=0.0)
+    worst = worst_metric(metrics) or 0.0
     notes = [f"Triton {release.release}: loads on {runtime.label}, {len(got)} reference cases, worst rel L2 {worst:.1e}"]
     ops = contrib_ops(model)
     if ops and not failures:

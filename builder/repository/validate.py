@@ -28,7 +28,7 @@ from builder.repository.signing import public_key as signature_key, verify_model
 from builder.repository.runtime_gate import gate_version
 from builder.repository.regression import RegressionCheck, parse_limits, regression_vs_previous
 from builder.runtime import open_runner
-from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures
+from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures, worst_metric
 
 
 @dataclass
@@ -63,7 +63,7 @@ class ValidationReport:
                 out.append(f"version {v.version}: FAIL")
                 out.extend(f"  - {f}" for f in v.failures)
             else:
-                worst = max((m.get("rel_l2", 0.0) for m in v.metrics.values()), default=0.0)
+                worst = worst_metric(v.metrics) or 0.0
                 out.append(f"version {v.version}: OK (hashes match; worst rel L2 {worst:.1e})")
             out.extend(f"  {note}" for note in v.notes)
         return out + (self.regression.lines() if self.regression else [])

@@ -30,7 +30,7 @@ from builder.runtime import open_runner
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import accuracy_drop_failure, calibration_samples
 from builder.tensors import (compare_outputs, merge_case_metrics, run_batched, tolerance_failures, top1_accuracy,
-                             trace_example)
+                             trace_example, worst_metric)
 from builder.variants import register_variant
 
 STAGE = "quantize"
@@ -287,7 +287,6 @@ def _evaluate_model(ctx: BuildContext, run, fp32) -> quant_search.Result:
     metrics = merge_case_metrics([compare_outputs(out, run(case["inputs"]))
                                   for case, out in zip(ref.cases, ref.outputs)])
     failures = tolerance_failures(metrics, spec.verify.tolerance("int8"))
-    errors = [m["rel_l2"] for m in metrics.values() if isinstance(m.get("rel_l2"), (int, float))]
     drop = None
     if ref.validation_inputs is not None and ref.labels is not None:
         batch = spec.max_batch_size or len(next(iter(ref.validation_inputs.values())))
@@ -303,7 +302,7 @@ def _evaluate_model(ctx: BuildContext, run, fp32) -> quant_search.Result:
         m = measure_round_robin({"fp32": lambda: fp32(feed), "int8": lambda: run(feed)},
                                 window_seconds=SEARCH_WINDOW_SECONDS, max_seconds=SEARCH_MEASURE_SECONDS)
         speedup = _fastest(m["int8"]) / _fastest(m["fp32"]) if _fastest(m["fp32"]) else None
-    return quant_search.Result(not failures, max(errors) if errors else None, drop, speedup, failures)
+    return quant_search.Result(not failures, worst_metric(metrics), drop, speedup, failures)
 
 
 def _remove(*paths: Path) -> None:

@@ -16,9 +16,10 @@ A base export that was built only because a derived variant needs it (e.g. ``onn
 from __future__ import annotations
 
 from builder.measure import human
-from builder.objective import NOISE, prefer_accurate, tradeoff_terms
+from builder.objective import NOISE, prefer_accurate, speed, tradeoff_terms
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import accuracy_drop_failure
+from builder.tensors import worst_metric
 
 STAGE = "select"
 
@@ -48,19 +49,16 @@ def _score(variant, objective: str) -> float | None:
     return bench.get("best_throughput")
 
 
-def _speed(variant, objective: str) -> float:
-    """Higher is faster: inferences/s, or 1/p50 for objective latency."""
-    score = _score(variant, objective)
-    return 1.0 / -score if objective == "latency" else score
-
-
 def worst_rel_l2(variant) -> float | None:
     """The variant's largest rel L2 over its outputs against the reference (None: verified by task accuracy)."""
     if variant.verified_by != "reference":
         return None
-    metrics = (variant.verification or {}).get("metrics") or {}
-    values = [m["rel_l2"] for m in metrics.values() if isinstance(m.get("rel_l2"), (int, float))]
-    return max(values) if values else None
+    return worst_metric((variant.verification or {}).get("metrics") or {})
+
+
+def _error_text(variant) -> str:
+    error = worst_rel_l2(variant)
+    return "-" if error is None else f"{error:.1e}"
 
 
 def _mark_constraints(ctx: BuildContext) -> None:
@@ -118,22 +116,13 @@ def run(ctx: BuildContext) -> StageResult:
         return StageResult.fail(STAGE, "no variant is eligible: every one failed verification or a constraint")
     measured = [v for v in eligible if _score(v, objective) is not None]
     if measured:
-        winner = max(measured, key=lambda v: _score(v, objective))
-        passed_over = None
+        winner, tie_rule = max(measured, key=lambda v: _score(v, objective)), None
         if objective != "tradeoff":  # J weighs accuracy itself
-            choice = prefer_accurate({v.name: _speed(v, objective) for v in measured},
-                                     {v.name: worst_rel_l2(v) for v in measured})
-            if choice.why:
-                passed_over, winner = winner, next(v for v in measured if v.name == choice.name)
-        _explain_measured(ctx, winner, measured, objective)
-        if passed_over is not None:
-            head = "highest throughput" if objective == "throughput" else "lowest p50 latency"
-            winner.selection_reason = winner.selection_reason.replace(f"selected: {head}",
-                                                                      f"selected: {choice.why}; measured", 1)
-            ratio, numbers = _versus(passed_over, winner, objective)
-            passed_over.selection_reason = (f"rejected: only {_times(1 / ratio)} faster than {winner.name} ({numbers}), "
-                                            f"inside measurement noise, for rel L2 {worst_rel_l2(passed_over):.1e} "
-                                            f"vs {worst_rel_l2(winner):.1e}")
+            speeds = {v.name: speed(objective, v.benchmark.get("best_throughput"),
+                                    (v.benchmark.get("latency_ms_b1") or {}).get("p50")) for v in measured}
+            choice = prefer_accurate(speeds, {v.name: worst_rel_l2(v) for v in measured})
+            winner, tie_rule = next(v for v in measured if v.name == choice.name), choice.why
+        _explain_measured(ctx, winner, measured, objective, tie_rule)
         for v in eligible:
             if v not in measured:
                 v.selection_reason = "not measured (see stage benchmark): not comparable"
@@ -153,11 +142,13 @@ def run(ctx: BuildContext) -> StageResult:
                           reasons={v.name: v.selection_reason for v in ctx.variants})
 
 
-def _explain_measured(ctx: BuildContext, winner: Variant, measured: list[Variant], objective: str) -> None:
+def _explain_measured(ctx: BuildContext, winner: Variant, measured: list[Variant], objective: str,
+                      tie_rule: str | None = None) -> None:
+    """Every measured variant's reason; ``tie_rule``: why faster variants further from the reference lost."""
     if objective == "tradeoff":
         return _explain_tradeoff(winner, measured)
     best = "highest throughput" if objective == "throughput" else "lowest p50 latency"
-    reason = f"selected: {best} ({_measured_text(winner, objective)})"
+    reason = f"selected: {tie_rule or best}{'; measured' if tie_rule else ''} ({_measured_text(winner, objective)})"
     plain = ctx.variant("onnx")
     if plain is not None and plain is not winner and plain.benchmark and objective == "throughput":
         ratio = winner.benchmark["best_throughput"] / plain.benchmark["best_throughput"]
@@ -174,7 +165,11 @@ def _explain_measured(ctx: BuildContext, winner: Variant, measured: list[Variant
     winner.selection_reason = reason
     for v in others:
         ratio, numbers = _versus(v, winner, objective)
-        v.selection_reason = f"rejected: {_times(ratio)} slower than {winner.name} ({numbers})"
+        if ratio >= 1:
+            v.selection_reason = f"rejected: {_times(ratio)} slower than {winner.name} ({numbers})"
+        else:  # faster, but lost to the tie rule
+            v.selection_reason = (f"rejected: only {_times(1 / ratio)} faster than {winner.name} ({numbers}), inside "
+                                  f"measurement noise, for rel L2 {_error_text(v)} vs {_error_text(winner)}")
     # measured but not eligible (base-only exports): keep why, add the numbers for comparison
     for v in ctx.variants:
         if not v.eligible and v.verified and _score(v, objective) is not None:
