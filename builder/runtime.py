@@ -136,9 +136,30 @@ def torch_runner(module, output_names: list[str], input_names: list[str] | None 
         args = [torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in names]
         with torch.inference_mode():
             result = module(*args)
-        return dict(zip(output_names, flatten_outputs(result)))
+        return name_outputs(result, output_names)
 
     return run
+
+
+def name_outputs(result, output_names: list[str]) -> dict[str, np.ndarray]:
+    """The model's return value as {spec output name: array}, in spec order. Outputs are taken by
+    position (exporters number a graph's outputs the same way); a dict whose keys the spec also uses must
+    list them in the dict's order, or each name would label another key's values. A count that differs
+    is the spec's mistake, never truncated."""
+    if isinstance(result, dict) and not any(isinstance(v, (dict, list, tuple)) for v in result.values()):
+        keys = [str(k) for k in result if result[k] is not None]
+        if set(keys) & set(output_names) and keys != list(output_names):
+            raise UserInputError(
+                f"field 'outputs': the model returns a dict with keys {', '.join(keys)} (in this order), the spec "
+                f"lists {', '.join(output_names)}; outputs are taken in the dict's order, so list them as "
+                f"outputs: [{', '.join('{name: ' + k + '}' for k in keys)}]")
+    arrays = flatten_outputs(result)
+    if len(arrays) != len(output_names):
+        raise UserInputError(
+            f"field 'outputs': the spec lists {len(output_names)} output(s) ({', '.join(output_names)}) but the "
+            f"model returns {len(arrays)} tensor(s) (nested tuples and dicts count each tensor); list one name per "
+            "tensor, in the order the model returns them")
+    return dict(zip(output_names, arrays))
 
 
 def flatten_outputs(result) -> list[np.ndarray]:

@@ -19,6 +19,7 @@ from typing import Any
 
 from builder.errors import UserInputError
 from builder.spec_compression import CompressionSpec, parse_compression, parse_training
+from builder.spec_fields import validate_tensor_name
 from builder.spec_fields import Fields as _Fields
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
@@ -324,7 +325,7 @@ def _parse_inputs(raw: Any, origin: str) -> list[TensorSpec]:
     for i, item in enumerate(raw):
         f = _Fields(item, f"inputs[{i}]", _INPUT_KEYS, origin)
         name = f.require("name", "give the input's name as the model's forward() calls it")
-        validate_model_name(name, f"{origin}: field 'inputs[{i}].name'")
+        validate_tensor_name(name, f"{origin}: field 'inputs[{i}].name'")
         dtype = f.choice("dtype", "float32", tuple(TRITON_DTYPES))
         shape = _parse_shape(f, "shape", allow_dynamic=True, required=True)
         tensor = TensorSpec(name=name, dtype=dtype, shape=shape)
@@ -353,7 +354,7 @@ def _parse_outputs(raw: Any, origin: str) -> list[OutputSpec]:
     for i, item in enumerate(raw):
         f = _Fields(item, f"outputs[{i}]", _OUTPUT_KEYS, origin)
         name = f.require("name", "give the output's name")
-        validate_model_name(name, f"{origin}: field 'outputs[{i}].name'")
+        validate_tensor_name(name, f"{origin}: field 'outputs[{i}].name'")
         dtype = f.choice("dtype", None, (None, *TRITON_DTYPES)) if f.get("dtype") is not None else None
         result.append(OutputSpec(name=name, dtype=dtype, shape=_parse_shape(f, "shape", True, False)))
     return result

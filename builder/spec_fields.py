@@ -10,10 +10,24 @@ Usage::
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 from builder.errors import UserInputError
+
+# tensor names may also hold '.' and ':' (PyTorch's legacy exporter names inputs 'input.1', tf2onnx 'x:0')
+TENSOR_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$")
+
+
+def validate_tensor_name(name: Any, where: str) -> str:
+    """An input or output name: letters, digits, '_', '-', '.' and ':' (no paths, quotes or spaces)."""
+    if not isinstance(name, str) or not TENSOR_NAME_PATTERN.match(name):
+        raise UserInputError(
+            f"{where}: {name!r} is not a valid tensor name; use 1-128 letters, digits, '_', '-', '.' and ':' "
+            "(starting with a letter, digit or '_'; no '/', quotes or spaces), e.g. input_ids or input.1"
+        )
+    return name
 
 
 class Fields:

@@ -110,6 +110,16 @@ class M(torch.nn.Module):
                   {"name": "half2", "dtype": "float16"}, {"name": "ids3", "dtype": "int16"},
                   {"name": "corner", "dtype": "uint8"}],
       "max_batch_size": 8}),
+    # tensor names as other exporters write them: PyTorch's legacy 'input.1', tf2onnx's 'logits:0'
+    "dotted": ('''
+import torch
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__(); torch.manual_seed(0); self.fc = torch.nn.Linear(6, 3)
+    def forward(self, x):
+        return self.fc(x)
+''', {"inputs": [{"name": "input.1", "dtype": "float32", "shape": [6]}], "outputs": [{"name": "logits:0"}],
+      "max_batch_size": 8}),
 }
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from builder import assets
 from builder.errors import BuilderError, InternalError, UserInputError, unknown_choice
 from builder.spec import NAME_PATTERN, TRITON_DTYPES
+from builder.spec_fields import TENSOR_NAME_PATTERN
 
 INSTANCE_KINDS = ("KIND_CPU", "KIND_GPU", "KIND_AUTO")
 
@@ -138,8 +139,8 @@ class ModelConfig:
             problems.append("at least one input and one output are needed")
         valid_types = set(TRITON_DTYPES.values())
         for t in (*self.inputs, *self.outputs):
-            if not NAME_PATTERN.match(t.name):
-                problems.append(f"tensor name {t.name!r}: use letters, digits, '_' and '-' only")
+            if not TENSOR_NAME_PATTERN.match(t.name):
+                problems.append(f"tensor name {t.name!r}: use letters, digits, '_', '-', '.' and ':' only")
             if t.data_type not in valid_types:
                 problems.append(f"tensor {t.name}: data_type {t.data_type} is not one of {sorted(valid_types)}")
             if not t.dims or any(d == 0 or d < -1 for d in t.dims):

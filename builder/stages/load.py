@@ -26,6 +26,7 @@ def run(ctx: BuildContext) -> StageResult:
         if source.weights is not None:
             _load_weights(ctx.model, source.weights)
             ctx.source_hashes[source.weights.name] = sha256_file(source.weights)
+        _check_inputs_against_forward(ctx, ctx.model)
         runner = torch_runner(ctx.model, [o.name for o in spec.outputs], [t.name for t in spec.inputs])
         ctx.reference_kind = "pytorch eager"
     elif source.kind == "torchscript":
@@ -35,6 +36,7 @@ def run(ctx: BuildContext) -> StageResult:
         except Exception as exc:  # noqa: BLE001 - torch raises many types for a bad archive
             raise UserInputError(f"source.torchscript: {source.path} is not a TorchScript archive "
                                  f"({str(exc).splitlines()[0]}); save it with torch.jit.save") from None
+        _check_inputs_against_forward(ctx, ctx.model)
         runner = torch_runner(ctx.model, [o.name for o in spec.outputs], [t.name for t in spec.inputs])
         ctx.reference_kind = "torchscript (source file)"
         ctx.source_hashes[source.path.name] = sha256_file(source.path)
@@ -81,6 +83,11 @@ def _origin(ctx: BuildContext) -> str:
     return ctx.spec.spec_path.name if ctx.spec.spec_path else "spec"
 
 
+def _with_origin(ctx: BuildContext, exc: UserInputError) -> UserInputError:
+    text = str(exc)
+    return exc if text.startswith(_origin(ctx)) else UserInputError(f"{_origin(ctx)}: {text}")
+
+
 def _import_module(ctx: BuildContext):
     import torch
 
@@ -117,6 +124,55 @@ def _import_module(ctx: BuildContext):
         raise UserInputError(
             f"{_origin(ctx)}: field 'source.module': {ref}() returned {type(model).__name__}, not a torch.nn.Module")
     return model.eval()
+
+
+def forward_parameters(model) -> tuple[list[str], int, bool] | None:
+    """(names of forward()'s positional parameters, how many of them are required, whether it also
+    takes *args) of an eager or TorchScript module; None where the signature cannot be read."""
+    import inspect
+
+    schema = getattr(getattr(model, "forward", None), "schema", None)
+    if schema is not None:  # TorchScript: the compiled schema (its first argument is self)
+        arguments = [a for a in schema.arguments[1:] if not a.kwarg_only]
+        return [a.name for a in arguments], sum(not a.has_default_value() for a in arguments), False
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    positional = [p for p in signature.parameters.values() if p.kind in kinds]
+    required = sum(p.default is inspect.Parameter.empty for p in positional)
+    varargs = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in signature.parameters.values())
+    return [p.name for p in positional], required, varargs
+
+
+def _check_inputs_against_forward(ctx: BuildContext, model) -> None:
+    """Inputs reach forward() by position, in the spec's order (the exporters number a graph's inputs
+    the same way). A spec naming forward()'s parameters in another order would feed each input to
+    another parameter and still build: refused, as are more inputs than forward() takes and fewer than
+    it requires. Names that are not forward()'s own (an input 'image' for forward(self, x)) are fine."""
+    found = forward_parameters(model)
+    if found is None:
+        return
+    params, required, varargs = found
+    names = [t.name for t in ctx.spec.inputs]
+    takes = f"{type(model).__name__}.forward({', '.join(params)}{', *args' if varargs else ''})"
+    if len(names) > len(params) and not varargs:
+        raise UserInputError(
+            f"{_origin(ctx)}: field 'inputs': the spec lists {len(names)} inputs ({', '.join(names)}) but "
+            f"{takes} takes {len(params)}; list one input per forward() argument, in its order")
+    if len(names) < required:
+        raise UserInputError(
+            f"{_origin(ctx)}: field 'inputs': the spec lists {len(names)} input(s) ({', '.join(names)}) but "
+            f"{takes} requires {required} ({', '.join(params[:required])}); list one input per forward() "
+            "argument, in its order")
+    for position, name in enumerate(names):
+        if name in params and params.index(name) != position:
+            order = ", ".join(params[:max(len(names), params.index(name) + 1)])
+            raise UserInputError(
+                f"{_origin(ctx)}: field 'inputs': '{name}' is argument {params.index(name) + 1} of {takes} but "
+                f"input {position + 1} of the spec; inputs are passed to forward() by position, so list them in "
+                f"its order ({order}) - a spec in another order would feed each input to another argument")
 
 
 def _load_weights(model, path: Path) -> None:
@@ -219,6 +275,8 @@ def _rejection(runner, ctx: BuildContext) -> str | None:
     try:
         for _ in range(3):
             runner({t.name: random_tensor(t, batch, dyn, rng) for t in ctx.spec.inputs})
+    except UserInputError as exc:  # the spec's own mistake (its outputs), not the ids
+        raise _with_origin(ctx, exc) from None
     except Exception as exc:  # noqa: BLE001 - any rejection: try a smaller range
         return " ".join(str(exc).split())[:300] or type(exc).__name__
     return None
@@ -227,8 +285,8 @@ def _rejection(runner, ctx: BuildContext) -> str | None:
 def _call_checked(runner, inputs: dict[str, np.ndarray], ctx: BuildContext) -> dict[str, np.ndarray]:
     try:
         outputs = runner(inputs)
-    except UserInputError:
-        raise
+    except UserInputError as exc:
+        raise _with_origin(ctx, exc) from None
     except Exception as exc:  # noqa: BLE001 - any failure here means the spec's shapes are wrong
         shapes = ", ".join(f"{k}{list(v.shape)} {v.dtype}" for k, v in inputs.items())
         detail = " ".join(str(exc).split())[:400]
@@ -317,6 +375,13 @@ def _check_onnx_against_spec(ctx: BuildContext) -> None:
             raise UserInputError(f"{_origin(ctx)}: field 'inputs': '{tensor.name}' is not an input of {path.name} "
                                  f"(its inputs: {', '.join(by_name)})")
         dims = [d.dim_value if d.HasField("dim_value") else -1 for d in by_name[tensor.name].type.tensor_type.shape.dim]
+        if ctx.spec.batching and dims and dims[0] != -1:
+            raise UserInputError(
+                f"{_origin(ctx)}: field 'max_batch_size': input '{tensor.name}' of {path.name} has a fixed first "
+                f"dimension {dims[0]} (dims {dims}), so requests cannot be batched along it; re-export the model "
+                "with a dynamic batch axis (torch.onnx.export(..., dynamic_axes={'" + tensor.name + "': {0: 'batch'}}) "
+                "or dynamic_shapes with dynamo), or set max_batch_size: 0 and give inputs[].shape with that "
+                f"dimension ({dims}): one request per call")
         per_sample = dims[1:] if ctx.spec.batching else dims
         elem = onnx.helper.tensor_dtype_to_np_dtype(by_name[tensor.name].type.tensor_type.elem_type)
         if str(elem) != tensor.dtype:

@@ -1,7 +1,7 @@
 """The model shapes the examples do not cover, built, served on the real embedded tritonserver and
 checked over HTTP and gRPC: a per-sample scalar output (argmax class id) and scalar input, integer ids
-without data beyond the model's vocabulary, a data-dependent output length without batching, and a
-model taking and returning every dtype the spec lists."""
+without data beyond the model's vocabulary, a data-dependent output length without batching, a
+model taking and returning every dtype the spec lists, and tensor names with '.' and ':'."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tests.tiny_models import write_model
 
 pytestmark = pytest.mark.integration
 
-MODELS = ("argmax", "embed", "detect", "mixed")
+MODELS = ("argmax", "embed", "detect", "mixed", "dotted")
 
 
 @pytest.fixture(scope="module")
