@@ -9,6 +9,7 @@ Exit codes: 0 success; 1 verification/check failure; 2 user input or server unre
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from builder.errors import BuilderError
@@ -45,6 +46,9 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_ESCAPES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
@@ -52,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args, reporter) or 0)
     except BuilderError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+        # terminal escapes in texts quoted from other libraries (torch's unpickler bolds its own name)
+        text = _ESCAPES.sub("", str(exc))
+        print(f"error: {text}", file=sys.stderr, flush=True)
         return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)

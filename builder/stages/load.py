@@ -209,9 +209,17 @@ def _load_weights(model, path: Path) -> None:
 
 
 def _read_npz(path: Path, field: str, ctx: BuildContext) -> dict[str, np.ndarray]:
+    key = None
     try:
         with np.load(path, allow_pickle=False) as archive:
-            data = {k: archive[k] for k in archive.files}
+            data = {}
+            for key in archive.files:
+                data[key] = archive[key]
+    except ValueError as exc:
+        if "allow_pickle" in str(exc):
+            raise UserInputError(f"{field}: {path.name}['{key}'] holds Python objects (dtype=object), which are never "
+                                 "unpickled; save numeric arrays (np.savez with arrays of numbers)") from None
+        raise UserInputError(f"{field}: {path} is not a readable .npz of arrays ({exc})") from None
     except Exception as exc:  # noqa: BLE001
         raise UserInputError(f"{field}: {path} is not a readable .npz of arrays ({exc})") from None
     counts = set()

@@ -80,6 +80,15 @@ def test_validation_data_that_does_not_fit_the_spec(digits_copy, tmp_path, quiet
         build(digits_copy / "spec.yaml", tmp_path / "repo", progress=quiet)
 
 
+def test_validation_data_of_python_objects_names_the_array_and_is_not_unpickled(digits_copy, tmp_path, quiet):
+    import numpy as np
+    np.savez(digits_copy / "data" / "val.npz", image=np.array([Payload()] * 4, dtype=object))
+    with pytest.raises(UserInputError, match=r"data.validation: val.npz\['image'\] holds Python objects "
+                                             r"\(dtype=object\), which are never unpickled"):
+        build(digits_copy / "spec.yaml", tmp_path / "repo", progress=quiet)
+    assert_nothing_written(tmp_path, tmp_path / "repo")
+
+
 def test_weights_that_do_not_fit_the_module(digits_copy, tmp_path, quiet):
     from safetensors.torch import save_file
     save_file({"conv.weight": torch.zeros(3, 3)}, str(digits_copy / "weights.safetensors"))
@@ -103,6 +112,14 @@ def test_pickle_weights_are_refused_not_unpickled(digits_copy, tmp_path, capsys)
         build(spec, repo, progress=lambda m: None)
     assert "this must never run" not in capsys.readouterr().out
     assert_nothing_written(tmp_path, repo)
+
+
+def test_cli_error_text_carries_no_terminal_escapes(digits_copy, tmp_path):
+    torch.save(torch.nn.Linear(2, 2), str(digits_copy / "weights.pt"))  # a whole module: torch's text bolds words
+    spec = edit_spec(digits_copy, source={"module": "model:build", "weights": "weights.pt"})
+    proc = run_cli("build", str(spec), "--repository", str(tmp_path / "repo"))
+    assert proc.returncode == 2 and "source.weights" in proc.stderr, proc.stderr
+    assert "\x1b" not in proc.stderr
 
 
 def test_pt_state_dict_is_accepted(digits_copy, tmp_path, quiet):
