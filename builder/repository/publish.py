@@ -24,6 +24,7 @@ from builder.repository.config import (DynamicBatching, InstanceGroup, ModelConf
                                        WarmupInput, backend_for, backend_info, render_config)
 from builder.tensorrt.gpu_config import gpu_optimization
 from builder.repository.description import FileContent, VersionDescription
+from builder.repository.interface import interface_change
 from builder.repository.layout import Reservation, publish_version
 from builder.repository.metadata import write_metadata
 from builder.repository.signing import SIGNED_CONFIG, sign_version
@@ -98,8 +99,12 @@ def publish_model(repository: Path, description: VersionDescription,
     """Publish one described version atomically: model files, runtime files, metadata.yaml (version
     and file hashes filled in here), the extra files and config.pbtxt; nothing is visible until all
     of them are written. A failed write (a full disk) names the file and leaves earlier versions as
-    they were. With ``description.signing_key`` the version is signed while staged (signing.py)."""
+    they were. With ``description.signing_key`` the version is signed while staged (signing.py).
+    A config whose interface differs from the model folder's, served with older versions built for the
+    old one (version_policy all), is refused before anything is written (interface.py)."""
     config = description.config
+    config_text = description.config_text or render_config(config)
+    interface_change(repository, description.name, config_text)  # raises UserInputError; a warning is the caller's
     with publish_version(repository, description.name, description.version, reservation) as draft:
         model_files = description.model_files
         model_name = _model_file_for(description.model_format)
@@ -121,7 +126,7 @@ def publish_model(repository: Path, description: VersionDescription,
             record["files_sha256"] = hashes
             with _writing(draft.folder / "metadata.yaml", description.name):
                 write_metadata(draft.folder / "metadata.yaml", record)
-        draft.config_text = description.config_text or render_config(config)
+        draft.config_text = config_text
         if description.signing_key is not None:  # signed while staged: the version appears signed or not at all
             with _writing(draft.folder / SIGNED_CONFIG, description.name):
                 (draft.folder / SIGNED_CONFIG).write_text(draft.config_text)

@@ -1,10 +1,12 @@
 """`triton-builder validate <repo>/<name>`: the CI/CD regression check of a published model.
 
 Re-checks, for each version (or the one asked for): the config parses with Triton's schema and
-names the model folder; every file's sha256 matches metadata.yaml; the model file, run in-process,
-reproduces reference.npz within the tolerance recorded at build time. A TensorRT plan is first
-checked against the target GPU and TensorRT (``--gpu`` / ``--tensorrt-version``, else this machine;
-builder/tensorrt/compatibility.py): an incompatible or uncheckable plan is a failure.
+names the model folder, and describes the interface each version was built for (metadata.yaml's
+spec: inputs, outputs, max_batch_size; builder/repository/interface.py); every file's sha256 matches
+metadata.yaml; the model file, run in-process, reproduces reference.npz within the tolerance recorded
+at build time. A TensorRT plan is first checked against the target GPU and TensorRT (``--gpu`` /
+``--tensorrt-version``, else this machine; builder/tensorrt/compatibility.py): an incompatible or
+uncheckable plan is a failure.
 
 Usage::
 
@@ -21,6 +23,7 @@ from typing import Callable
 from builder.errors import UserInputError
 from builder.files import sha256_file
 from builder.repository.config import parse_config
+from builder.repository.interface import version_mismatch
 from builder.repository.layout import existing_versions
 from builder.host import host_warnings
 from builder.repository.metadata import read_metadata, read_reference
@@ -104,7 +107,7 @@ def validate_model(model_path: str | Path, version: int | None = None, *, gpu: s
         if any(line.startswith(f"version {number}: ") for line in signature_failures):
             report.versions.append(VersionCheck(number, skipped="signature check failed: not loaded or replayed"))
             continue
-        report.versions.append(_check_version(folder / str(number), number, gpu, tensorrt_version))
+        report.versions.append(_check_version(folder / str(number), number, gpu, tensorrt_version, config))
         if triton_release:  # can that Triton release's runtimes load and reproduce it (runtime_gate.py)
             gate_version(report.versions[-1], folder / str(number), triton_release, progress)
     signed_ok = not any(line.startswith(f"version {versions[-1]}: ") for line in signature_failures) if versions \
@@ -117,9 +120,18 @@ def validate_model(model_path: str | Path, version: int | None = None, *, gpu: s
     return report
 
 
-def _check_version(folder: Path, number: int, gpu: str | None, tensorrt_version: str | None) -> VersionCheck:
+def _check_version(folder: Path, number: int, gpu: str | None, tensorrt_version: str | None,
+                   config=None) -> VersionCheck:
     check = VersionCheck(number)
     meta = read_metadata(folder / "metadata.yaml")
+    # the model folder's one config.pbtxt must describe the interface this version was built for
+    mismatch = version_mismatch(meta, config) if config is not None else []
+    if mismatch:
+        check.failures.append(
+            f"config.pbtxt does not describe this version's interface ({'; '.join(mismatch)}; metadata.yaml's "
+            "spec -> config.pbtxt): a later version (or an edit) changed it, so Triton cannot serve this version "
+            "with it (version_policy all, or a rollback to it); build this version's spec again as a new version, "
+            "or publish the other interface under a new model name")
     for name, expected in (meta.get("files_sha256") or {}).items():
         path = folder / name
         if not path.is_file():

@@ -10,7 +10,9 @@ import datetime as dt
 
 from builder.host import host_profile, serving_size, size_queue_delay
 from builder.monitoring.drift_profile import build_profile, profile_text
+from builder.repository.config import render_config
 from builder.repository.description import VersionDescription
+from builder.repository.interface import InterfaceChange, interface_change
 from builder.repository.layout import check_version_free, reserve_version
 from builder.repository.metadata import library_versions, reference_bytes
 from builder.repository.publish import MODEL_FILES, config_for, publish_model, python_backend_files
@@ -68,8 +70,8 @@ def _profile_data(ctx: BuildContext, variant: Variant):
     return ref.cases[index]["inputs"], (variant.own_outputs or ref.outputs)[index]
 
 
-def _describe(ctx: BuildContext, variant: Variant, name: str, version: int) -> tuple[VersionDescription, str]:
-    """The version's description, and a progress line for what it carries beyond the model ("" if nothing)."""
+def _serving_config(ctx: BuildContext, variant: Variant, name: str):
+    """The version's config, and the serving size and batching delay it was sized with."""
     signature = {o.name: (ctx.reference.output_dtypes[o.name], ctx.reference.output_shapes[o.name])
                  for o in ctx.spec.outputs}
     profile = host_profile(with_gpu=False)
@@ -79,6 +81,13 @@ def _describe(ctx: BuildContext, variant: Variant, name: str, version: int) -> t
     delay = size_queue_delay(p50 / 1000.0 if p50 else None, bench.get("throughput_by_batch"))
     config = config_for(ctx.spec, variant.format, ctx.target, name, signature,
                         sizing=sizing[:2] if sizing else None, queue_delay_us=delay[0] if p50 else None)
+    return config, sizing, delay
+
+
+def _describe(ctx: BuildContext, variant: Variant, name: str, version: int,
+              serving=None) -> tuple[VersionDescription, str]:
+    """The version's description, and a progress line for what it carries beyond the model ("" if nothing)."""
+    config, sizing, delay = serving or _serving_config(ctx, variant, name)
     # a variant verified by task accuracy serves its own function: check compares with its own outputs
     outputs = variant.own_outputs if variant.own_outputs is not None else ctx.reference.outputs
     extra: dict[str, bytes] = {"reference.npz": reference_bytes(ctx.reference.cases, outputs)}
@@ -112,10 +121,16 @@ def _describe(ctx: BuildContext, variant: Variant, name: str, version: int) -> t
                               extra_files=extra, metadata=record, signing_key=ctx.options.signing_key), said
 
 
-def _publish_one(ctx: BuildContext, variant: Variant, name: str, version: int | None) -> dict:
+def _publish_one(ctx: BuildContext, variant: Variant, name: str, version: int | None, serving,
+                 change: InterfaceChange | None, warnings: list[str]) -> dict:
     # the number is held from now on (metadata and report record it); concurrent builds take others
     with reserve_version(ctx.options.repository, name, version) as reservation:
-        description, said = _describe(ctx, variant, name, reservation.version)
+        if change is not None:  # said before describing: metadata.yaml and build_report carry it too
+            warning = change.warning(reservation.version)
+            ctx.notes.append(f"warning: {warning}")
+            ctx.progress(f"warning: {warning}")
+            warnings.append(warning)
+        description, said = _describe(ctx, variant, name, reservation.version, serving)
         published = publish_model(ctx.options.repository, description, reservation)
     if said:
         ctx.progress(said)
@@ -126,15 +141,22 @@ def run(ctx: BuildContext) -> StageResult:
     if ctx.selected is None:
         return StageResult.fail(STAGE, "nothing selected to publish")
     check_version_free(ctx.options.repository, ctx.spec.name, ctx.spec.version)
-    published = [_publish_one(ctx, ctx.selected, ctx.spec.name, ctx.spec.version)]
-    ctx.selected.published_as = ctx.spec.name
     keep = ctx.options.publish_variants if ctx.options.publish_variants is not None else ctx.spec.deploy.publish_variants
+    plan = [(ctx.selected, ctx.spec.name, ctx.spec.version)]
     if keep:
-        for variant in ctx.variants:
-            if variant.eligible and not variant.selected:
-                name = f"{ctx.spec.name}__{variant.name}"
-                published.append(_publish_one(ctx, variant, name, None))
-                variant.published_as = name
+        plan += [(v, f"{ctx.spec.name}__{v.name}", None) for v in ctx.variants if v.eligible and not v.selected]
+    # before anything is written: each model's new config against the config.pbtxt its older versions share
+    # (builder/repository/interface.py: refused where the version_policy also serves them, else a warning)
+    checked = []
+    for variant, name, version in plan:
+        serving = _serving_config(ctx, variant, name)
+        checked.append((variant, name, version, serving,
+                        interface_change(ctx.options.repository, name, render_config(serving[0]))))
+    published, warnings = [], []
+    for variant, name, version, serving, change in checked:
+        published.append(_publish_one(ctx, variant, name, version, serving, change, warnings))
+        variant.published_as = name
     ctx.published = published
     main = published[0]
-    return StageResult.ok(STAGE, f"{main['name']} version {main['version']} -> {main['path']}", published=published)
+    return StageResult.ok(STAGE, f"{main['name']} version {main['version']} -> {main['path']}", published=published,
+                          **({"warnings": warnings} if warnings else {}))
