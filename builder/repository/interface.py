@@ -1,5 +1,5 @@
-"""A model's serving interface - max_batch_size, and each input's and output's name, data type, dims and
-reshape, in order - and the rule that keeps it shared by every version Triton serves: a model folder
+"""A model's serving interface - max_batch_size, the backend, and each input's and output's name, data
+type, dims and reshape, in order - and the rule that keeps it shared by every version Triton serves: a model folder
 holds several versions but ONE config.pbtxt, so a new version whose interface differs rewrites the
 config under the older versions.
 
@@ -38,8 +38,8 @@ def config_interface(config) -> dict[str, Any]:
     def tensors(items) -> list[Tensor]:
         return [(t.name, model_config_pb2.DataType.Name(t.data_type), [int(d) for d in t.dims],
                  [int(d) for d in t.reshape.shape] if t.HasField("reshape") else None) for t in items]
-    return {"max_batch_size": int(config.max_batch_size), "input": tensors(config.input),
-            "output": tensors(config.output)}
+    return {"max_batch_size": int(config.max_batch_size), "backend": config.platform or config.backend,
+            "input": tensors(config.input), "output": tensors(config.output)}
 
 
 def recorded_interface(meta: dict[str, Any]) -> dict[str, Any] | None:
@@ -55,8 +55,8 @@ def recorded_interface(meta: dict[str, Any]) -> dict[str, Any] | None:
             per_sample = TensorConfig.per_sample(t["name"], "", [int(d) for d in t.get("shape") or []])
             out.append((t["name"], TRITON_DTYPES.get(str(t.get("dtype"))), per_sample.dims, per_sample.reshape))
         return out
-    return {"max_batch_size": spec.get("max_batch_size"), "input": tensors(spec["inputs"]),
-            "output": tensors(spec["outputs"])}
+    return {"max_batch_size": spec.get("max_batch_size"), "backend": (meta.get("artifact") or {}).get("backend"),
+            "input": tensors(spec["inputs"]), "output": tensors(spec["outputs"])}
 
 
 def interface_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -64,6 +64,9 @@ def interface_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     changes = []
     if old["max_batch_size"] is not None and old["max_batch_size"] != new["max_batch_size"]:
         changes.append(f"max_batch_size {old['max_batch_size']} -> {new['max_batch_size']}")
+    # one backend serves every version (the python backend's model.py finds each version's own model file)
+    if old.get("backend") and new.get("backend") and old["backend"] != new["backend"]:
+        changes.append(f"backend {old['backend']} -> {new['backend']}")
     for kind in ("input", "output"):
         before = {t[0]: t for t in old[kind]}
         after = {t[0]: t for t in new[kind]}

@@ -30,6 +30,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
+_MODEL_FILES = (("model.onnx", "onnxruntime"), ("model.pt", "torchscript"), ("model.xml", "openvino"))
+
+
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
@@ -45,9 +48,14 @@ class TritonPythonModel:
         self.model_shapes = {i["name"]: [int(d) for d in i["reshape"].get("shape", [])]
                              for i in config["input"] if "reshape" in i}
         self.wire_dims = {o["name"]: [int(d) for d in o["dims"]] for o in config["output"] if "reshape" in o}
-        path = os.path.join(folder, params.get("model_file", "model.onnx"))
+        model_file, runtime = params.get("model_file", "model.onnx"), params.get("runtime", "onnxruntime")
+        if not os.path.exists(os.path.join(folder, model_file)):
+            # a model's versions share one config.pbtxt: a version built as another format has its own file
+            present = [(f, r) for f, r in _MODEL_FILES if os.path.exists(os.path.join(folder, f))]
+            if len(present) == 1:
+                model_file, runtime = present[0]
+        path = os.path.join(folder, model_file)
         threads = int(params.get("intra_op_threads", "1") or 1)
-        runtime = params.get("runtime", "onnxruntime")
         if runtime == "onnxruntime":
             import onnxruntime as ort
 

@@ -19,12 +19,13 @@ from builder.stages import publish as publish_stage
 from builder.stages.base import BuildContext, BuildOptions, Reference, Variant
 
 
-def _context(tmp_path, repo, width=16, policy="latest", publish_variants=False, progress=None):
+def _context(tmp_path, repo, width=16, policy="latest", publish_variants=False, progress=None, selected="onnx",
+             target="cpu"):
     """What stage publish reads after select: a spec (x: [width] -> y: [4]), its reference, a fake ONNX file."""
     spec = parse_spec({"name": "m", "source": {"module": "model:build"},
                        "inputs": [{"name": "x", "dtype": "float32", "shape": [width]}],
                        "outputs": [{"name": "y"}], "max_batch_size": 8,
-                       "deploy": {"target": "cpu", "version_policy": policy, "publish_variants": publish_variants}})
+                       "deploy": {"target": target, "version_policy": policy, "publish_variants": publish_variants}})
     work = tmp_path / f"work{width}{policy}"
     work.mkdir(exist_ok=True)
     x = np.zeros((1, width), np.float32)
@@ -37,8 +38,8 @@ def _context(tmp_path, repo, width=16, policy="latest", publish_variants=False, 
         (work / file).write_bytes(b"not a real model")
         variant = ctx.add_variant(Variant(name, fmt, "fp32", work / file, verified=True,
                                           verification={"tolerance": {"rel_l2": 1e-5}}))
-        variant.selected = name == "onnx"
-    ctx.selected = ctx.variant("onnx")
+        variant.selected = name == selected
+    ctx.selected = ctx.variant(selected)
     return ctx
 
 
@@ -110,6 +111,22 @@ def test_switching_to_latest_is_the_fix_and_going_back_to_all_is_refused(tmp_pat
     with pytest.raises(UserInputError, match=r"than version 1 of .*\(version 1: input 'x' dims \[16\] -> \[32\]\).*"
                                              r"version_policy all serves"):
         publish_stage.run(_context(tmp_path, repo, width=32, policy="all"))
+
+
+def test_a_version_for_another_backend_is_an_interface_change(tmp_path):
+    repo = tmp_path / "repo"
+    _publish(tmp_path, repo, policy="all")  # target cpu: ONNX on Triton's onnxruntime backend
+    with pytest.raises(UserInputError, match=r"version 1: backend onnxruntime_onnx -> pytorch_libtorch"):
+        publish_stage.run(_context(tmp_path, repo, policy="all", selected="torchscript"))
+    assert existing_versions(repo / "m") == [1]
+
+
+def test_the_python_backend_serves_versions_of_different_formats_under_one_config(tmp_path):
+    repo = tmp_path / "repo"
+    _publish(tmp_path, repo, policy="all", target="embedded")  # model.onnx; model.py finds each version's file
+    ctx, result = _publish(tmp_path, repo, policy="all", target="embedded", selected="torchscript")
+    assert existing_versions(repo / "m") == [1, 2] and "warnings" not in result.outputs
+    assert (repo / "m" / "1" / "model.onnx").is_file() and (repo / "m" / "2" / "model.pt").is_file()
 
 
 def test_validate_fails_an_older_version_the_config_no_longer_describes(tmp_path):
