@@ -150,6 +150,23 @@ def stop_signals() -> Iterator[list[int]]:
             signal.signal(sig, handler)
 
 
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Inside, SIGTERM raises KeyboardInterrupt (as Ctrl-C does), so ``finally`` blocks that put a server
+    back as it was run when a job is killed politely (``kill``, a CI timeout); the previous handler after.
+    Outside the main thread (where handlers cannot be installed) it changes nothing."""
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        def interrupt(signum, _frame):
+            raise KeyboardInterrupt(f"signal {signum}")
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
 # --------------------------------------------------------------------------------------------
 # One-shot commands
 

@@ -141,11 +141,11 @@ class ModelControl:
         name = f"{self.model}__tune{os.getpid()}_{self.copies}"  # two tunes never share a copy
         sent = dict(config, name=name)
         sent.pop("version_policy", None)  # the copy has one version, 1
+        self.copy_name = name  # before the request: interrupted while it loads, drop_copy still unloads it
         try:
             self.client.load_model(name, json.dumps(sent), files=self.files)
         except TritonError as exc:
             raise self._load_error(exc, name) from None
-        self.copy_name = name
         return name, sent
 
     def drop_copy(self) -> None:

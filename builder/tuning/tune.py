@@ -77,6 +77,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from builder.errors import ServerError, UserInputError
+from builder.processes import terminate_as_interrupt
 from builder.tuning.search import Candidate, ModelControl, Search, best_candidate as _best, built_candidate
 
 DEFAULT_DELAYS = (0, 100, 500, 2000)
@@ -150,13 +151,14 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
     if not differences:
         search.serving_file(default)
     started = time.monotonic()
-    try:
-        none, default = search.candidates(default, layouts, delays, max_batch_sizes, thread_counts)
-        winner = _choose(search.order, default, tie_margin)
-        if confirm and winner is not None:
-            winner = _confirm(search, default, winner, tie_margin)
-    finally:
-        restore_error = search.restore()
+    with terminate_as_interrupt():  # killed (SIGTERM) like interrupted: the server is put back as it was
+        try:
+            none, default = search.candidates(default, layouts, delays, max_batch_sizes, thread_counts)
+            winner = _choose(search.order, default, tie_margin)
+            if confirm and winner is not None:
+                winner = _confirm(search, default, winner, tie_margin)
+        finally:
+            restore_error = search.restore()
     if restore_error is not None:
         search.server.close()
         raise ServerError(f"tuning finished but '{model}' could not be reloaded from {config_path}: {restore_error}")

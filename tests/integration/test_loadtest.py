@@ -369,3 +369,40 @@ def test_payload_layouts(built_repository, tmp_path):
     assert make_requests(read_npz_samples(plain, ["image"], True), 4)[0]["image"].shape == (4, 1, 8, 8)
     with pytest.raises(UserInputError, match=r"no array for input\(s\) tokens .*has: image, labels"):
         read_npz_samples(plain, ["tokens"], batching=True)
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["copies", "in_place"])
+def test_tune_killed_with_sigterm_puts_the_server_back(own_server, tmp_path, in_place):
+    """`kill` (SIGTERM) mid-search: like Ctrl-C, the candidate copy is unloaded (copies) or the model
+    reloaded from its config.pbtxt (--in-place); it used to exit 143 leaving a copy or no model."""
+    import subprocess
+    import sys
+
+    from builder.serving.client import TritonClient
+
+    config_before = (own_server.repository / MODEL / "config.pbtxt").read_text()
+    proc = subprocess.Popen([sys.executable, "-m", "builder", "tune", MODEL, "--repository", str(own_server.repository),
+                             "--url", own_server.grpc_url, "--p99-budget-ms", "200", "--seconds-per-candidate", "4",
+                             "--levels", "1", "--out", str(tmp_path)] + (["--in-place"] if in_place else []),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    copies = [f"{MODEL}__tune{proc.pid}_{n}" for n in range(1, 12)]
+    with TritonClient(own_server.http_url, "http") as client:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and proc.poll() is None:  # until a candidate is being served
+            if (not client.model_ready(MODEL)) if in_place else client.model_ready(copies[0]):
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "tune ended before a candidate was loaded"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # a copy's unload is asynchronous
+            left = [name for name in copies if client.model_ready(name)]
+            if client.model_ready(MODEL) and not left:
+                break
+            time.sleep(0.2)
+        assert client.model_ready(MODEL), out
+        assert not left, (left, out)
+    assert proc.returncode == 130 and "interrupted" in out, out
+    assert (own_server.repository / MODEL / "config.pbtxt").read_text() == config_before
