@@ -73,6 +73,17 @@ def free_port(host: str = "127.0.0.1") -> int:
     return free_ports(host, 1)[0]
 
 
+def port_in_use(host: str, port: int) -> bool:
+    """Whether another socket listens on ``host:port`` (a port in TIME_WAIT is free, as for servers)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 def port_open(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.5):

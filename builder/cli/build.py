@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from builder.cli.arguments import finite_float
 from builder.cli.output import add_signature_arguments, print_json
 from builder.progress import Reporter
 
@@ -85,7 +86,7 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="embedded | cpu | gpu (default: the spec's deploy.target)")
     p.add_argument("--strict", action="store_true", help="fail if any variant fails verification")
     p.add_argument("--publish-variants", action="store_true", help="also publish the others as <name>__<variant>")
-    p.add_argument("--benchmark-seconds", type=float,
+    p.add_argument("--benchmark-seconds", type=finite_float,
                    help="measuring time cap per variant (default 2; 0 skips measuring and selects by preference)")
     p.add_argument("--signing-key", help="elliptic-curve private key (PEM) that signs each published version "
                    "(default: $TRITON_BUILDER_SIGNING_KEY; its password only via $TRITON_BUILDER_SIGNING_KEY_PASSWORD)")
@@ -117,7 +118,7 @@ def register(sub, common: argparse.ArgumentParser) -> None:
                        help="on the serving host: re-measure a model's variants, publish the winner sized to this host")
     p.add_argument("name", help="model name in the repository (its variants: --publish-variants at build time)")
     p.add_argument("--repository", default=DEFAULT_REPOSITORY, help="model repository folder (default: %(default)s)")
-    p.add_argument("--seconds", type=float, default=2.0, help="measuring time cap per variant (default: %(default)s)")
+    p.add_argument("--seconds", type=finite_float, default=2.0, help="measuring time cap per variant (default: %(default)s)")
     p.add_argument("--dry-run", action="store_true", help="measure and say what would be published; publish nothing")
     p.add_argument("--signing-key", help="elliptic-curve private key (PEM) that signs the published version "
                    "(default: $TRITON_BUILDER_SIGNING_KEY; its password only via $TRITON_BUILDER_SIGNING_KEY_PASSWORD)")
@@ -133,7 +134,7 @@ def register(sub, common: argparse.ArgumentParser) -> None:
                        help="the main job: build, serve, check, load-test and report, then stop")
     p.add_argument("spec", nargs="?", default="examples/digits/spec.yaml", help="model spec YAML (default: %(default)s)")
     p.add_argument("--repository", default="runs/model_repository", help="where to publish (default: %(default)s)")
-    p.add_argument("--load-seconds", type=float, default=10.0, help="load test length (default: %(default)s)")
+    p.add_argument("--load-seconds", type=finite_float, default=10.0, help="load test length (default: %(default)s)")
     p.add_argument("--users", type=int, default=8, help="load test users (default: %(default)s)")
     p.add_argument("--keep-serving", action="store_true", help="keep the server up until Ctrl-C at the end")
     p.set_defaults(func=cmd_run)

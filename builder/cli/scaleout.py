@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from builder.cli.arguments import finite_float
 from builder.progress import Reporter
 
 
@@ -94,7 +95,7 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--replicas", type=int, default=2, help="Triton replicas behind the balancer (default: %(default)s)")
     p.add_argument("--http-port", type=int, help="the balancer's HTTP port (default: a free one)")
     p.add_argument("--grpc-port", type=int, help="the balancer's gRPC port (default: a free one)")
-    p.add_argument("--watch-seconds", type=float, default=10.0,
+    p.add_argument("--watch-seconds", type=finite_float, default=10.0,
                    help="how often to look for newly published versions to roll out (default: %(default)s)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--prometheus", dest="prometheus", action="store_const", const=True, default=None,
@@ -112,7 +113,7 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--max-replicas", "--max", type=int, default=8, help="HPA maximum (default: %(default)s)")
     p.add_argument("--metric", choices=("queue_compute_ratio", "pending_requests"), default="queue_compute_ratio",
                    help="what the HPA scales on (default: %(default)s)")
-    p.add_argument("--target", type=float, help="per-pod target of --metric (default: 1 for the ratio, 8 pending)")
+    p.add_argument("--target", type=finite_float, help="per-pod target of --metric (default: 1 for the ratio, 8 pending)")
     p.add_argument("--namespace", help="namespace set in kustomization.yaml (default: none)")
     p.add_argument("--image", default="nvcr.io/nvidia/tritonserver:24.10-py3", help="Triton image (default: %(default)s)")
     p.add_argument("--secret", default="triton-s3-credentials",

@@ -10,6 +10,7 @@ import argparse
 import re
 from pathlib import Path
 
+from builder.cli.arguments import finite_float
 from builder.errors import UserInputError
 from builder.progress import Reporter
 
@@ -44,7 +45,7 @@ def int_list(text: str) -> list[int]:
     try:
         return [int(part) for part in str(text).split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: use comma-separated whole numbers, e.g. 0,100,500") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: use comma-separated whole numbers, e.g. 1,4,16") from None
 
 
 def cmd_loadtest(args: argparse.Namespace, reporter: Reporter) -> int:
@@ -70,7 +71,24 @@ def cmd_sweep(args: argparse.Namespace, reporter: Reporter) -> int:
                        engine=args.engine, progress=reporter)
     print(f"client: {result['client']}")
     print(f"wrote {result['files']['csv']} and {result['files']['png']}")
-    return 1 if any(row["failures"] for row in result["levels"]) else 0
+    failed = [row for row in result["levels"] if row["failures"]]
+    for row in failed:  # the reasons, not only a count (they were in sweep.json alone)
+        print(f"concurrency {row['concurrency']}: {row['failures']} failed request(s): "
+              + "; ".join(row.get("errors") or ["no reason recorded"]))
+    if failed and all(not row["requests"] or row["requests"] == row["failures"] for row in result["levels"]):
+        _raise_if_unreachable(args)
+    return 1 if failed else 0
+
+
+def _raise_if_unreachable(args: argparse.Namespace) -> None:
+    """Every request failed: a server that no longer answers is exit 2 (as loadtest's), not a sweep result."""
+    from builder.errors import ServerError
+    from builder.tuning.payload import fetch_model
+
+    try:
+        fetch_model(_url(args), args.protocol, args.name)
+    except ServerError as exc:
+        raise ServerError(f"every request of the sweep failed and the server no longer answers: {exc}") from None
 
 
 def cmd_tune(args: argparse.Namespace, reporter: Reporter) -> int:
@@ -117,12 +135,12 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("loadtest", parents=[common], help="Locust load test of a served model, with SLOs (exit 1 if broken)")
     _common(p, "http")
     p.add_argument("--users", type=int, default=8, help="concurrent users, one request in flight each (default 8)")
-    p.add_argument("--spawn-rate", type=float, help="users started per second (default: all at once)")
+    p.add_argument("--spawn-rate", type=finite_float, help="users started per second (default: all at once)")
     p.add_argument("--run-time", type=seconds, default=30.0, help="e.g. 30, 30s, 2m (default 30 s)")
     p.add_argument("--shape", choices=("constant", "ramp", "steps"), default="constant",
                    help="load shape: constant users, a ramp, or steps (default: %(default)s)")
-    p.add_argument("--slo-p99-ms", type=float, help="p99 latency SLO over the run (default: none)")
-    p.add_argument("--slo-max-failure-ratio", type=float, help="largest allowed failure ratio (default 0.01)")
+    p.add_argument("--slo-p99-ms", type=finite_float, help="p99 latency SLO over the run (default: none)")
+    p.add_argument("--slo-max-failure-ratio", type=finite_float, help="largest allowed failure ratio (default 0.01)")
     p.add_argument("--workers", type=int, default=0, help="run 1 master + N worker processes (default 0: one process)")
     p.add_argument("--timeout", type=seconds, help="hard limit on the whole run (default: run time + 65 s)")
     p.set_defaults(func=cmd_loadtest)
@@ -131,15 +149,15 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     _common(p, "grpc")
     p.add_argument("--max-concurrency", type=int, default=16, help="levels 1, 2, 4, ... up to this (default 16)")
     p.add_argument("--levels", type=int_list, help="explicit levels instead, e.g. 1,4,16")
-    p.add_argument("--window", type=float, default=0.5, help="measurement window in s (default 0.5)")
-    p.add_argument("--seconds-per-level", type=float, default=8.0, help="time cap per level (default 8)")
+    p.add_argument("--window", type=finite_float, default=0.5, help="measurement window in s (default 0.5)")
+    p.add_argument("--seconds-per-level", type=finite_float, default=8.0, help="time cap per level (default 8)")
     _engine(p)
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("tune", parents=[common], help="search batching/instances/max batch size under a p99 budget on the running server")
     _common(p, "grpc")
-    p.add_argument("--p99-budget-ms", type=float, required=True, help="p99 latency budget (ms)")
-    p.add_argument("--seconds-per-candidate", type=float, default=10.0, help="time per candidate (default 10)")
+    p.add_argument("--p99-budget-ms", type=finite_float, required=True, help="p99 latency budget (ms)")
+    p.add_argument("--seconds-per-candidate", type=finite_float, default=10.0, help="time per candidate (default 10)")
     p.add_argument("--write", action="store_true", help="write the winner into config.pbtxt (+ tuning.json)")
     p.add_argument("--publish", action="store_true",
                    help="publish the winner as a new version (the latest version's files, the tuned config, tuning.json)")
@@ -161,7 +179,7 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--in-place", action="store_true",
                    help="load each candidate into the model itself (unavailable during each reload) rather than "
                         "as a copy under its own name (the default where its files are at most 64 MB)")
-    p.add_argument("--tie-margin", type=float, default=0.05,
+    p.add_argument("--tie-margin", type=finite_float, default=0.05,
                    help="prefer the config closest to the one as built within this fraction of the best (default 0.05)")
     _engine(p)
     p.set_defaults(func=cmd_tune)

@@ -145,14 +145,21 @@ def _grpc_client(url: str, timeout: float) -> TritonClient:
 def _require_ready(client: TritonClient, name: str, version: int, url: str) -> None:
     if client.model_ready(name, version):
         return
-    reason = ""
+    reason, ready = "", []
     try:
         for entry in client.repository_index():
-            if entry.get("name") == name:
+            if entry.get("name") != name:
+                continue
+            if str(entry.get("version", "")) == str(version):  # an entry per version: this one's state
                 reason = f" (state {entry.get('state', '?')}: {entry.get('reason', '') or 'no reason given'})"
+            elif entry.get("state") == "READY":
+                ready.append(str(entry.get("version")))
     except ServerError:  # the index is only used to explain
         pass
-    raise ServerError(f"model '{name}' version {version} is not ready on {url}{reason}")
+    hint = (f"; the server serves version(s) {', '.join(ready)} of it: check one of those (--version), or serve "
+            "this one too (deploy.version_policy: all)" if ready else
+            f"; load it (triton-builder serve --repository DIR loads every model) and check again")
+    raise ServerError(f"model '{name}' version {version} is not ready on {url}{reason}{hint}")
 
 
 def _tensor_summary(items: list[dict[str, Any]]) -> list[tuple]:

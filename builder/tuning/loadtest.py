@@ -118,7 +118,7 @@ def _validate(protocol: str, users: int, run_time_s: float, workers: int, shape:
         raise UserInputError(f"--shape {shape!r}: use one of {', '.join(SHAPES)}")
     if timeout_s is not None and timeout_s <= run_time_s:
         raise UserInputError(f"--timeout {timeout_s}: must exceed --run-time {run_time_s} (it bounds the whole run)")
-    if slo_p99_ms is not None and slo_p99_ms <= 0:
+    if slo_p99_ms is not None and not slo_p99_ms > 0:  # nan too
         raise UserInputError(f"--slo-p99-ms {slo_p99_ms}: must be > 0 ms")
     if slo_max_failure_ratio is not None and not 0 <= slo_max_failure_ratio <= 1:
         raise UserInputError(f"--slo-max-failure-ratio {slo_max_failure_ratio}: must be within 0..1")

@@ -160,10 +160,28 @@ def load_samples(model: ModelInterface, payload: str | Path | None = None,
         from builder.tensors import to_wire
         dims = {name: shape for name, _, shape in model.inputs}
         samples = read_npz_samples(path, names, model.batching)
+        samples = _as_model_dtypes(samples, {name: datatype for name, datatype, _ in model.inputs}, path)
         # a scalar per sample travels as dims [1] (config reshape []): shape the rows the way Triton wants
         samples = [{n: to_wire(a, dims[n], model.batching) for n, a in sample.items()} for sample in samples]
         return samples, str(path)
     return generated_samples(model), "generated from the model's metadata"
+
+
+def _as_model_dtypes(samples: list[dict[str, np.ndarray]], datatypes: dict[str, str],
+                     path: Path) -> list[dict[str, np.ndarray]]:
+    """Payload arrays in the dtypes the model takes: a cast within a kind (numpy's float64 default for
+    an FP32 input) is made; across kinds (floats for INT64 ids) it is refused here, not as every request
+    of a run failing on the server."""
+    first = samples[0] if samples else {}
+    for name, array in first.items():
+        expected = DATATYPES.get(datatypes.get(name, ""))
+        if expected is None or array.dtype == expected:
+            continue
+        if not np.can_cast(array.dtype, expected, casting="same_kind"):
+            raise UserInputError(f"{path.name}['{name}'] is {array.dtype}, the model takes {datatypes[name]} "
+                                 f"({np.dtype(expected).name}): save the payload's '{name}' as {np.dtype(expected).name}")
+    return [{n: a.astype(DATATYPES[datatypes[n]], copy=False) if datatypes.get(n) in DATATYPES else a
+             for n, a in sample.items()} for sample in samples]
 
 
 def make_requests(samples: list[dict[str, np.ndarray]], batch_size: int = 1,

@@ -52,11 +52,17 @@ def run_sweep(model: str, url: str, protocol: str = "grpc", max_concurrency: int
     levels = sorted(set(levels)) if levels else concurrency_levels(max_concurrency)
     if any(c < 1 for c in levels):
         raise UserInputError(f"--levels {levels}: every concurrency must be >= 1")
-    if window_s <= 0 or max_seconds_per_level < 3 * window_s:
-        raise UserInputError(f"--max-seconds-per-level {max_seconds_per_level}: must allow three windows of "
-                             f"{window_s} s (stability needs 3)")
+    if not window_s > 0:
+        raise UserInputError(f"--window {window_s}: must be > 0 s")
+    if not max_seconds_per_level >= 3 * window_s:
+        raise UserInputError(f"--seconds-per-level {max_seconds_per_level}: must allow three windows of --window "
+                             f"{window_s} s (stability needs 3): raise it or lower --window")
     say = progress or (lambda message: None)
     interface = fetch_model(url, protocol, model)
+    if batch_size > max(interface.max_batch_size, 1):
+        raise UserInputError(f"--batch-size {batch_size}: model '{model}' takes at most "
+                             f"{max(interface.max_batch_size, 1)} row(s) per request (max_batch_size "
+                             f"{interface.max_batch_size}); give --batch-size <= {max(interface.max_batch_size, 1)}")
     samples, source = load_samples(interface, payload, repository)
     requests = make_requests(samples, batch_size, interface.batching)
     out = Path(out_dir)

@@ -215,7 +215,7 @@ def _copy_files(url: str, protocol: str, repository, model: str, say) -> dict[st
 def _check_arguments(p99_budget_ms, seconds_per_candidate, window_s, protocol, tie_margin, delays, instance_counts,
                      max_batch_sizes, levels, max_concurrency) -> tuple[list[int], list[int], list[int], list[int]]:
     """The arguments checked (``UserInputError`` naming the option), lists as whole numbers."""
-    if p99_budget_ms is None or p99_budget_ms <= 0:
+    if p99_budget_ms is None or not p99_budget_ms > 0:  # nan too
         raise UserInputError(f"--p99-budget-ms {p99_budget_ms}: give the p99 latency budget in ms (> 0)")
     if seconds_per_candidate < 4 * window_s:
         raise UserInputError(f"--seconds-per-candidate {seconds_per_candidate}: needs at least {4 * window_s:g} s "

@@ -1,8 +1,11 @@
-"""`triton-builder check --json` against the real embedded server: one JSON object for CI pipelines."""
+"""The serving verbs' CLI against the real embedded server: `check --json` (one JSON object for CI
+pipelines); `sweep` refusing up front what would fail every request and printing why a level failed;
+`serve` on a port in use."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -19,3 +22,33 @@ def test_check_json(served, built_repository):
     assert report["ok"] is True and report["model"] == "digits_cnn" and report["version"] == 1
     assert set(report["metrics"]) == {"http", "grpc"} and report["failures"] == []
     assert report["lines"][0] == f"digits_cnn version 1: OK ({report['cases']} cases per protocol)"
+
+
+def test_sweep_refuses_what_would_fail_every_request_and_names_why(served, built_repository, tmp_path):
+    import numpy as np
+
+    common = ["--repository", str(built_repository), "--url", served.grpc_url, "--protocol", "grpc",
+              "--out", str(tmp_path / "sweep")]
+    proc = run_cli("sweep", "digits_cnn", *common, "--batch-size", "999")
+    assert proc.returncode == 2 and "--batch-size 999: model 'digits_cnn' takes at most 64 row(s) per request" \
+        in proc.stderr, proc.stderr
+    np.savez(tmp_path / "floats.npz", input_ids=np.zeros((4, 16), np.float32), attention_mask=np.ones((4, 16), np.float32))
+    proc = run_cli("sweep", "bert_tiny", *common, "--payload", str(tmp_path / "floats.npz"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "floats.npz['input_ids'] is float32, the model takes INT64 (int64): save the payload's 'input_ids' as int64" \
+        in proc.stderr
+    # a level whose requests all fail prints why (perf_analyzer's own text), not only a count in sweep.json
+    np.savez(tmp_path / "wide.npz", image=np.zeros((4, 1, 8, 16), np.float32))
+    proc = run_cli("sweep", "digits_cnn", *common, "--payload", str(tmp_path / "wide.npz"), "--levels", "1",
+                   "--window", "0.2", "--seconds-per-level", "1")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert re.search(r"concurrency 1: 1 failed request\(s\): perf_analyzer exit \d+: .*shape of \[1,8,16\] for input "
+                     r'"image" is incompatible', proc.stdout), proc.stdout
+
+
+def test_serve_on_a_port_in_use_refuses_before_loading_anything(served, built_repository):
+    port = served.http_url.rsplit(":", 1)[1]
+    proc = run_cli("serve", "--repository", str(built_repository), "--http-port", port, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"--http-port {port}: 127.0.0.1:{port} is in use by another process; choose another port, or leave " \
+           "--http-port out" in proc.stderr

@@ -122,3 +122,57 @@ def test_select_measures_here_and_dry_run_publishes_nothing(built_repository, tm
     assert not (copy / "digits_cnn" / "2").exists()
     proc = run_cli("select", "nope", "--repository", str(copy), "-q")
     assert proc.returncode == 2 and "model 'nope' has no version" in proc.stderr
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["sweep", "m", "--window", "nan"], "--window"),
+    (["tune", "m", "--p99-budget-ms", "nan"], "--p99-budget-ms"),
+    (["tune", "m", "--p99-budget-ms", "50", "--seconds-per-candidate", "inf"], "--seconds-per-candidate"),
+    (["loadtest", "m", "--slo-p99-ms", "nan"], "--slo-p99-ms"),
+])
+def test_nan_and_inf_are_refused_where_a_number_is_asked(argv, option, capsys):
+    """nan passed every '<= 0' check: a p99 SLO of nan was 'met', a budget of nan searched for nothing."""
+    with pytest.raises(SystemExit) as exited:
+        make_parser().parse_args(argv)
+    assert exited.value.code == 2
+    assert f"argument {option}: '{argv[argv.index(option) + 1]}' is not a finite number" in capsys.readouterr().err
+    assert not [a for p in _subparsers(make_parser()).values() for a in p._actions if a.type is float]
+
+
+def test_sweep_window_errors_name_the_options_that_exist(tmp_path):
+    from builder.errors import UserInputError
+    from builder.tuning.sweep import run_sweep
+
+    with pytest.raises(UserInputError, match=r"^--window 0: must be > 0 s$"):
+        run_sweep("m", "127.0.0.1:1", "grpc", 2, tmp_path, window_s=0)
+    with pytest.raises(UserInputError, match=r"^--seconds-per-level 1: must allow three windows of --window 0.5 s "
+                                             r"\(stability needs 3\): raise it or lower --window$"):
+        run_sweep("m", "127.0.0.1:1", "grpc", 2, tmp_path, window_s=0.5, max_seconds_per_level=1)
+
+
+class _Index:
+    """What check's readiness probe reads from a server: readiness per version and the repository index."""
+
+    def __init__(self, entries):
+        self.entries = entries
+
+    def model_ready(self, name, version):
+        return any(e["name"] == name and e["version"] == str(version) and e["state"] == "READY" for e in self.entries)
+
+    def repository_index(self):
+        return self.entries
+
+
+def test_check_of_an_unserved_version_says_its_own_state_and_which_version_is_served():
+    from builder.errors import ServerError
+    from builder.serving.check import _require_ready
+
+    index = _Index([{"name": "m", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"},
+                    {"name": "m", "version": "2", "state": "READY"}])
+    with pytest.raises(ServerError, match=r"model 'm' version 1 is not ready on u \(state UNAVAILABLE: unloaded\); "
+                                          r"the server serves version\(s\) 2 of it: check one of those \(--version\)"):
+        _require_ready(index, "m", 1, "u")
+    with pytest.raises(ServerError, match=r"version 3 is not ready on u; the server serves version\(s\) 2 of it"):
+        _require_ready(index, "m", 3, "u")
+    with pytest.raises(ServerError, match=r"model 'x' version 1 is not ready on u; load it \(triton-builder serve"):
+        _require_ready(index, "x", 1, "u")
