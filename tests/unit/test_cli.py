@@ -176,3 +176,13 @@ def test_check_of_an_unserved_version_says_its_own_state_and_which_version_is_se
         _require_ready(index, "m", 3, "u")
     with pytest.raises(ServerError, match=r"model 'x' version 1 is not ready on u; load it \(triton-builder serve"):
         _require_ready(index, "x", 1, "u")
+
+
+def test_a_sweep_whose_server_stopped_answering_is_a_server_error():
+    from builder.cli.tuning import _raise_if_unreachable
+    from builder.errors import ServerError
+    from builder.processes import free_port
+
+    args = argparse.Namespace(url=f"127.0.0.1:{free_port()}", protocol="http", name="m")
+    with pytest.raises(ServerError, match=r"every request of the sweep failed and the server no longer answers: "):
+        _raise_if_unreachable(args)
