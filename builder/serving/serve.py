@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from builder.errors import ServerDiedError
+from builder.errors import ServerDiedError, UserInputError
 from builder.processes import stop_signals
 from builder.serving.backends import EMBEDDED_BACKENDS
 from builder.serving.embedded import EmbeddedServer
@@ -56,6 +56,7 @@ def serve_forever(
     """
     # with a public key (or $TRITON_BUILDER_PUBLIC_KEY): every version's signature, before anything loads
     from builder.repository.signing import verify_repository
+    _refuse_empty(repository, load_models)
     verify_repository(repository, public_key, require_signature)
     server = EmbeddedServer(
         repository,
@@ -87,6 +88,23 @@ def serve_forever(
             return 0
         finally:
             server.stop()
+
+
+def _refuse_empty(repository: Path | str, load_models: Sequence[str] | None) -> None:
+    """A server with nothing to serve is a mistake in --repository (a model folder, or one not built
+    into yet), not a running service to leave up."""
+    from builder.serving.backends import model_dirs
+    from builder.storage.s3_location import is_s3_url
+    folder = Path(repository)
+    if is_s3_url(str(repository)) or not folder.is_dir():
+        return
+    if (folder / "config.pbtxt").is_file():
+        raise UserInputError(f"--repository {folder}: this is a model folder (it holds config.pbtxt); pass the "
+                             f"repository above it: --repository {folder.parent}")
+    if load_models or model_dirs(folder):
+        return
+    raise UserInputError(f"--repository {folder}: no models in it; build one into it first "
+                         f"(triton-builder build SPEC.yaml --repository {folder})")
 
 
 def served_host_warnings(repository: Path | str, models: Sequence[str], current_host: dict | None = None) -> list[str]:

@@ -186,3 +186,19 @@ def test_a_sweep_whose_server_stopped_answering_is_a_server_error():
     args = argparse.Namespace(url=f"127.0.0.1:{free_port()}", protocol="http", name="m")
     with pytest.raises(ServerError, match=r"every request of the sweep failed and the server no longer answers: "):
         _raise_if_unreachable(args)
+
+
+def test_serve_refuses_a_model_folder_or_an_empty_repository(tmp_path):
+    from builder.errors import UserInputError
+    from builder.serving.serve import serve_forever
+
+    model = tmp_path / "repo" / "digits_cnn"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text('name: "digits_cnn"\n')
+    with pytest.raises(UserInputError, match=rf"--repository {model}: this is a model folder \(it holds config\.pbtxt\); "
+                                             rf"pass the repository above it: --repository {model.parent}$"):
+        serve_forever(model)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UserInputError, match=rf"--repository {empty}: no models in it; build one into it first"):
+        serve_forever(empty)
