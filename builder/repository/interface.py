@@ -139,11 +139,13 @@ class InterfaceChange:
                 "interfaces, publish the new one under a new model name")
 
 
-def interface_change(repository: Path, name: str, config_text: str) -> InterfaceChange | None:
+def interface_change(repository: Path, name: str, config_text: str,
+                     compare_backend: bool = True) -> InterfaceChange | None:
     """Compare the config about to be published for ``name`` with its model folder's versions. Raises
     UserInputError (before anything is written) when its version_policy would also serve an older version
     built for another interface (Triton would fail to load the model); None when the interface of the
-    folder's config.pbtxt does not change; else the change, for a warning."""
+    folder's config.pbtxt does not change; else the change, for a warning. ``compare_backend=False``: a
+    check before the variant (so the backend) is chosen."""
     folder = model_dir(repository, name)
     existing = existing_versions(folder)
     config_path = folder / "config.pbtxt"
@@ -153,6 +155,8 @@ def interface_change(repository: Path, name: str, config_text: str) -> Interface
 
     new = parse_config(config_text)
     new_interface = config_interface(new)
+    if not compare_backend:
+        new_interface["backend"] = None
     old_interface = config_interface(parse_config(config_path.read_text(), str(config_path)))
     changes = interface_changes(old_interface, new_interface)
     differs: dict[int, list[str]] = {}  # version -> how the new config differs from what it was built for

@@ -64,6 +64,7 @@ def run(ctx: BuildContext) -> StageResult:
     _check_batch_dimension(ctx, cases, reference_outputs)
     ctx.reference = Reference(cases=cases, outputs=reference_outputs)
     _infer_output_signature(ctx, reference_outputs + _signature_samples(runner, ctx))
+    _check_repository_interface(ctx)
 
     if validation is not None:
         val_inputs = {t.name: validation[t.name] for t in spec.inputs}
@@ -77,6 +78,23 @@ def run(ctx: BuildContext) -> StageResult:
     note = "; ".join(f"generated {k} in [{lo}, {hi}) (probed: the model rejects larger ids)" for k, (lo, hi) in probed.items())
     return StageResult.ok(STAGE, note, reference=ctx.reference_kind, cases=[c["id"] for c in cases], id_ranges=probed,
                           validation_samples=None if validation is None else len(next(iter(validation.values()))))
+
+
+def _check_repository_interface(ctx: BuildContext) -> None:
+    """A model folder's versions share one config.pbtxt: where the spec's version_policy would serve older
+    versions built for another interface, refuse now rather than after export and verification (stage
+    publish checks again, with the chosen variant's backend, and warns under latest)."""
+    from builder.repository.config import render_config
+    from builder.repository.interface import interface_change
+    from builder.repository.publish import config_for
+
+    signature = {o.name: (ctx.reference.output_dtypes[o.name], ctx.reference.output_shapes[o.name])
+                 for o in ctx.spec.outputs}
+    try:
+        text = render_config(config_for(ctx.spec, "onnx", ctx.target, ctx.spec.name, signature))
+    except Exception:  # noqa: BLE001 - outputs the later stages refuse with their own reason (empty in every case)
+        return
+    interface_change(ctx.options.repository, ctx.spec.name, text, compare_backend=False)
 
 
 def _origin(ctx: BuildContext) -> str:

@@ -186,3 +186,19 @@ def test_interface_changes_name_each_field():
         "max_batch_size 8 -> 0", "input 'a' reshape [] -> none", "input 'b' data_type TYPE_INT64 -> TYPE_INT32",
         "input order ['a', 'b'] -> ['b', 'a']", "output 'y' removed", "output 'z' added"]
     assert interface_changes(old, old) == []
+
+
+def test_a_build_is_refused_at_load_before_export_and_verification(tmp_path):
+    from builder.pipeline import build
+    from tests.tiny_models import write_model
+
+    repo = tmp_path / "repo"
+    build(write_model(tmp_path, "dotted", variants=["onnx"], deploy={"version_policy": "all"}), repo,
+          benchmark_seconds=0, progress=lambda m: None)
+    said: list[str] = []
+    spec = write_model(tmp_path, "dotted", variants=["onnx"], deploy={"version_policy": "all"},
+                       outputs=[{"name": "scores"}])
+    with pytest.raises(UserInputError, match=r"version 1: output 'logits:0' removed, output 'scores' added"):
+        build(spec, repo, benchmark_seconds=0, progress=said.append)
+    assert not [line for line in said if "export_onnx" in line], said
+    assert existing_versions(repo / "dotted") == [1]
