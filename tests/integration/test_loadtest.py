@@ -253,7 +253,9 @@ def test_tune_loads_candidates_as_copies_while_the_model_stays_ready(own_server,
     assert record["candidates_loaded_as"].startswith("copies of the model"), record["candidates_loaded_as"]
     assert len(ready) > 20 and all(ready), f"{ready.count(False)} of {len(ready)} polls found the model not ready"
     measured = [c for c in record["candidates"] if not c["error"]]
-    assert len(measured) == len(record["candidates"]) >= 5, [(c["label"], c["error"]) for c in record["candidates"]]
+    # how many candidates the staged search tries follows its measurements (a delay that serves less stops
+    # the delays; a size equal to the best's is skipped): at least the two baselines and one copy more
+    assert len(measured) == len(record["candidates"]) >= 3, [(c["label"], c["error"]) for c in record["candidates"]]
     for candidate in measured:  # Triton's statistics were read from the copy each was measured on
         assert candidate["best_level"]["server_avg_batch"] >= 1, candidate
     deadline = time.monotonic() + 20  # the last copy unloads in the background (~1 s per instance)
