@@ -158,7 +158,7 @@ def _require_ready(client: TritonClient, name: str, version: int, url: str) -> N
         pass
     hint = (f"; the server serves version(s) {', '.join(ready)} of it: check one of those (--version), or serve "
             "this one too (deploy.version_policy: all)" if ready else
-            f"; load it (triton-builder serve --repository DIR loads every model) and check again")
+            "; load it (triton-builder serve --repository DIR loads every model) and check again")
     raise ServerError(f"model '{name}' version {version} is not ready on {url}{reason}{hint}")
 
 

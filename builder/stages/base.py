@@ -115,6 +115,10 @@ class Reference:
     output_dtypes: dict[str, str] = field(default_factory=dict)
     output_shapes: dict[str, list[int]] = field(default_factory=dict)  # per sample, -1 dynamic
 
+    def output_signature(self) -> dict[str, tuple[str, list[int]]]:
+        """{output: (dtype, per-sample shape)}, what a config's outputs are made from (config_for)."""
+        return {name: (dtype, self.output_shapes[name]) for name, dtype in self.output_dtypes.items()}
+
 
 @dataclass
 class TensorRTOutput:

@@ -88,8 +88,7 @@ def _check_repository_interface(ctx: BuildContext) -> None:
     from builder.repository.interface import interface_change
     from builder.repository.publish import config_for
 
-    signature = {o.name: (ctx.reference.output_dtypes[o.name], ctx.reference.output_shapes[o.name])
-                 for o in ctx.spec.outputs}
+    signature = ctx.reference.output_signature()
     try:
         text = render_config(config_for(ctx.spec, "onnx", ctx.target, ctx.spec.name, signature))
     except Exception:  # noqa: BLE001 - outputs the later stages refuse with their own reason (empty in every case)

@@ -72,8 +72,7 @@ def _profile_data(ctx: BuildContext, variant: Variant):
 
 def _serving_config(ctx: BuildContext, variant: Variant, name: str):
     """The version's config, and the serving size and batching delay it was sized with."""
-    signature = {o.name: (ctx.reference.output_dtypes[o.name], ctx.reference.output_shapes[o.name])
-                 for o in ctx.spec.outputs}
+    signature = ctx.reference.output_signature()
     profile = host_profile(with_gpu=False)
     sizing = serving_size(variant.benchmark, profile["usable_cores"])
     bench = variant.benchmark or {}
@@ -85,9 +84,10 @@ def _serving_config(ctx: BuildContext, variant: Variant, name: str):
 
 
 def _describe(ctx: BuildContext, variant: Variant, name: str, version: int,
-              serving=None) -> tuple[VersionDescription, str]:
-    """The version's description, and a progress line for what it carries beyond the model ("" if nothing)."""
-    config, sizing, delay = serving or _serving_config(ctx, variant, name)
+              serving) -> tuple[VersionDescription, str]:
+    """The version's description (``serving``: ``_serving_config``'s), and a progress line for what it
+    carries beyond the model ("" if nothing)."""
+    config, sizing, delay = serving
     # a variant verified by task accuracy serves its own function: check compares with its own outputs
     outputs = variant.own_outputs if variant.own_outputs is not None else ctx.reference.outputs
     extra: dict[str, bytes] = {"reference.npz": reference_bytes(ctx.reference.cases, outputs)}

@@ -77,8 +77,7 @@ def make_recipe(ctx, variant, name: str, version: int, record: dict[str, Any], d
     spec = ctx.spec
     plan_model = deferred["plan_model"]
     profiles = derive_profiles(spec)
-    signature = {o.name: (ctx.reference.output_dtypes[o.name], ctx.reference.output_shapes[o.name])
-                 for o in spec.outputs}
+    signature = ctx.reference.output_signature()
     config_text = render_config(config_for(spec, "plan", "gpu", plan_model, signature))
     onnx_file = record["artifact"]["file"]
     source = {"model": name, "version": version, "variant": variant.name, "file": onnx_file,

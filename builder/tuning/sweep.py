@@ -59,10 +59,11 @@ def run_sweep(model: str, url: str, protocol: str = "grpc", max_concurrency: int
                              f"{window_s} s (stability needs 3): raise it or lower --window")
     say = progress or (lambda message: None)
     interface = fetch_model(url, protocol, model)
-    if batch_size > max(interface.max_batch_size, 1):
-        raise UserInputError(f"--batch-size {batch_size}: model '{model}' takes at most "
-                             f"{max(interface.max_batch_size, 1)} row(s) per request (max_batch_size "
-                             f"{interface.max_batch_size}); give --batch-size <= {max(interface.max_batch_size, 1)}")
+    rows_per_request = max(interface.max_batch_size, 1)
+    if batch_size > rows_per_request:
+        raise UserInputError(f"--batch-size {batch_size}: model '{model}' takes at most {rows_per_request} row(s) "
+                             f"per request (max_batch_size {interface.max_batch_size}); give --batch-size <= "
+                             f"{rows_per_request}")
     samples, source = load_samples(interface, payload, repository)
     requests = make_requests(samples, batch_size, interface.batching)
     out = Path(out_dir)
