@@ -3,13 +3,15 @@
 Prints this host's profile (CPU model, ISA class, usable cores), builds a model (default
 examples/convnet64, ONNX FP32, a short benchmark) into a temporary repository, prints the serving
 size the build chose (builder/host.py size_serving) and why, then serves it on the embedded
-tritonserver and measures requests/s at one concurrency (in-process gRPC closed loop) for each of
+tritonserver and measures requests/s at one concurrency (perf_analyzer over gRPC when installed, the
+project's measurement engine; else the in-process Python client, which says so) for each of
 1 x 1 (the old default), every other instances x threads whose product fits the usable cores, and
 the build's choice - each loaded through Triton's model-control API (nothing rewritten on disk).
 Also prints the model's in-process batch-1 p50 with all usable cores, from the build's benchmark.
 Client and server share the CPU: figures are for this machine, with the load average around them.
 
 Usage: python benchmarks/host_sizing.py [--spec examples/convnet64/spec.yaml] [--concurrency 16] [--seconds 6]
+                                        [--engine auto|perf_analyzer|python]
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ def main(argv=None) -> int:
     ap.add_argument("--spec", default=str(ROOT / "examples" / "convnet64" / "spec.yaml"))
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=6.0, help="time cap per configuration")
+    ap.add_argument("--engine", default="auto", help="auto (perf_analyzer when installed) | perf_analyzer | python")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="host-sizing-"))
     try:
@@ -44,7 +47,7 @@ def _run(args, work: Path) -> int:
     from builder.pipeline import build
     from builder.repository.config import config_as_dict
     from builder.serving.embedded import EmbeddedServer
-    from builder.tuning.client import measure_level
+    from builder.tuning.engine import choose_engine
     from builder.tuning.payload import fetch_model, load_samples, make_requests
     from builder.tuning.search import Candidate, ModelControl
 
@@ -67,17 +70,19 @@ def _run(args, work: Path) -> int:
     shapes = list(dict.fromkeys(shapes + [chosen]))
     rows = []
     print(f"load average before {load_average()}", flush=True)
+    engine = choose_engine(args.engine, say=print, install=False)
+    print(f"measured with {engine.name}", flush=True)
     with EmbeddedServer(repo, load_models=[name]) as server:
         interface = fetch_model(server.grpc_url, "grpc", name)
         samples, _ = load_samples(interface, None, repo)
         requests = make_requests(samples, 1, interface.batching)
+        engine.prepare(server.grpc_url, "grpc", interface, samples, requests, work_dir=work / "engine")
         control = ModelControl(server.grpc_url, "grpc", name)
         for instances, threads in shapes:
             config = Candidate("x", bool(base.get("dynamic_batching") is not None), 0, instances,
                                int(base.get("max_batch_size", 0)), threads=threads).config(base)
             control.load(config)
-            level = measure_level(server.grpc_url, "grpc", name, requests, interface.outputs, args.concurrency,
-                                  window_s=0.5, max_s=args.seconds)
+            level = engine.measure(args.concurrency, window_s=1.0, max_s=args.seconds)
             row = {"instances": instances, "intra_op_threads": threads, "chosen": (instances, threads) == chosen,
                    "throughput_rps": round(level.throughput, 1), "p99_ms": level.p99_ms, "stable": level.stable}
             rows.append(row)
@@ -87,7 +92,7 @@ def _run(args, work: Path) -> int:
     one = next(r for r in rows if (r["instances"], r["intra_op_threads"]) == (1, 1))["throughput_rps"]
     best = max(rows, key=lambda r: r["throughput_rps"])
     mine = next(r for r in rows if r["chosen"])
-    print(json.dumps({"concurrency": args.concurrency, "one_by_one_rps": one, "chosen": list(chosen),
+    print(json.dumps({"engine": engine.name, "concurrency": args.concurrency, "one_by_one_rps": one, "chosen": list(chosen),
                       "chosen_rps": mine["throughput_rps"], "chosen_vs_one_by_one": round(mine["throughput_rps"] / one, 2),
                       "best": [best["instances"], best["intra_op_threads"]], "best_rps": best["throughput_rps"],
                       "chosen_vs_best": round(mine["throughput_rps"] / best["throughput_rps"], 2)}))
