@@ -136,7 +136,10 @@ def registry_url(registry: str | None, where: str = "--registry") -> str:
     if not url:
         raise UserInputError(f"{where}: which MLflow server? pass --registry URL or set ${REGISTRY_ENV}")
     if not url.startswith(("http://", "https://")):
-        raise UserInputError(f"{where} {url}: give the MLflow server's http(s):// URL (e.g. http://127.0.0.1:5000)")
+        # MLflow's own client also takes file:/sqlite: stores; triton-builder speaks only its REST API
+        raise UserInputError(f"{where} {url}: only http(s) MLflow tracking servers are supported; give the MLflow "
+                             "server's http(s):// URL (e.g. http://127.0.0.1:5000), or serve a local store with "
+                             "`mlflow server --backend-store-uri <store>`")
     status, _ = http_get(f"{url.rstrip('/')}/health", timeout=5)
     if status != 200:
         raise UserInputError(f"{where} {url}: no MLflow server answers there (GET /health -> {status or 'no answer'});"
@@ -148,16 +151,19 @@ def register_version(registry: str, model_folder: Path, version: int | None = No
                      name: str | None = None) -> dict[str, Any]:
     """Register ``version`` (default: the latest) of the model in ``model_folder``; returns
     {"name", "version" (the registry's), "run_id", "source", "uri"}."""
-    from builder.repository.layout import latest_version
+    from builder.repository.layout import existing_versions, latest_version
     from builder.repository.metadata import read_metadata
 
-    folder = Path(model_folder).resolve()
+    folder = _model_folder(Path(model_folder))
     version = version or latest_version(folder)
     if version is None or not (folder / str(version)).is_dir():
-        raise UserInputError(f"{folder}: no version {version or ''} to register; pass <repository>/<model name>")
+        have = ", ".join(map(str, existing_versions(folder))) or "none"
+        asked = f" {version}" if version is not None else ""
+        raise UserInputError(f"{folder}: no version{asked} to register (versions there: {have}); pass --version "
+                             "with one of them, or build one first")
     name = name or folder.name
     meta = read_metadata(folder / str(version) / "metadata.yaml")
-    rest = _Rest(registry)
+    rest = _Rest(registry_url(registry))
     experiment = _experiment_id(rest)
     tags = {"triton_builder.model": folder.name, "triton_builder.version": str(version),
             "host": json.dumps(meta.get("host") or {})[:TAG_LIMIT],
@@ -195,6 +201,21 @@ def register_version(registry: str, model_folder: Path, version: int | None = No
             "uri": f"models:/{name}/{created['version']}", "metrics": metrics}
 
 
+def _model_folder(folder: Path) -> Path:
+    """``folder`` when it holds a model (config.pbtxt); else an error naming it and what to pass instead
+    (a repository given whole lists its models)."""
+    folder = folder.resolve()
+    if (folder / "config.pbtxt").is_file():
+        return folder
+    if not folder.is_dir():
+        raise UserInputError(f"{folder}: no such model folder; pass <repository>/<model name>")
+    models = sorted(p.name for p in folder.iterdir() if (p / "config.pbtxt").is_file())
+    if models:
+        raise UserInputError(f"{folder} is a model repository, not a model folder; pass <repository>/<model name>: "
+                             + ", ".join(str(folder / m) for m in models))
+    raise UserInputError(f"{folder}: not a model folder (no config.pbtxt); pass <repository>/<model name>")
+
+
 def _experiment_id(rest: _Rest) -> str:
     try:
         found = rest.call("GET", "api/2.0/mlflow/experiments/get-by-name", query={"experiment_name": EXPERIMENT})
@@ -230,11 +251,10 @@ def parse_registry_uri(uri: str) -> tuple[str, str | None, str | None]:
 def materialise(uri: str, registry: str | None = None, cache: Path | None = None) -> Path:
     """Download the registry version ``uri`` into ``cache``/NAME-vN/model_repository/NAME (config.pbtxt and
     the version folder) and return that model folder (a fresh download each time)."""
-    registry = registry or os.environ.get(REGISTRY_ENV)
-    if not registry:
+    if not (registry or os.environ.get(REGISTRY_ENV)):
         raise UserInputError(f"{uri}: which MLflow server? pass --registry URL or set ${REGISTRY_ENV}")
     name, number, alias = parse_registry_uri(uri)
-    rest = _Rest(registry)
+    rest = _Rest(registry_url(registry))
     if alias:
         found = rest.call("GET", "api/2.0/mlflow/registered-models/alias", query={"name": name, "alias": alias})
     else:
