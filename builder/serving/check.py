@@ -84,39 +84,43 @@ def check_served(name: str, *, repository: str | Path = "model_repository", url:
     if meta.get("verified_by") == "task_accuracy":
         report.basis = _task_accuracy_basis(meta)
 
+    if protocol not in ("http", "grpc", "both"):
+        raise UserInputError(f"--protocol {protocol!r}: use http, grpc or both")
     if grpc_url is None:
         host, port = _split_url(url)
         grpc_url = f"{host}:{port + 1}"
     protocols = ["http", "grpc"] if protocol == "both" else [protocol]
-    if protocol not in ("http", "grpc", "both"):
-        raise UserInputError(f"--protocol {protocol!r}: use http, grpc or both")
 
-    with TritonClient(url, "http", network_timeout=timeout) as http_client:
-        http_client.require_live("is it running? (triton-builder serve prints its address)")
-        _require_ready(http_client, name, number, url)
+    # Only the protocols asked for are contacted: a gRPC-only endpoint (--protocol grpc) has no HTTP
+    # port to ask for liveness or the loaded config, and the first protocol's answers serve for both.
+    clients: dict[str, TritonClient] = {}
+    try:
+        for proto in protocols:
+            clients[proto] = _connected_client(url if proto == "http" else grpc_url, proto, timeout)
+        first = clients[protocols[0]]
+        _require_ready(first, name, number, first.address)
         intended = config_as_dict((folder / "config.pbtxt").read_text())
-        report.config_differences = config_differences(intended, http_client.model_config(name))
+        report.config_differences = config_differences(intended, first.model_config(name))
         batching = int(intended.get("max_batch_size", 0)) > 0
         wire_dims = {t["name"]: [int(d) for d in t.get("dims", [])] for t in intended.get("input", [])}
 
         for proto in protocols:
-            client = http_client if proto == "http" else _grpc_client(grpc_url, timeout)
             try:
                 per_case = []
                 for case, ref in zip(cases, outputs):
                     sent = {k: to_wire(v, wire_dims.get(k, []), batching) for k, v in case["inputs"].items()}
-                    got = client.infer(name, sent, output_names, version=number)
+                    got = clients[proto].infer(name, sent, output_names, version=number)
                     per_case.append(compare_outputs(ref, {k: from_wire(v, ref[k]) if k in ref else v
                                                           for k, v in got.items()}))
             except TritonError as exc:  # a failed request is a failed gate, with the server's words
                 report.failures.append(f"{proto}: request failed: {' '.join(exc.reason.split())[:300]}")
                 continue
-            finally:
-                if proto == "grpc":
-                    client.close()
             metrics = merge_case_metrics(per_case)
             report.metrics[proto] = metrics
             report.failures += [f"{proto} {line}" for line in tolerance_failures(metrics, tolerance)]
+    finally:
+        for client in clients.values():
+            client.close()
     return report
 
 
@@ -132,10 +136,12 @@ def _task_accuracy_basis(meta: dict[str, Any]) -> str:
             "not the original model's")
 
 
-def _grpc_client(url: str, timeout: float) -> TritonClient:
-    client = TritonClient(url, "grpc", network_timeout=timeout)
+def _connected_client(url: str, protocol: str, timeout: float) -> TritonClient:
+    """A client that has answered a liveness request; the hint names the flag that sets its address."""
+    client = TritonClient(url, protocol, network_timeout=timeout)
     try:
-        client.require_live("pass --grpc-url")
+        client.require_live("is it running? (triton-builder serve prints its address)"
+                            if protocol == "http" else "is it running? pass its gRPC address with --grpc-url")
     except ServerError:
         client.close()
         raise

@@ -66,6 +66,23 @@ def test_check_cli_exit_codes(served, built_repository):
     assert unreachable.returncode == 2 and "cannot reach Triton at 127.0.0.1:9" in unreachable.stderr
 
 
+def test_check_contacts_only_the_protocols_asked_for(served, built_repository):
+    # nothing listens on port 9: a gRPC-only check must not need HTTP, nor an HTTP-only one gRPC
+    grpc_only = check_served("digits_cnn", repository=built_repository, url="127.0.0.1:9",
+                             grpc_url=served.grpc_url, protocol="grpc")
+    assert grpc_only.ok and set(grpc_only.metrics) == {"grpc"}, grpc_only.lines()
+    assert grpc_only.config_differences == []  # the loaded config, read over gRPC
+    http_only = check_served("digits_cnn", repository=built_repository, url=served.http_url,
+                             grpc_url="127.0.0.1:9", protocol="http")
+    assert http_only.ok and set(http_only.metrics) == {"http"}
+    with pytest.raises(ServerError, match=r"cannot reach Triton at 127.0.0.1:9 over gRPC .*--grpc-url"):
+        check_served("digits_cnn", repository=built_repository, url=served.http_url,
+                     grpc_url="127.0.0.1:9", protocol="both")
+    cli = run_cli("check", "digits_cnn", "--repository", str(built_repository), "--protocol", "grpc",
+                  "--url", "127.0.0.1:9", "--grpc-url", served.grpc_url)
+    assert cli.returncode == 0 and "digits_cnn version 1: OK" in cli.stdout, cli.stdout + cli.stderr
+
+
 @pytest.fixture
 def digits_with_queue_delay(served):
     """digits_cnn with a 200 ms queue delay, so 16 concurrent requests meet in the queue on any host
