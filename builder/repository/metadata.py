@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import io
 import platform
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -61,15 +63,24 @@ def read_reference(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, np.
         raise UserInputError(f"{path} is missing: this version has no reference cases; rebuild it with triton-builder build")
     cases: dict[str, dict[str, Any]] = {}
     outputs: dict[str, dict[str, np.ndarray]] = {}
-    with np.load(path, allow_pickle=False) as archive:
-        for key in archive.files:
-            kind, case_key, name = key.split("/", 2)
-            if kind == "input":
-                cases.setdefault(case_key, {"id": case_key.split("_", 1)[1], "inputs": {}})["inputs"][name] = archive[key]
-            else:
-                outputs.setdefault(case_key, {})[name] = archive[key]
-    order = sorted(cases)
-    return [cases[k] for k in order], [outputs[k] for k in order]
+    try:
+        # never unpickled: numpy's "pickled data" ValueError is what a truncated, replaced or object-array
+        # file raises, alike with zip and key-layout errors; all mean the file is not what build wrote
+        with np.load(path, allow_pickle=False) as archive:
+            for key in archive.files:
+                kind, case_key, name = key.split("/", 2)
+                if kind == "input":
+                    cases.setdefault(case_key, {"id": case_key.split("_", 1)[1], "inputs": {}})["inputs"][name] = \
+                        archive[key]
+                else:
+                    outputs.setdefault(case_key, {})[name] = archive[key]
+        order = sorted(cases)
+        return [cases[k] for k in order], [outputs[k] for k in order]
+    except (ValueError, OSError, EOFError, KeyError, IndexError, zipfile.BadZipFile, zlib.error) as exc:
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise UserInputError(f"{path}: not a plain numeric .npz of reference cases as build writes it ({reason}); "
+                             "it is never unpickled: rebuild the version with triton-builder build (or restore "
+                             "the file from where the version was published)") from None
 
 
 def write_metadata(path: Path, record: dict[str, Any]) -> None:

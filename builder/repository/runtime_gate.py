@@ -114,6 +114,8 @@ def runtime_gate(folder: Path, meta: dict[str, Any], release_name: str,
     failures = limit_failures(model, runtime)
     if failures:
         return failures, []
+    # read here first: a broken reference.npz is named as such, not as a side environment's failure
+    _, reference = read_reference(folder / "reference.npz")
     python = side_python(runtime.onnxruntime, progress)
     script = files("builder.repository").joinpath("ort_replay.py")
     output_names = [o["name"] for o in meta["spec"]["outputs"]]
@@ -132,7 +134,6 @@ def runtime_gate(folder: Path, meta: dict[str, Any], release_name: str,
             return [f"{artifact['file']}: {runtime.label} refuses it: "
                     + _explain_load_error(said["load_error"], runtime)], []
         import numpy as np
-        cases, reference = read_reference(folder / "reference.npz")
         with np.load(out, allow_pickle=False) as archive:
             keys = sorted({k.rsplit("/", 1)[0] for k in archive.files})
             got = [{name: archive[f"{key}/{name}"] for name in output_names} for key in keys]

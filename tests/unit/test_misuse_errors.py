@@ -52,3 +52,26 @@ def test_register_names_a_repository_given_for_a_model_folder(tmp_path):
         register_version("http://127.0.0.1:1", repo / "a", version=3)
     with pytest.raises(UserInputError, match=r"empty: no version to register \(versions there: none\)"):
         register_version("http://127.0.0.1:1", fake_model(repo, "empty", versions=()))
+
+
+@pytest.mark.parametrize("content", ["garbage", "pickled", "objects", "keys"])
+def test_a_broken_reference_npz_is_named_and_never_unpickled(tmp_path, content):
+    import pickle
+
+    import numpy as np
+
+    from builder.repository.metadata import read_reference
+
+    path = tmp_path / "reference.npz"
+    if content == "garbage":
+        path.write_bytes(b"tamper\n")
+    elif content == "pickled":
+        path.write_bytes(pickle.dumps({"input/000_a/x": np.zeros(2)}))
+    elif content == "objects":
+        np.savez(path, **{"input/000_a/x": np.array([{"a": 1}], dtype=object)})
+    else:
+        np.savez(path, x=np.zeros(2))
+    with pytest.raises(UserInputError, match=rf"{path}: not a plain numeric \.npz of reference cases as build writes "
+                                             r"it \(.*\); it is never unpickled: rebuild the version with "
+                                             r"triton-builder build"):
+        read_reference(path)
