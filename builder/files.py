@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
+
+from builder.errors import UserInputError
 
 
 def sha256_file(path: Path) -> str:
@@ -12,3 +15,22 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def output_folder(path: str | Path, option: str = "--out") -> Path:
+    """``path`` created (with its parents) for a run's reports; a folder that cannot be made (a read-only
+    working directory under the default ``runs/...``, a file in the way) is the user's to fix, named by
+    ``option``, before the run starts rather than after."""
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        if exc.filename and str(exc.filename) != str(folder):
+            reason += f": {exc.filename}"
+    else:
+        if os.access(folder, os.W_OK | os.X_OK):  # an existing folder on a read-only mount passes mkdir
+            return folder
+        reason = "not writable"
+    raise UserInputError(f"{option} {folder}: cannot write the output folder there ({reason}); pass {option} "
+                         "with a writable folder")

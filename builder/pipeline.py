@@ -78,6 +78,8 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = "model_reposito
         raise UserInputError(f"--benchmark-seconds: {benchmark_seconds} is negative; give seconds per variant, "
                              "or 0 to skip measuring")
     check_version_free(options.repository, model_spec.name, model_spec.version)
+    from builder.repository.layout import require_writable
+    require_writable(options.repository)  # a read-only mount fails now, not after every stage has run
     scratch_root = Path(tempfile.gettempdir())
     sweep(scratch_root, WORK_PREFIX)  # what killed builds left behind
     progress = progress or _silent

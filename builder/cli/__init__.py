@@ -9,6 +9,8 @@ Exit codes: 0 success; 1 verification/check failure; 2 user input or server unre
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import re
 import sys
 
@@ -48,6 +50,28 @@ def make_parser() -> argparse.ArgumentParser:
 
 _ESCAPES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
+# the file system refusing a write is the user's to fix, wherever the verb's own checks missed it
+_FILE_SYSTEM_FIXES = {
+    errno.EROFS: "the file system is mounted read-only: write elsewhere (another --repository or --out) or "
+                 "remount it read-write",
+    errno.EACCES: "permission denied: run as a user who may write there, or write elsewhere",
+    errno.EPERM: "operation not permitted: run as a user who may write there, or write elsewhere",
+    errno.ENOSPC: "no space left on the device: free some space or write elsewhere",
+    errno.EDQUOT: "disk quota exceeded: free some space or write elsewhere",
+}
+
+
+def file_system_error(exc: OSError) -> str | None:
+    """The one-line message for an OSError the user can fix (a read-only mount, permissions, a full
+    disk), naming the file; None for any other OSError (a bug: it keeps its traceback)."""
+    fix = _FILE_SYSTEM_FIXES.get(exc.errno or 0)
+    if fix is None:
+        return None
+    where = f"{exc.filename}: " if exc.filename is not None else ""
+    if exc.filename2 is not None:  # a rename's target
+        where = f"{exc.filename} -> {exc.filename2}: "
+    return f"{where}{exc.strerror or os.strerror(exc.errno)}; {fix}"
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
@@ -60,6 +84,12 @@ def main(argv: list[str] | None = None) -> int:
         text = _ESCAPES.sub("", str(exc))
         print(f"error: {text}", file=sys.stderr, flush=True)
         return exc.exit_code
+    except OSError as exc:
+        text = file_system_error(exc)
+        if text is None:
+            raise
+        print(f"error: {text}", file=sys.stderr, flush=True)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
         return 130

@@ -69,10 +69,52 @@ class Draft:
     path: Path | None = None  # set once the version folder is in place
 
 
+LOCK_FILE = ".triton-builder.lock"
+
+
+def not_writable(root: Path, reason: str, where: str = "--repository") -> UserInputError:
+    return UserInputError(f"{where} {root}: the model repository is not writable ({reason}); it must be writable "
+                          f"to publish or tune into it: fix its permissions or mount, or choose another {where}")
+
+
+def _why_not_writable(folder: Path) -> str | None:
+    """Why ``folder`` (an existing folder) cannot take new files, or None when it can. os.access sees a
+    read-only mount even as root (whom permission bits do not stop)."""
+    if os.access(folder, os.W_OK | os.X_OK):
+        return None
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return "read-only file system"
+    except OSError:
+        pass
+    return "permission denied"
+
+
+def require_writable(repository: Path, where: str = "--repository") -> None:
+    """Refuse, before any work, a repository that a publish could not write: a read-only mount or
+    another user's folder would otherwise fail only at the end (the lock file, the rename). Writes
+    nothing: a repository that does not exist yet is judged by the nearest folder that does."""
+    root = Path(repository).resolve()
+    existing = root
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return  # a file where the folder should be: the callers' own checks name it
+    reason = _why_not_writable(existing)
+    if reason is None and (existing / LOCK_FILE).exists() and not os.access(existing / LOCK_FILE, os.W_OK):
+        reason = f"its {LOCK_FILE} cannot be opened for writing"
+    if reason is not None:
+        raise not_writable(root, reason if existing == root else f"{existing}: {reason}", where)
+
+
 @contextlib.contextmanager
 def _repository_lock(root: Path) -> Iterator[None]:
-    lock_path = root / ".triton-builder.lock"
-    with open(lock_path, "w") as handle:
+    lock_path = root / LOCK_FILE
+    try:
+        handle = open(lock_path, "w")
+    except OSError as exc:  # checked up front by require_writable; this is the mount changing since
+        raise not_writable(root, exc.strerror or str(exc)) from None
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -118,7 +160,10 @@ def reserve_version(repository: Path, name: str, requested: int | None = None) -
     now leaves a folder the next one removes."""
     root = Path(repository).resolve()
     model_dir(root, name)
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise not_writable(root, exc.strerror or str(exc)) from None
     with _repository_lock(root):
         sweep(staging_parent(root), staging_prefix(root))
         taken = set(existing_versions(root / name)) | _reserved(root, name)

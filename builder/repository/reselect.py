@@ -36,7 +36,8 @@ from builder.errors import UserInputError
 from builder.host import compare_hosts, host_profile, size_queue_delay, size_serving
 from builder.objective import prefer_accurate, speed, tradeoff_terms
 from builder.repository.description import VersionDescription
-from builder.repository.layout import existing_versions, latest_version, model_dir, reserve_version
+from builder.repository.layout import (existing_versions, latest_version, model_dir, require_writable,
+                                       reserve_version)
 from builder.repository.metadata import read_metadata, read_reference
 from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures, worst_metric
 
@@ -152,6 +153,8 @@ def select_for_host(repository: str | Path, name: str, *, measure: Measure | Non
 
     repository = Path(repository)
     key = resolve_signing_key(signing_key, repository)  # a bad key fails before any measuring
+    if not dry_run:  # likewise a repository the winner could not be published into
+        require_writable(repository)
     main = model_dir(repository, name)
     number = latest_version(main) if main.is_dir() else None
     if number is None:

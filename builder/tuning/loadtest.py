@@ -44,6 +44,7 @@ from typing import Any, Callable
 
 from builder import assets
 from builder.errors import ServerError, UserInputError
+from builder.files import output_folder
 from builder.processes import LocalService, free_port, stop_all
 
 #: loadtest/ as installed (package data): the locustfile, its load shapes, what it sends and locust.conf
@@ -155,8 +156,7 @@ def run_loadtest(model: str, url: str, protocol: str = "http", users: int = 8, r
     payload_path = Path(payload).resolve() if payload is not None else default_payload(repository, model)
     if payload_path is not None:  # a bad payload is a user error now, not failures later
         read_npz_samples(payload_path, [name for name, _, _ in interface.inputs], interface.batching)
-    out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder(Path(out_dir).resolve())
     run_seconds = int(math.ceil(run_time_s))
     timeout = float(timeout_s) if timeout_s is not None else run_seconds + STOP_TIMEOUT_S + START_MARGIN_S
     result_path = out / "locust_result.json"

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from builder.errors import UserInputError
+from builder.files import output_folder
 
 
 def concurrency_levels(max_concurrency: int) -> list[int]:
@@ -66,8 +67,7 @@ def run_sweep(model: str, url: str, protocol: str = "grpc", max_concurrency: int
                              f"{rows_per_request}")
     samples, source = load_samples(interface, payload, repository)
     requests = make_requests(samples, batch_size, interface.batching)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder(out_dir)
     meter = choose_engine(engine, say)
     meter.prepare(url, protocol, interface, samples, requests, batch_size=batch_size, work_dir=out / "perf_analyzer")
     stats = StatsReader(url, protocol)

@@ -77,6 +77,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from builder.errors import ServerError, UserInputError
+from builder.files import output_folder
 from builder.processes import terminate_as_interrupt
 from builder.tuning.search import Candidate, ModelControl, Search, best_candidate as _best, built_candidate
 
@@ -120,6 +121,9 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
     delays, instance_counts, max_batch_sizes, levels = _check_arguments(
         p99_budget_ms, seconds_per_candidate, window_s, protocol, tie_margin, delays, instance_counts,
         max_batch_sizes, levels, max_concurrency)
+    if write or publish:  # the winner is written at the end: a read-only repository is refused before the search
+        from builder.repository.layout import require_writable
+        require_writable(Path(repository))
     config_path, base_text, base = _read_config(repository, model, max_batch_sizes, batch_size)
     if write and not publish:  # a signed version refuses an in-place config: say so before the search, not after
         from builder.repository.tuned import refuse_if_signed
@@ -139,8 +143,7 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
             "tuning starts from the file")
     samples, source = load_samples(interface, payload, repository)
     requests = make_requests(samples, batch_size, interface.batching)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder(out_dir)
     per_level_s = max(4 * window_s, seconds_per_candidate / len(levels))
 
     meter = choose_engine(engine, say)

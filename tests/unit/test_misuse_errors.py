@@ -75,3 +75,107 @@ def test_a_broken_reference_npz_is_named_and_never_unpickled(tmp_path, content):
                                              r"it \(.*\); it is never unpickled: rebuild the version with "
                                              r"triton-builder build"):
         read_reference(path)
+
+
+def deny_writes_under(monkeypatch, folder: Path) -> None:
+    """os.access says no for ``folder`` and below: a read-only mount or another user's folder (tests run
+    as root, whom chmod does not stop; a real read-only bind mount needs privileges)."""
+    import os
+
+    real = os.access
+
+    def access(path, mode, *args, **kwargs):
+        inside = Path(path).resolve() == folder or folder in Path(path).resolve().parents
+        return False if inside and mode & os.W_OK else real(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "access", access)
+
+
+def test_a_read_only_repository_is_refused_before_the_build(digits_copy, tmp_path, monkeypatch, quiet):
+    from builder.pipeline import build
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    deny_writes_under(monkeypatch, locked)
+    repo = locked / "repo"
+    with pytest.raises(UserInputError, match=rf"--repository {repo}: the model repository is not writable "
+                                             rf"\({locked}: permission denied\); it must be writable to publish or "
+                                             r"tune into it: fix its permissions or mount, or choose another "
+                                             r"--repository"):
+        build(digits_copy / "spec.yaml", repo, variants=["onnx"], benchmark_seconds=0, progress=quiet)
+    assert not repo.exists()
+
+
+def test_a_repository_lock_that_cannot_be_written_is_a_user_error(tmp_path, monkeypatch):
+    import errno
+
+    from builder.repository import layout
+
+    def read_only(path, *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(layout, "open", read_only, raising=False)
+    with pytest.raises(UserInputError, match=rf"--repository {tmp_path}: the model repository is not writable "
+                                             r"\(Read-only file system\)"):
+        with layout.reserve_version(tmp_path, "m"):
+            pass
+
+
+def test_select_and_tune_refuse_a_read_only_repository_before_measuring(tmp_path, monkeypatch):
+    from builder.repository.reselect import select_for_host
+    from builder.tuning.tune import run_tune
+
+    repo = tmp_path / "repo"
+    fake_model(repo, "m")
+    deny_writes_under(monkeypatch, repo)
+    message = rf"--repository {repo}: the model repository is not writable \(permission denied\)"
+
+    def never(*args, **kwargs):
+        raise AssertionError("measured before refusing the repository")
+
+    with pytest.raises(UserInputError, match=message):
+        select_for_host(repo, "m", measure=never, current_host={})
+    for flags in ({"write": True}, {"publish": True}):
+        # a dead URL: the refusal comes before the server is even asked
+        with pytest.raises(UserInputError, match=message):
+            run_tune("m", repo, "127.0.0.1:1", p99_budget_ms=50, out_dir=tmp_path / "out", **flags)
+
+
+def test_an_output_folder_that_cannot_be_written_names_out(tmp_path, monkeypatch):
+    from builder.files import output_folder
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UserInputError, match=rf"--out {tmp_path / 'file' / 'runs'}: cannot write the output folder "
+                                             r"there \(.*\); pass --out with a writable folder"):
+        output_folder(tmp_path / "file" / "runs")
+    deny_writes_under(monkeypatch, tmp_path / "ro")
+    (tmp_path / "ro").mkdir()
+    with pytest.raises(UserInputError, match=r"ro: cannot write the output folder there \(not writable\)"):
+        output_folder(tmp_path / "ro")
+    assert output_folder(tmp_path / "ok" / "runs").is_dir()
+
+
+@pytest.mark.parametrize("code, says", [("EROFS", "mounted read-only"), ("EACCES", "permission denied"),
+                                        ("ENOSPC", "no space left"), ("EDQUOT", "quota")])
+def test_the_cli_turns_a_file_system_refusal_into_a_message(monkeypatch, capsys, code, says):
+    import errno
+    import os
+
+    from builder import cli
+    from builder.cli import build as build_cli
+
+    def refused(args, reporter):
+        raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)), "/r/model_repository/x.tmp")
+
+    monkeypatch.setattr(build_cli, "cmd_validate", refused)
+    assert cli.main(["validate", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: /r/model_repository/x.tmp: {os.strerror(getattr(errno, code))}; ") and says in err
+    assert "Traceback" not in err
+
+    def other(args, reporter):
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", "/x")
+
+    monkeypatch.setattr(build_cli, "cmd_validate", other)
+    with pytest.raises(FileNotFoundError):  # not the user's file system: a bug keeps its traceback
+        cli.main(["validate", "x"])
