@@ -107,7 +107,12 @@ def sweep(parent: Path, prefix: str) -> list[Path]:
 
 def clean(repository: Path | None = None) -> list[Path]:
     """Every scratch folder a dead build left: work folders in the temp dir and, with a repository,
-    its staging folders. Returns what was removed (``triton-builder clean``)."""
+    its staging folders. Returns what was removed (``triton-builder clean``). ``repository`` must be
+    one (UserInputError otherwise, before anything is removed): its staging folders are looked for
+    beside it, and "nothing to clean" for a mistyped path would hide the mistake."""
+    if repository is not None:
+        from builder.repository.layout import require_model_repository  # layout imports this module
+        repository = require_model_repository(repository)
     removed = sweep(Path(tempfile.gettempdir()), WORK_PREFIX)
     if repository is not None:
         removed += sweep(staging_parent(repository), staging_prefix(repository))

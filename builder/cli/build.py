@@ -4,6 +4,7 @@ with ``register(subparsers)``. Each forwards to one library function."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from builder.cli.arguments import finite_float
 from builder.cli.output import add_signature_arguments, print_json
@@ -71,7 +72,10 @@ def cmd_select(args: argparse.Namespace, reporter: Reporter) -> int:
 def cmd_clean(args: argparse.Namespace, reporter: Reporter) -> int:
     from builder.scratch import clean
 
-    removed = clean(args.repository)
+    repository = args.repository
+    if repository is None:  # not named: the default one where there is one, else only the temp dir's work folders
+        repository = DEFAULT_REPOSITORY if Path(DEFAULT_REPOSITORY).is_dir() else None
+    removed = clean(repository)
     for folder in removed:
         print(f"removed {folder}")
     print(f"{len(removed)} folder(s) left by dead builds removed" if removed else "nothing to clean")
@@ -126,8 +130,9 @@ def register(sub, common: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("clean", parents=[common],
                        help="remove the work and staging folders that killed builds left (never a live build's)")
-    p.add_argument("--repository", default=DEFAULT_REPOSITORY,
-                   help="also its staging folders, which sit beside it (default: %(default)s)")
+    p.add_argument("--repository",
+                   help=f"also its staging folders, which sit beside it (default: {DEFAULT_REPOSITORY} where "
+                        "it exists)")
     p.set_defaults(func=cmd_clean)
 
     p = sub.add_parser("run", parents=[common],

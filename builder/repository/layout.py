@@ -40,6 +40,36 @@ def model_dir(repository: Path, name: str) -> Path:
     return path
 
 
+def model_names(repository: Path) -> list[str]:
+    """The models of a repository: its visible folders holding config.pbtxt."""
+    root = Path(repository)
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir()
+                  if not p.name.startswith(".") and p.is_dir() and (p / "config.pbtxt").is_file())
+
+
+def require_model_repository(repository: Path, where: str = "--repository") -> Path:
+    """``repository`` resolved when it is one (its folders are models; an empty folder is a repository
+    not built into yet), else an error saying what was found and what a repository looks like: a
+    command that acts on whatever it is given (clean removes folders beside it) must not guess."""
+    root = Path(repository).resolve()
+    shape = ("a model repository is a folder of model folders, each holding config.pbtxt and numbered version "
+             "folders (1/, 2/, ...): pass the folder builds publish into (build --repository)")
+    if not root.exists():
+        raise UserInputError(f"{where} {repository}: no model repository there (no such folder); {shape}")
+    if not root.is_dir():
+        raise UserInputError(f"{where} {repository}: no model repository there (a file, not a folder); {shape}")
+    if (root / "config.pbtxt").is_file():
+        raise UserInputError(f"{where} {repository}: this is a model folder (it holds config.pbtxt); pass the "
+                             f"repository above it: {where} {root.parent}")
+    visible = [p for p in root.iterdir() if not p.name.startswith(".")]
+    if visible and not model_names(root):
+        raise UserInputError(f"{where} {repository}: no model repository there (none of its {len(visible)} "
+                             f"entries is a model folder with config.pbtxt); {shape}")
+    return root
+
+
 def existing_versions(folder: Path) -> list[int]:
     if not folder.is_dir():
         return []

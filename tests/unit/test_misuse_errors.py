@@ -179,3 +179,32 @@ def test_the_cli_turns_a_file_system_refusal_into_a_message(monkeypatch, capsys,
     monkeypatch.setattr(build_cli, "cmd_validate", other)
     with pytest.raises(FileNotFoundError):  # not the user's file system: a bug keeps its traceback
         cli.main(["validate", "x"])
+
+
+def test_clean_refuses_what_is_not_a_model_repository(tmp_path, monkeypatch, capsys):
+    from builder import cli
+    from builder.scratch import clean
+
+    shape = r"a model repository is a folder of model folders, each holding config.pbtxt and numbered version"
+    (tmp_path / "file").write_text("x")
+    unrelated = tmp_path / "unrelated"
+    (unrelated / "sub").mkdir(parents=True)
+    (unrelated / "a.txt").write_text("x")
+    for path, why in ((tmp_path / "missing", "no such folder"), (tmp_path / "file", "a file, not a folder"),
+                      (unrelated, r"none of its 2 entries is a model folder with config.pbtxt"),
+                      (Path("/"), r"none of its \d+ entries is a model folder with config.pbtxt")):
+        with pytest.raises(UserInputError, match=rf"--repository {path}: no model repository there \({why}\); "
+                                                 + shape):
+            clean(path)
+    repo = tmp_path / "repo"
+    model = fake_model(repo, "m")
+    (repo / "notes.txt").write_text("unrelated files beside models are fine")
+    with pytest.raises(UserInputError, match=rf"--repository {model}: this is a model folder \(it holds "
+                                             rf"config.pbtxt\); pass the repository above it: --repository {repo}"):
+        clean(model)
+    (tmp_path / "fresh").mkdir()  # a repository not built into yet
+    assert clean(repo) == [] and clean(tmp_path / "fresh") == []
+    assert cli.main(["clean", "--repository", str(unrelated)]) == 2
+    assert "no model repository there" in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)  # no model_repository here: only the temp dir's work folders
+    assert cli.main(["clean"]) == 0 and "nothing to clean" in capsys.readouterr().out
