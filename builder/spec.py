@@ -43,10 +43,11 @@ OBJECTIVES = ("throughput", "latency", "tradeoff")
 TRADEOFF_DEFAULTS = {"alpha": 1.0, "beta": 1.0, "gamma": 0.0}
 
 # Default tolerances per precision: relative L2 error of each output against the reference.
+# max_mismatch: the share of an integer/bool output's values (class ids, masks) that may differ
 DEFAULT_TOLERANCES = {
-    "fp32": {"rel_l2": 1e-5},
-    "fp16": {"rel_l2": 1e-2},
-    "int8": {"rel_l2": 0.1},
+    "fp32": {"rel_l2": 1e-5, "max_mismatch": 0.0},
+    "fp16": {"rel_l2": 1e-2, "max_mismatch": 0.01},
+    "int8": {"rel_l2": 0.1, "max_mismatch": 0.05},
 }
 
 
@@ -217,7 +218,7 @@ _DEPLOY_KEYS = (
 NON_FINITE_POLICIES = ("count", "reject")
 _ONNX_KEYS = ("exporter", "opset")
 _QUANTIZATION_KEYS = ("calibration_method", "calibration_samples", "search", "search_seconds")
-_TOLERANCE_KEYS = ("rel_l2", "max_abs", "min_cosine")
+_TOLERANCE_KEYS = ("rel_l2", "max_abs", "min_cosine", "max_mismatch")
 
 
 def load_spec(path: str | Path) -> ModelSpec:
@@ -370,7 +371,7 @@ def _parse_verify(raw: Any, origin: str, max_batch_size: int) -> VerifySpec:
     tolerances = {}
     raw_tol = f.get("tolerances") or {}
     if not isinstance(raw_tol, dict):
-        raise f.error("must map a precision (fp32, fp16, int8) to {rel_l2, max_abs, min_cosine}", "tolerances")
+        raise f.error("must map a precision (fp32, fp16, int8) to {rel_l2, max_abs, min_cosine, max_mismatch}", "tolerances")
     for precision, values in raw_tol.items():
         if precision not in DEFAULT_TOLERANCES:
             raise f.error(f"unknown precision {precision!r}; known: {', '.join(DEFAULT_TOLERANCES)}", "tolerances")
@@ -378,6 +379,8 @@ def _parse_verify(raw: Any, origin: str, max_batch_size: int) -> VerifySpec:
         for key, value in tf.data.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise tf.error(f"must be a non-negative number, got {value!r}", key)
+            if key == "max_mismatch" and value > 1:
+                raise tf.error(f"is a share of the values (0 to 1, e.g. 0.01 for 1 %), got {value!r}", key)
         tolerances[precision] = {k: float(v) for k, v in tf.data.items()}
     drop = f.get("max_accuracy_drop", 1.0)
     if isinstance(drop, bool) or not isinstance(drop, (int, float)) or drop < 0:

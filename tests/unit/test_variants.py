@@ -55,7 +55,7 @@ def test_static_int8_is_built_with_its_recipe_and_judged_by_the_int8_tolerance(d
     # what must hold on every host is that the gate's verdict follows the recorded numbers.
     static = digits_build.context.variant("onnx_int8_static")
     assert static.precision == "int8"
-    assert static.verification["tolerance"] == {"rel_l2": 0.1}
+    assert static.verification["tolerance"]["rel_l2"] == 0.1
     assert static.accuracy["metric"] == "top1"
     assert any("quant_pre_process" in p for p in static.passes)
     # auto: the default recipe (the spec's minmax calibration) unless it fails verification or is stably slower
@@ -84,7 +84,7 @@ def test_static_int8_verifies_and_can_be_published_when_within_its_tolerance(dig
                    publish_variants=True, progress=quiet)
     static = result.context.variant("onnx_int8_static")
     assert static.verified is True and static.eligible, static.rejected
-    assert static.verification["tolerance"] == {"rel_l2": 10.0}
+    assert static.verification["tolerance"]["rel_l2"] == 10.0
     assert static.accuracy["metric"] == "top1" and static.accuracy["drop"] <= 100.0
     assert static.benchmark["best_throughput"] > 0
     names = sorted(p["name"] for p in result.published)
