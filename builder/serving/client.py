@@ -171,7 +171,9 @@ class TritonClient:
         detail = " ".join(str(exc).split())
         if isinstance(exc, InferenceServerException):
             reason = (exc.message() or "").strip()
-            unreachable = any(mark in detail for mark in _UNREACHABLE)
+            # the status when there is one: a message may quote a model's "UNAVAILABLE state" (a refused load)
+            status = str(exc.status() or "")
+            unreachable = status.endswith(_UNREACHABLE[:2]) if status else any(mark in detail for mark in _UNREACHABLE)
         else:  # socket errors, timeouts, greenlet errors: nothing answered
             reason, unreachable = detail, True
         if self.on_error is not None:

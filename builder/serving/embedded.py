@@ -39,6 +39,10 @@ How it runs the binary (facts measured with nvidia-pytriton 0.7.0):
   is added when some are left out (otherwise ``/v2/health/ready`` would never say ready).
 - Log lines about NVML, DCGM, CudaDriverHelper and pinned memory are expected without a GPU;
   they are dropped from the log excerpts quoted in errors.
+- A repository path with a space (or another shell character) is served through a symlink
+  ``<tmp>/repository``: the python backend's stub command line cannot take it (install.py).
+  Messages and log excerpts name the real folder. A process that crashes while the server starts
+  (such a stub did: the server waits for it forever) ends the start at once, with the log's lines.
 
 The server runs in its own process group (it does not get the terminal's Ctrl-C); ``stop()`` ends
 the whole group, python-backend stub processes included. ``stop()`` is registered with ``atexit``,
@@ -50,7 +54,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -58,7 +61,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from builder.errors import ServerDiedError, ServerError, UserInputError
 from builder.processes import LocalService, free_ports, http_get, port_in_use
 from builder.serving.backends import EMBEDDED_BACKENDS, PLATFORM_BACKENDS, model_dirs, unsupported_models
-from builder.serving.install import TritonInstall, build_backend_dir, find_tritonserver, server_environment
+from builder.serving.install import TritonInstall, build_backend_dir, find_tritonserver, make_workdir, \
+    server_environment, stub_safe_repository
 from builder.serving.server_log import describe_exit as _describe_exit, readable as _readable
 from builder.serving import server_log
 
@@ -153,6 +157,7 @@ class EmbeddedServer(LocalService):
         self._started = False  # start() returned: the server was ready
         self._backend_dir: Path | None = None
         self._environ: dict[str, str] | None = None
+        self._link: Path | None = None  # <workdir>/repository -> a repository path the stub cannot take
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -210,10 +215,15 @@ class EmbeddedServer(LocalService):
             return code
 
     def _prepare(self) -> None:
-        self._workdir = Path(tempfile.mkdtemp(prefix="triton-embedded-"))
+        self._workdir = make_workdir()
         if self._log_in_workdir:
             self.log_path = self._workdir / "tritonserver.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._link = None if self.remote is not None else stub_safe_repository(self.repository, self._workdir)
+        if self._link is not None:
+            with open(self.log_path, "a") as log:  # so the log's paths are not a mystery
+                log.write(f"# triton-builder: model repository {self.repository} is served as {self._link} "
+                          "(the python backend's stub command line cannot take its path)\n")
         self._backend_dir = build_backend_dir(self.install, self._workdir / "backends")
         self._environ = server_environment(self.install)
 
@@ -231,7 +241,13 @@ class EmbeddedServer(LocalService):
         return any(p is None for p in self._requested_ports)
 
     def _ready(self) -> bool:
-        return http_get(f"http://{self.http_url}/v2/health/live", timeout=1.0)[0] == 200
+        if http_get(f"http://{self.http_url}/v2/health/live", timeout=1.0)[0] == 200:
+            return True
+        crash = server_log.crash_lines(self.read_log())
+        if crash:  # the server would wait for the crashed process forever: fail now, with the log's words
+            raise ServerError(f"tritonserver cannot start: a process it started crashed {crash}\n"
+                              f"full log: {self.log_path}")
+        return False
 
     def _address_in_use(self, code: int) -> str | None:
         busy = [l.strip() for l in self.read_log().splitlines() if "already in use" in l]
@@ -307,6 +323,17 @@ class EmbeddedServer(LocalService):
 
     # -- log ---------------------------------------------------------------------------------
 
+    def read_log(self, since: int | None = None) -> str:
+        """The log text (see ``LocalService.read_log``), naming the real repository folder, not its link."""
+        return self._real_paths(super().read_log(since))
+
+    def _real_paths(self, text: str) -> str:
+        if self._link is None:
+            return text
+        # our own "# triton-builder:" lines keep the link: they say what was run, and which folder it is
+        return "\n".join(line if line.startswith("# triton-builder") else line.replace(str(self._link), str(self.repository))
+                         for line in text.split("\n"))
+
     def log_tail(self, lines: int = 20, since: int | None = None) -> str:
         """The last ``lines`` meaningful log lines (GPU-less noise and tables dropped), indented."""
         return server_log.meaningful_tail(self.read_log(since), lines)
@@ -341,7 +368,7 @@ class EmbeddedServer(LocalService):
         backend_dir = self._backend_dir
         cmd = [
             str(self.install.binary),
-            f"--model-repository={self.remote.triton_url() if self.remote is not None else self.repository}",
+            f"--model-repository={self.remote.triton_url() if self.remote is not None else self._link or self.repository}",
             f"--backend-directory={backend_dir}",
             f"--http-port={http}",
             f"--grpc-port={grpc}",
@@ -374,7 +401,8 @@ class EmbeddedServer(LocalService):
             if failed:
                 parts = []
                 for name, entry in failed.items():
-                    reason = entry.get("reason") or "\n".join(self._model_log_lines(name)) or "no reason given"
+                    reason = self._real_paths(entry.get("reason") or "") or "\n".join(self._model_log_lines(name)) \
+                        or "no reason given"
                     parts.append(f"- {name}: {entry.get('state', 'UNKNOWN')}: {_readable(reason)}")
                 raise ServerError(
                     "tritonserver could not load "
@@ -462,7 +490,7 @@ class EmbeddedServer(LocalService):
             if err.unreachable:
                 raise ServerError(f"tritonserver at {self.http_url} did not answer while loading '{name}': "
                                   f"{err.reason}") from None
-            reason = _readable(err.reason.strip().rstrip(";"))
+            reason = _readable(self._real_paths(err.reason).strip().rstrip(";"))
             if not reason:  # no reason in the answer: quote the log lines about the model
                 reason = "\n".join(self._model_log_lines(name, since)) or str(err)
             raise ServerError(f"tritonserver could not load model '{name}': {reason}\nfull log: {self.log_path}") from None
@@ -484,6 +512,6 @@ class EmbeddedServer(LocalService):
             self._call(f"load of model '{name}'", lambda c: c.wait_for_model(name, timeout))
         except TritonError as err:
             if err.state == "UNAVAILABLE":
-                raise ServerError(f"model '{name}' is UNAVAILABLE: {_readable(err.reason)}\n"
+                raise ServerError(f"model '{name}' is UNAVAILABLE: {_readable(self._real_paths(err.reason))}\n"
                                   f"full log: {self.log_path}") from None
             raise

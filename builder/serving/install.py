@@ -6,19 +6,27 @@ Usage::
     install = find_tritonserver()          # ServerError naming every missing piece otherwise
     backends = build_backend_dir(install, workdir / "backends")
     env = server_environment(install)      # LD_LIBRARY_PATH and PATH for the binary and the stub
+    workdir = make_workdir()               # a temp dir whose path the stub's command line can take
+    served = stub_safe_repository(repository, workdir) or repository   # a symlink if its path has spaces
+
+The python backend starts each model's stub through ``bash -c "STUB MODEL_PATH SHM_NAME ..."``,
+unquoted: a model or backend path with a space (or another shell character) splits into wrong
+arguments, the stub dies (``std::invalid_argument stol``) and the server waits for it forever.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
 import shutil
 import sys
+import tempfile
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.errors import ServerError
+from builder.errors import ServerError, UserInputError
 
 __all__ = ["INSTALL_HINT", "TritonInstall", "find_tritonserver", "build_backend_dir", "server_environment"]
 
@@ -122,3 +130,28 @@ def server_environment(install: TritonInstall) -> dict[str, str]:
     bin_dir = os.path.dirname(sys.executable)
     env["PATH"] = os.pathsep.join([bin_dir] + ([env["PATH"]] if env.get("PATH") else []))
     return env
+
+
+def shell_safe(path: Path | str) -> bool:
+    """Whether ``path`` passes through an unquoted shell command line unchanged (as the stub's does)."""
+    return shlex.quote(str(path)) == str(path)
+
+
+def make_workdir(prefix: str = "triton-embedded-") -> Path:
+    """A new temp dir; ``UserInputError`` naming TMPDIR if its path would break the stub's command line
+    (the backend dir is made in it)."""
+    if not shell_safe(tempfile.gettempdir()):
+        raise UserInputError(f"TMPDIR {tempfile.gettempdir()!r}: tritonserver's python backend starts its stub "
+                             "through a shell command line that splits this path; set TMPDIR to a folder "
+                             "whose path has no spaces or shell characters (e.g. TMPDIR=/tmp)")
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+def stub_safe_repository(repository: Path, workdir: Path) -> Path | None:
+    """``<workdir>/repository``, a symlink to ``repository``, when the stub's command line cannot take
+    the repository's own path (a space, a quote...); None when it can."""
+    if shell_safe(repository):
+        return None
+    link = workdir / "repository"
+    link.symlink_to(repository, target_is_directory=True)
+    return link

@@ -6,6 +6,7 @@ Usage::
     tail = meaningful_tail(log_text, 20)            # indented, GPU-less noise and tables dropped
     errors = startup_error_lines(log_text)          # E... / error lines, else the tail
     lines = model_log_lines(log_text, "resnet")     # lines about a model that say it failed
+    crash = crash_lines(log_text)                   # "while loading: m:1:\n  terminate called ..." or ""
     describe_exit(-9)                               # "exited with code -9 (killed by SIGKILL)"
 """
 
@@ -13,7 +14,8 @@ from __future__ import annotations
 
 import signal
 
-__all__ = ["is_noise", "readable", "describe_exit", "meaningful_tail", "startup_error_lines", "model_log_lines"]
+__all__ = ["is_noise", "readable", "describe_exit", "meaningful_tail", "startup_error_lines", "model_log_lines",
+           "crash_lines"]
 
 # Expected on machines without a GPU; never the reason anything failed.
 _NOISE = ("NVML", "DCGM", "CudaDriverHelper", "pinned memory", "pinned_memory")
@@ -59,6 +61,22 @@ def model_log_lines(text: str, name: str) -> list[str]:
         if about and ("fail" in line.lower() or "error" in line.lower()):
             found.append(readable(line))
     return found
+
+
+#: an uncaught C++ exception (e.g. a python-backend stub given wrong arguments): tritonserver goes on
+#: waiting for the dead process and never becomes live
+_CRASH_MARK = "terminate called after throwing"
+
+
+def crash_lines(text: str) -> str:
+    """``"while loading: M:1:\\n  terminate called ...\\n    what(): ..."`` if a process crashed, else ``""``."""
+    if _CRASH_MARK not in text:
+        return ""
+    lines = text.splitlines()
+    crashed = [line.strip() for line in lines if _CRASH_MARK in line or "what():" in line]
+    loading = [line.split('"')[1] for line in lines if '"loading: ' in line and line.count('"') >= 2]
+    return (f"while {loading[-1]}" if loading else "while starting") + ":\n" + \
+        "\n".join("  " + line for line in crashed[-4:])
 
 
 def startup_error_lines(text: str) -> str:
