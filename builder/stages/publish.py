@@ -59,15 +59,19 @@ def _metadata(ctx: BuildContext, variant: Variant, name: str, version: int, hash
     }
 
 
+NO_DRIFT_PROFILE = ("drift monitoring off: no data.validation describes the traffic to expect (a profile of "
+                    "generated inputs would raise drift alerts on real traffic); add data.validation with real "
+                    "inputs to get drift gauges")
+
+
 def _profile_data(ctx: BuildContext, variant: Variant):
-    """The data the drift profile describes: the validation set, else the largest reference case (with
-    the variant's own outputs where it changed the function by design: stage compress)."""
+    """The data the drift profile describes: the validation set (with the variant's own outputs where
+    it changed the function by design: stage compress); None without one."""
     ref = ctx.reference
-    if ref.validation_inputs is not None:
-        return ref.validation_inputs, (variant.own_validation_outputs if variant.own_validation_outputs is not None
-                                       else ref.validation_outputs)
-    index = max(range(len(ref.cases)), key=lambda i: len(next(iter(ref.cases[i]["inputs"].values()))))
-    return ref.cases[index]["inputs"], (variant.own_outputs or ref.outputs)[index]
+    if ref.validation_inputs is None:
+        return None
+    return ref.validation_inputs, (variant.own_validation_outputs if variant.own_validation_outputs is not None
+                                   else ref.validation_outputs)
 
 
 def _serving_config(ctx: BuildContext, variant: Variant, name: str):
@@ -91,9 +95,14 @@ def _describe(ctx: BuildContext, variant: Variant, name: str, version: int,
     # a variant verified by task accuracy serves its own function: check compares with its own outputs
     outputs = variant.own_outputs if variant.own_outputs is not None else ctx.reference.outputs
     extra: dict[str, bytes] = {"reference.npz": reference_bytes(ctx.reference.cases, outputs)}
-    if config.backend == "python":
-        extra["drift_profile.json"] = profile_text(build_profile(*_profile_data(ctx, variant))).encode()
+    profiled = _profile_data(ctx, variant) if config.backend == "python" else None
+    if profiled is not None:
+        extra["drift_profile.json"] = profile_text(build_profile(*profiled)).encode()
     record = _metadata(ctx, variant, name, version, None, config.backend)  # version + files_sha256: on publish
+    said = ""
+    if config.backend == "python" and profiled is None:
+        record.setdefault("notes", []).append(NO_DRIFT_PROFILE)
+        said = f"  {name} version {version}: {NO_DRIFT_PROFILE}"
     record["serving"] = {"instances": config.instance_groups[0].count,
                          "intra_op_threads": int(config.parameters.get("intra_op_threads", 0)) or None,
                          "sized": ("from the spec (deploy.instances)" if not ctx.spec.deploy.instances_auto else
@@ -105,7 +114,6 @@ def _describe(ctx: BuildContext, variant: Variant, name: str, version: int,
             "from the spec (deploy.max_queue_delay_microseconds)" if not ctx.spec.deploy.max_queue_delay_auto else
             "GPU target: from the spec" if ctx.target == "gpu" else delay[1])
     trt = tensorrt_parts(ctx, variant, name, version, record)
-    said = ""
     if trt.metadata is not None:
         record["tensorrt"] = trt.metadata  # the plan's compatibility record
     if trt.recipe is not None:
@@ -113,8 +121,8 @@ def _describe(ctx: BuildContext, variant: Variant, name: str, version: int,
         ctx.tensorrt.recipe_published(trt.recipe_location)
         record.setdefault("notes", []).append(trt.note)
         plan_model = ctx.tensorrt.deferred["plan_model"]
-        said = (f"  {name} version {version}: {RECIPE_FILE} written ({plan_model} is built on the GPU host: "
-                f"{BUILD_PLANS})")
+        said += ("\n" if said else "") + (f"  {name} version {version}: {RECIPE_FILE} written ({plan_model} is "
+                                            f"built on the GPU host: {BUILD_PLANS})")
     extra.update(report_files(ctx))
     return VersionDescription(name=name, version=version, config=config, model_format=variant.format,
                               model_files=variant.files, runtime_files=python_backend_files(config),

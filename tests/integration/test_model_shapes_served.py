@@ -15,7 +15,7 @@ from builder.serving.check import check_served
 from builder.serving.client import TritonClient
 from builder.serving.embedded import EmbeddedServer
 from builder.tuning.payload import fetch_model, load_samples
-from tests.conftest import run_cli
+from tests.conftest import edit_spec, run_cli
 from tests.tiny_models import write_model
 
 pytestmark = pytest.mark.integration
@@ -28,7 +28,13 @@ def shapes_served(tmp_path_factory):
     root = tmp_path_factory.mktemp("shapes")
     repo = root / "model_repository"
     for kind in MODELS:
-        build(write_model(root, kind), repo, benchmark_seconds=0, progress=lambda _: None)
+        spec = write_model(root, kind)
+        if kind == "argmax":  # the drift profile describes data.validation: give this one some
+            rng = np.random.default_rng(0)
+            np.savez(spec.parent / "val.npz", x=rng.standard_normal((64, 6)).astype(np.float32),
+                     temperature=rng.uniform(0.5, 2.0, 64).astype(np.float32))
+            edit_spec(spec.parent, data={"validation": "val.npz"})
+        build(spec, repo, benchmark_seconds=0, progress=lambda _: None)
     server = EmbeddedServer(repo, ready_timeout=90)
     server.start()
     yield server, repo
@@ -106,6 +112,14 @@ def test_drift_profile_covers_scalar_inputs_and_outputs(shapes_served):
     _, repo = shapes_served
     profile = json.loads((repo / "argmax" / "1" / "drift_profile.json").read_text())
     assert {"input:temperature", "output:label"} <= set(profile["features"]), sorted(profile["features"])
+    assert profile["reference_rows"] == 64
+
+
+def test_without_validation_data_there_is_no_drift_profile_and_the_metadata_says_why(shapes_served):
+    _, repo = shapes_served
+    assert not (repo / "embed" / "1" / "drift_profile.json").exists()
+    notes = yaml.safe_load((repo / "embed" / "1" / "metadata.yaml").read_text())["notes"]
+    assert any(n.startswith("drift monitoring off: no data.validation") for n in notes), notes
 
 
 def test_load_test_sends_scalar_inputs_in_the_wire_shape(shapes_served, tmp_path):
