@@ -245,9 +245,43 @@ def _mismatch_failure(name: str, m: dict[str, float], tolerance: dict[str, float
             f"{m['max_abs']:g})"]
 
 
-def top1_accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
-    """Percentage of rows whose argmax equals the label."""
-    return float((np.argmax(logits.reshape(len(labels), -1), axis=1) == labels).mean() * 100.0)
+def top1_output(outputs: dict[str, np.ndarray], labels: np.ndarray) -> str | None:
+    """The output top-1 accuracy scores against ``labels``: an integer output holding one class id per
+    label (a model returning (argmax, logits) is scored on its own answer, wherever it comes), else the
+    first float output with more than one class per label (its argmax); None when neither exists.
+    Each label covers the output's leading dims of the labels' shape (one per sample, or one per token
+    for labels [N, T] and an output [N, T, classes])."""
+    for name, array in outputs.items():
+        if np.issubdtype(np.asarray(array).dtype, np.integer) and label_classes(array, labels) == 1:
+            return name
+    for name, array in outputs.items():
+        if np.issubdtype(np.asarray(array).dtype, np.floating) and (label_classes(array, labels) or 0) > 1:
+            return name
+    return None
+
+
+def label_classes(output: np.ndarray, labels: np.ndarray) -> int | None:
+    """How many values ``output`` holds per label (its classes for scores, 1 for class ids); None
+    where its leading dims are not the labels' shape."""
+    shape, lead = np.shape(output), np.shape(labels)
+    if tuple(shape[:len(lead)]) != tuple(lead):
+        return None
+    return int(np.prod(shape[len(lead):], dtype=np.int64))
+
+
+def top1_hits(output: np.ndarray, labels: np.ndarray) -> int:
+    """How many labels ``output`` gets right: class ids compared as they are, scores by their argmax."""
+    output, labels = np.asarray(output), np.asarray(labels)
+    if np.issubdtype(output.dtype, np.integer):
+        predicted = output.reshape(labels.shape)
+    else:
+        predicted = np.argmax(output.reshape(*labels.shape, -1), axis=-1)
+    return int((predicted == labels).sum())
+
+
+def top1_accuracy(output: np.ndarray, labels: np.ndarray) -> float:
+    """Percentage of labels the output gets right (see top1_hits; the output is top1_output's choice)."""
+    return 100.0 * top1_hits(output, labels) / max(np.size(labels), 1)
 
 
 def run_batched(run, inputs: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:

@@ -73,6 +73,33 @@ def count_params_macs(model, example: list[Any]) -> tuple[int, int]:
     return int(params), int(macs)
 
 
+def _pruner(work, example: list[Any], ratio: float, steps: int):
+    import torch_pruning as tp
+    return tp.pruner.MetaPruner(
+        work, tuple(example) if len(example) > 1 else example[0],
+        importance=tp.importance.GroupMagnitudeImportance(p=2),
+        pruning_ratio=ratio, iterative_steps=steps, ignored_layers=output_layers(work, example))
+
+
+def check_prunable(model, example: list[Any], ratio: float) -> None:
+    """Raise ValueError when pruning a copy at ``ratio`` removes no parameter: torch-pruning removes
+    channels of Conv / Linear layers (and what follows them), never of an RNN or attention's inner
+    projections, nor of the output layers; a model of those alone would be fine-tuned and reported
+    "pruned" unchanged."""
+    probe = copy.deepcopy(model).eval()
+    _pruner(probe, example, ratio, 1).step()
+    if _params(probe) < _params(model):
+        return
+    kinds = sorted({type(m).__name__ for m in model.modules()
+                    if any(True for _ in m.parameters(recurse=False))})
+    raise ValueError(f"nothing prunable in {', '.join(kinds)}: structured pruning removes channels of "
+                     "Conv / Linear layers other than the output layers")
+
+
+def _params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
 def prune_iteratively(model, data: TrainingData, settings, budget: Budget, *, evaluate: Callable[[Any], float],
                       floor: float, progress: Callable[[str], object] | None = None,
                       label: str = "onnx_pruned") -> PruneResult:
@@ -80,16 +107,12 @@ def prune_iteratively(model, data: TrainingData, settings, budget: Budget, *, ev
     fine-tuning after each (cross-entropy on ``data``); stop at the first step whose accuracy falls
     below ``floor`` or when ``budget`` is spent. ``settings``: builder.spec_compression.CompressionSpec."""
     import torch
-    import torch_pruning as tp
 
     torch.manual_seed(settings.seed)
-    work = copy.deepcopy(model).eval()
     example = [x[:2] for x in data.inputs]
-    pruner = tp.pruner.MetaPruner(
-        work, tuple(example) if len(example) > 1 else example[0],
-        importance=tp.importance.GroupMagnitudeImportance(p=2),
-        pruning_ratio=settings.prune_ratio, iterative_steps=settings.prune_steps,
-        ignored_layers=output_layers(work, example))
+    check_prunable(model, example, settings.prune_ratio)
+    work = copy.deepcopy(model).eval()
+    pruner = _pruner(work, example, settings.prune_ratio, settings.prune_steps)
     steps_each = max(settings.steps // settings.prune_steps, 1)
     result = PruneResult(model=None, ratio=0.0, accuracy=None)
     for step in range(1, settings.prune_steps + 1):

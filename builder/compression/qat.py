@@ -148,6 +148,13 @@ def prepare_qat(model, data, batch_size: int = 64) -> tuple[object, list[str]]:
     """Fold BN, wrap the layers, observe activation ranges on the first training batches, turn
     fake-quant on (observers keep updating while training). Returns (model, notes)."""
     torch = _torch()
+    # nn.MultiheadAttention reads out_proj.weight itself (F.multi_head_attention_forward), past any wrapper
+    attention = [name or type(model).__name__ for name, m in model.named_modules()
+                 if isinstance(m, torch.nn.MultiheadAttention)]
+    if attention:
+        raise ValueError(f"QAT does not support nn.MultiheadAttention ({', '.join(attention[:3])}"
+                         f"{', ...' if len(attention) > 3 else ''}): it reads out_proj.weight directly, past the "
+                         "fake-quant; use onnx_int8_static")
     model, folded = _fold_batchnorm(model)
     wrapped = _wrap(model)
     if not wrapped:

@@ -111,7 +111,8 @@ class Reference:
     outputs: list[dict[str, Any]]  # per case {name: array}
     validation_inputs: dict[str, Any] | None = None  # full validation set (for the task metric)
     validation_outputs: dict[str, Any] | None = None
-    labels: Any = None
+    labels: Any = None  # checked by builder.data_checks.check_labels
+    top1_output: str | None = None  # the output the labels score (tensors.top1_output); set with labels
     output_dtypes: dict[str, str] = field(default_factory=dict)
     output_shapes: dict[str, list[int]] = field(default_factory=dict)  # per sample, -1 dynamic
 

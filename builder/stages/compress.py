@@ -55,7 +55,21 @@ def why_not(ctx: BuildContext) -> str:
     if ctx.reference is None or ctx.reference.labels is None:
         return ("needs labelled validation data to verify by task accuracy: data.validation with a 'labels' "
                 "array")
+    first = spec.outputs[0].name
+    scores = (getattr(ctx.reference, "validation_outputs", None) or {}).get(first)
+    if scores is not None and (np.ndim(ctx.reference.labels) != 1 or _classes(scores) < 2):
+        # training is cross-entropy on the first output against one class id per sample
+        return (f"trains on the first output, which must be float class scores with one class id per sample in "
+                f"data.validation['labels']; '{first}' is {scores.dtype} {list(scores.shape[1:])} per sample and "
+                f"the labels {list(np.shape(ctx.reference.labels)[1:])} (return the logits first)")
     return ""
+
+
+def _classes(scores: np.ndarray) -> int:
+    """The classes of a first output (float scores, one row per sample); 0 for anything else."""
+    if not np.issubdtype(scores.dtype, np.floating):
+        return 0
+    return int(np.prod(scores.shape[1:], dtype=np.int64))
 
 
 def load_training(ctx: BuildContext) -> dict[str, np.ndarray]:
@@ -80,15 +94,66 @@ def load_training(ctx: BuildContext) -> dict[str, np.ndarray]:
         raise UserInputError(f"data.training: {where}: the inputs and labels have different sample counts "
                              f"{sorted(counts)}")
     for tensor in spec.inputs:
-        per_sample = list(data[tensor.name].shape[1:])
+        array = np.asarray(data[tensor.name])
+        per_sample = list(array.shape[1:])
         if len(per_sample) != len(tensor.shape) or any(s not in (-1, a) for s, a in zip(tensor.shape, per_sample)):
             raise UserInputError(f"data.training: {where}['{tensor.name}'] has per-sample shape {per_sample}, "
                                  f"the spec says {tensor.shape}")
-        data[tensor.name] = np.asarray(data[tensor.name]).astype(tensor.dtype)
-    if not np.issubdtype(np.asarray(data["labels"]).dtype, np.integer):
-        raise UserInputError(f"data.training: {where}['labels'] is {np.asarray(data['labels']).dtype}; give integer "
-                             "class ids (the task metric is top-1 accuracy)")
+        # the rule of data.validation (stage load): float ids would be truncated without a word
+        if not np.can_cast(array.dtype, np.dtype(tensor.dtype), casting="same_kind"):
+            raise UserInputError(f"data.training: {where}['{tensor.name}'] is {array.dtype}, the spec says "
+                                 f"{tensor.dtype}; save it as {tensor.dtype}")
+        data[tensor.name] = array.astype(tensor.dtype)
+    _check_training_labels(ctx, np.asarray(data["labels"]), where)
+    _check_model_runs(ctx, data, where)
     return data
+
+
+def _check_training_labels(ctx: BuildContext, labels: np.ndarray, where: str) -> None:
+    """Class ids for cross-entropy: integers, one per sample, within the first output's classes."""
+    from builder.data_checks import classes_outside
+
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise UserInputError(f"data.training: {where}['labels'] is {labels.dtype}; give integer "
+                             "class ids (the task metric is top-1 accuracy)")
+    if labels.ndim != 1:
+        raise UserInputError(f"data.training: {where}['labels'] has shape {list(labels.shape)}; give one class id "
+                             "per sample (shape [samples]): training is cross-entropy on one class per sample")
+    first = ctx.spec.outputs[0].name
+    scores = (getattr(getattr(ctx, "reference", None), "validation_outputs", None) or {}).get(first)
+    classes = _classes(scores) if scores is not None else 0
+    outside = classes_outside(labels, classes or None)
+    if outside:
+        allowed = f"0..{classes - 1} (output '{first}' scores {classes} classes)" if classes else "0 or more"
+        raise UserInputError(f"data.training: {where}['labels'] holds {outside} outside {allowed}; give each "
+                             "sample's class index")
+
+
+def _check_model_runs(ctx: BuildContext, data: dict[str, np.ndarray], where: str) -> None:
+    """Run the model on one training batch, with the samples holding each integer input's smallest and
+    largest value (ids past the vocabulary), before any training: a bad array is named here rather
+    than failing mid-training (or in a parameter count) with torch's words."""
+    import torch
+
+    from builder.compression.train import first_output
+    from builder.data_checks import data_fault
+
+    model, spec = getattr(ctx, "model", None), ctx.spec
+    if not isinstance(model, torch.nn.Module):
+        return
+    rows = set(range(min(len(data["labels"]), spec.compression.batch_size)))
+    for tensor in spec.inputs:
+        array = data[tensor.name]
+        if array.size and np.issubdtype(array.dtype, np.integer):
+            flat = array.reshape(len(array), -1)
+            rows |= {int(flat.max(1).argmax()), int(flat.min(1).argmin())}
+    index = sorted(rows)
+    arrays = {t.name: np.ascontiguousarray(data[t.name][index]) for t in spec.inputs}
+    try:
+        with torch.no_grad():
+            first_output(model(*[torch.from_numpy(arrays[t.name]) for t in spec.inputs]))
+    except Exception as exc:  # noqa: BLE001 - any failure of the model on this data
+        raise data_fault("data.training", where, arrays, spec, exc) from None
 
 
 def _call_training(ref: str, folder) -> dict[str, np.ndarray]:
@@ -124,8 +189,8 @@ class _Session:
         self.settings = spec.compression
         self.names = [t.name for t in spec.inputs]
         self.data = TrainingData.from_arrays(load_training(ctx), self.names)
-        first = spec.outputs[0].name
-        self.reference_accuracy = top1_accuracy(ref.validation_outputs[first], ref.labels)
+        # as stage verify scores (the labels' output), while training uses the first output (why_not)
+        self.reference_accuracy = top1_accuracy(ref.validation_outputs[ref.top1_output], ref.labels)
         self.floor = self.reference_accuracy - spec.verify.max_accuracy_drop
         self.evaluate = lambda model: accuracy(model, ref.validation_inputs, ref.labels, self.names,
                                                spec.max_batch_size)

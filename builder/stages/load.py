@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from builder.data_checks import CHECK_BATCHES, calibration_warning, check_label_array, check_labels, run_on_data
 from builder.errors import UserInputError
 from builder.files import sha256_file
 from builder.stages.base import BuildContext, Reference, StageResult
@@ -47,8 +48,7 @@ def run(ctx: BuildContext) -> StageResult:
         ctx.source_hashes[source.path.name] = sha256_file(source.path)
 
     validation = _read_npz(spec.data.validation, "data.validation", ctx) if spec.data.validation else None
-    if spec.data.calibration:
-        _read_npz(spec.data.calibration, "data.calibration", ctx)
+    calibration = _read_npz(spec.data.calibration, "data.calibration", ctx) if spec.data.calibration else None
 
     probed = _probe_id_ranges(runner, ctx)  # generated inputs are used with data too (trace example, dynamic sizes)
     example = trace_example(spec)
@@ -58,26 +58,46 @@ def run(ctx: BuildContext) -> StageResult:
             f"{_origin(ctx)}: field 'outputs': the spec lists {len(spec.outputs)} output(s) "
             f"({', '.join(o.name for o in spec.outputs)}) but the model returns {len(outputs)}; list one name per output"
         )
+    # the model runs on generated inputs (above): a failure on the user's data is the data's, said now
+    val_inputs = val_outputs = top1 = None
+    if validation is not None:
+        val_inputs = {t.name: validation[t.name] for t in spec.inputs}
+        val_outputs = run_on_data(runner, val_inputs, "data.validation", spec.data.validation, spec)
+    if calibration is not None:
+        _check_calibration(runner, calibration, ctx)
 
     cases = build_cases(spec, validation)
     reference_outputs = [_call_checked(runner, case["inputs"], ctx) for case in cases]
     _check_batch_dimension(ctx, cases, reference_outputs)
+    if validation is not None and val_outputs is None:  # batches whose outputs did not concatenate: say how
+        val_outputs = run_batched(runner, val_inputs, spec.max_batch_size)
+    if validation is not None and "labels" in validation:
+        top1 = check_labels(ctx, spec.data.validation, validation["labels"], val_outputs)
     ctx.reference = Reference(cases=cases, outputs=reference_outputs)
     _infer_output_signature(ctx, reference_outputs + _signature_samples(runner, ctx))
     _check_repository_interface(ctx)
 
     if validation is not None:
-        val_inputs = {t.name: validation[t.name] for t in spec.inputs}
-        batch = spec.max_batch_size or len(next(iter(val_inputs.values())))
-        ctx.reference.validation_inputs = val_inputs
-        ctx.reference.validation_outputs = (run_batched(runner, val_inputs, batch) if spec.batching
-                                            else runner(val_inputs))
-        if "labels" in validation:
-            ctx.reference.labels = validation["labels"]
+        ctx.reference.validation_inputs, ctx.reference.validation_outputs = val_inputs, val_outputs
+        if top1 is not None:  # labels no output scores are dropped (check_labels said so)
+            ctx.reference.labels, ctx.reference.top1_output = validation["labels"], top1
 
     note = "; ".join(f"generated {k} in [{lo}, {hi}) (probed: the model rejects larger ids)" for k, (lo, hi) in probed.items())
     return StageResult.ok(STAGE, note, reference=ctx.reference_kind, cases=[c["id"] for c in cases], id_ranges=probed,
                           validation_samples=None if validation is None else len(next(iter(validation.values()))))
+
+
+def _check_calibration(runner, calibration: dict[str, np.ndarray], ctx: BuildContext) -> None:
+    """The calibrators (onnxruntime, NNCF, TensorRT) run the data without a word when it is invalid, or
+    fail in their own terms: run the model on the first batches here; warn when there are too few."""
+    spec, path = ctx.spec, ctx.spec.data.calibration
+    inputs = {t.name: calibration[t.name] for t in spec.inputs}
+    limit = min(spec.quantization.calibration_samples, CHECK_BATCHES * spec.max_batch_size) if spec.batching else None
+    run_on_data(runner, inputs, "data.calibration", path, spec, limit=limit)
+    warning = calibration_warning(spec, path, len(next(iter(inputs.values())))) if spec.batching else ""
+    if warning:
+        ctx.progress(f"  warning: {warning}")
+        ctx.notes.append(f"warning: {warning}")
 
 
 def _check_repository_interface(ctx: BuildContext) -> None:
@@ -226,6 +246,10 @@ def _load_weights(model, path: Path) -> None:
 
 
 def _read_npz(path: Path, field: str, ctx: BuildContext) -> dict[str, np.ndarray]:
+    import zipfile
+    if not zipfile.is_zipfile(path):  # np.load would take any other file for a pickle and blame its "objects"
+        raise UserInputError(f"{field}: {path} is not an .npz archive; save one array per input, keyed by its "
+                             "name, with np.savez(path, **arrays)")
     key = None
     try:
         with np.load(path, allow_pickle=False) as archive:
@@ -256,6 +280,11 @@ def _read_npz(path: Path, field: str, ctx: BuildContext) -> dict[str, np.ndarray
         counts.add(len(array))
     if ctx.spec.batching and len(counts) > 1:
         raise UserInputError(f"{field}: {path.name}: inputs have different sample counts {sorted(counts)}")
+    if ctx.spec.batching and counts == {0}:
+        raise UserInputError(f"{field} has 0 samples ({path.name}: every array's first dimension is 0); give at "
+                             "least one sample per input")
+    if field == "data.validation" and "labels" in data:
+        check_label_array(path, data["labels"], counts.pop() if ctx.spec.batching else None)
     return data
 
 

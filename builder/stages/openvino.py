@@ -29,7 +29,7 @@ import numpy as np
 from builder import openvino_tools
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import accuracy_drop_failure, calibration_samples, make_each
-from builder.tensors import run_batched, top1_accuracy
+from builder.tensors import run_batched, top1_accuracy, top1_hits
 from builder.variants import register_variant
 
 STAGE = "openvino"
@@ -106,7 +106,7 @@ def _top1_drop(ctx: BuildContext, ir) -> float | None:
     ref, spec = ctx.reference, ctx.spec
     if ref is None or ref.validation_inputs is None or ref.labels is None:
         return None
-    first = spec.outputs[0].name
+    first = ref.top1_output  # the output the labels score (stage load)
     run = openvino_tools.openvino_runner(ir, [first])
     batch = spec.max_batch_size or len(next(iter(ref.validation_inputs.values())))
     got = run_batched(run, ref.validation_inputs, batch) if spec.batching else run(ref.validation_inputs)
@@ -116,7 +116,7 @@ def _top1_drop(ctx: BuildContext, ir) -> float | None:
 def _accuracy_aware(ctx: BuildContext, nncf, model, dataset):
     """nncf.quantize_with_accuracy_control with the spec's top-1 budget (absolute, in points)."""
     ref, spec = ctx.reference, ctx.spec
-    first = spec.outputs[0].name
+    first = ref.top1_output
     names = [t.name for t in spec.inputs]
     batch = spec.max_batch_size or len(ref.labels)
     items = [({n: ref.validation_inputs[n][i:i + batch] for n in names}, ref.labels[i:i + batch])
@@ -126,9 +126,8 @@ def _accuracy_aware(ctx: BuildContext, nncf, model, dataset):
         hits = total = 0
         port = next(p for p in compiled.outputs if first in p.get_names())
         for feeds, labels in data:
-            logits = compiled(feeds)[port]
-            hits += int((np.argmax(logits, axis=-1) == labels).sum())
-            total += len(labels)
+            hits += top1_hits(compiled(feeds)[port], labels)
+            total += np.size(labels)
         return hits / max(total, 1)
 
     validation = nncf.Dataset(items, lambda item: item)

@@ -291,7 +291,7 @@ def _evaluate_model(ctx: BuildContext, run, fp32) -> quant_search.Result:
     if ref.validation_inputs is not None and ref.labels is not None:
         batch = spec.max_batch_size or len(next(iter(ref.validation_inputs.values())))
         got = run_batched(run, ref.validation_inputs, batch) if spec.batching else run(ref.validation_inputs)
-        first = spec.outputs[0].name
+        first = ref.top1_output  # the output the labels score (stage load)
         drop = (top1_accuracy(ref.validation_outputs[first], ref.labels) - top1_accuracy(got[first], ref.labels))
         over = accuracy_drop_failure({"drop": drop}, spec.verify.max_accuracy_drop)
         if over:

@@ -63,7 +63,7 @@ def verify_variant(ctx: BuildContext, variant: Variant) -> list[str]:
         if variant.verified_by != "task_accuracy":
             failures += _validation_failures(on_validation, tolerance, failures, _count(ref.validation_inputs, spec))
         if ref.labels is not None:
-            first = outputs[0]
+            first = ref.top1_output  # the class ids or scores the labels fit (stage load)
             ref_top1 = top1_accuracy(ref.validation_outputs[first], ref.labels)
             var_top1 = top1_accuracy(got[first], ref.labels)
             drop = ref_top1 - var_top1
