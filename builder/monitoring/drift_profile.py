@@ -83,6 +83,9 @@ def _categorical_feature(
     return spec
 
 
+MIN_VALUES_PER_BIN = 10
+
+
 def build_profile(
     inputs: Mapping[str, np.ndarray],
     outputs: Mapping[str, np.ndarray],
@@ -129,6 +132,13 @@ def build_profile(
             f = _numeric_feature(spec, vals, bins)
         if f is None:
             skipped[name] = "no finite values"
+            return
+        # bin proportions from a few values are noise: PSI against 100+ served rows then reads ~bins/N
+        # (0.6-1.9 seen with 8-12 rows), so the drift alert would fire on the build's own data
+        enough = MIN_VALUES_PER_BIN * (bins if not categorical else max(2, len(f["values"]) + 1))
+        if f["count"] < enough:
+            skipped[name] = (f"too few reference values ({f['count']}; at least {enough} for "
+                             f"{'its categories' if categorical else f'{bins} bins'}): give more rows in data.validation")
         else:
             features[name] = f
 

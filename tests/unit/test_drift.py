@@ -100,14 +100,14 @@ def test_profile_other_shapes_and_skips():
     rng = np.random.default_rng(0)
     p = drift_profile.build_profile(
         {
-            "nhwc": rng.random((50, 16, 16, 3)),
-            "wide": rng.random((50, 100)),
-            "seq": rng.random((50, 4, 5)),
-            "vec": rng.random(50),
-            "text": np.array([b"a"] * 50, dtype=object),
+            "nhwc": rng.random((120, 16, 16, 3)),
+            "wide": rng.random((120, 100)),
+            "seq": rng.random((120, 4, 5)),
+            "vec": rng.random(120),
+            "text": np.array([b"a"] * 120, dtype=object),
             "scalar": np.float32(1.0),
         },
-        {"emb": rng.random((50, 300)), "probs": np.full((50, 4), 0.25), "pred": rng.integers(0, 3, 50)},
+        {"emb": rng.random((120, 300)), "probs": np.full((120, 4), 0.25), "pred": rng.integers(0, 3, 120)},
     )
     names = set(p["features"])
     assert {"input:nhwc[ch0]", "input:nhwc[ch2]", "input:wide", "input:seq", "input:vec"} <= names
@@ -115,6 +115,17 @@ def test_profile_other_shapes_and_skips():
     assert p["features"]["output:probs:score"]["select"] == "max"  # already probabilities
     assert set(p["skipped"]) == {"input:text", "input:scalar"}
     json.dumps(p, allow_nan=False)
+
+
+def test_a_feature_with_too_few_reference_values_is_skipped_not_profiled_from_noise():
+    rng = np.random.default_rng(0)
+    few = drift_profile.build_profile({"x": rng.random((12, 3)), "ids": rng.integers(0, 5, 12)}, {})
+    assert few["features"] == {}
+    assert few["skipped"]["input:x[0]"] == ("too few reference values (12; at least 100 for 10 bins): give more "
+                                           "rows in data.validation")
+    assert few["skipped"]["input:ids"].startswith("too few reference values (12; at least 60 for its categories)")
+    enough = drift_profile.build_profile({"x": rng.random((100, 3)), "ids": rng.integers(0, 5, 100)}, {})
+    assert {"input:x[0]", "input:x[2]", "input:ids"} <= set(enough["features"]) and not enough["skipped"]
 
 
 def test_psi_and_js_basics():
