@@ -66,7 +66,10 @@ def render_config(workdir: Path, http_backends: Sequence[str], grpc_backends: Se
     def servers(backends: Sequence[str]) -> str:
         return "\n".join(f"        server {b} max_fails=1 fail_timeout={fail_timeout_s}s;" for b in backends)
 
-    temp = "\n".join(f"    {kind}_temp_path {workdir / 'temp' / kind};"
+    def quoted(path: Path) -> str:  # a temp dir with a space would split the directive's arguments
+        return '"' + str(path).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    temp = "\n".join(f"    {kind}_temp_path {quoted(workdir / 'temp' / kind)};"
                      for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
     user = f"user {worker_user};\n" if worker_user else ""
     tries = max(2, min(len(http_backends), len(grpc_backends)))
@@ -74,8 +77,8 @@ def render_config(workdir: Path, http_backends: Sequence[str], grpc_backends: Se
 {user}daemon off;
 master_process on;
 worker_processes 1;
-pid {workdir / 'nginx.pid'};
-error_log {workdir / 'error.log'} warn;
+pid {quoted(workdir / 'nginx.pid')};
+error_log {quoted(workdir / 'error.log')} warn;
 
 events {{
     worker_connections 1024;
@@ -84,7 +87,7 @@ events {{
 http {{
     log_format upstream '$remote_addr [$time_local] "$request" $status upstream=$upstream_addr '
                         'upstream_status=$upstream_status request_time=$request_time';
-    access_log {workdir / 'access.log'} upstream;
+    access_log {quoted(workdir / 'access.log')} upstream;
 {temp}
     client_max_body_size 64m;
     sendfile on;

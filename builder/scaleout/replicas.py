@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -109,7 +110,8 @@ class ReplicaSet:
         prometheus: True starts Prometheus (``ServerError`` if it is missing), False does not, None
             starts it when the binary is installed and otherwise only writes its configuration
             (``prometheus_config``) for a Prometheus elsewhere.
-        log_dir: where replica logs go (default: a temp folder, kept after stop).
+        log_dir: where replica logs go, kept. Default: a temp folder that ``stop()`` removes when
+            nothing failed and keeps (``kept_logs``) when a start, a replica or a rollout did.
         extra_args: more tritonserver arguments for every replica.
     """
 
@@ -135,6 +137,9 @@ class ReplicaSet:
         self.ports = (http_port, grpc_port)
         self.want_prometheus = prometheus
         self.log_dir = Path(log_dir).resolve() if log_dir else Path(tempfile.mkdtemp(prefix="triton-builder-replicas-"))
+        self._own_log_dir = not log_dir
+        self.failed = False  # a start, a replica or a rollout failed: its logs are the evidence
+        self.kept_logs: Path | None = None  # after stop(): where the logs are, if they were kept
         self.extra_args = tuple(_METRICS_ARGS) + tuple(str(a) for a in extra_args)
         self.ready_timeout = ready_timeout
         self.load_models = list(load_models) if load_models else None
@@ -182,6 +187,7 @@ class ReplicaSet:
                 self.balancer.start()
                 self._start_prometheus()
             except BaseException:
+                self.failed = True
                 self.stop()
                 raise
             return self
@@ -206,15 +212,25 @@ class ReplicaSet:
         self.prometheus.start()
         self.prometheus_config = self.prometheus.config_path
 
-    def stop(self) -> None:
-        """Stop Prometheus, the balancer and every replica. Idempotent."""
+    def stop(self) -> Path | None:
+        """Stop Prometheus, the balancer and every replica. Idempotent. Returns ``kept_logs``: the log
+        folder if it stays (given as ``log_dir``, or something failed), None if it was removed."""
         with self._lock:
+            # a replica that ended on its own (pid but no process) is a failure worth its log
+            self.failed |= bool(self.failed_targets) or any(r.pid is not None and not r.is_running()
+                                                             for r in self.replicas)
             if self.prometheus is not None:
                 self.prometheus.stop()
             if self.balancer is not None:
                 self.balancer.stop()
             for replica in self.replicas:
                 replica.stop()
+            if self._own_log_dir and not self.failed:
+                shutil.rmtree(self.log_dir, ignore_errors=True)
+                self.kept_logs = None
+            elif self.log_dir.is_dir():
+                self.kept_logs = self.log_dir
+            return self.kept_logs
 
     # -- addresses and state -----------------------------------------------------------------
 
@@ -236,6 +252,7 @@ class ReplicaSet:
     def kill(self, index: int) -> None:
         """SIGKILL replica ``index`` (its whole process group), as a crash would; the others keep serving."""
         replica = self.replicas[index]
+        self.failed = True  # a crash, as far as the logs go
         if replica.pid is not None and replica.is_running():
             try:
                 os.killpg(replica.pid, signal.SIGKILL)
@@ -394,11 +411,14 @@ def run_replicas(repository: str | Path, replicas: int = 2, *, http_port: int | 
                     try:
                         group.roll_out_pending(progress=announce)  # announces each replica's step
                     except (ServerError, VerificationError, UserInputError) as err:
+                        group.failed = True  # keep the logs that explain it
                         announce(f"rollout stopped: {err}")
                     next_poll = time.monotonic() + watch_seconds
                 time.sleep(0.2)
             announce(f"received {signal.Signals(received[0]).name}; stopping")
             return 0
         finally:
-            group.stop()
+            kept = group.stop()
+            announce(f"logs kept in {kept}" if kept is not None else
+                     f"stopped; nothing failed, so the logs ({group.log_dir}) were removed")
 

@@ -73,7 +73,8 @@ def serve_forever(
     with stop_signals() as received:
         try:
             server.start()
-            _announce_started(server, announce, served_host_warnings(repository, server.models, current_host))
+            _announce_started(server, announce, served_host_warnings(repository, server.models, current_host),
+                              temporary_log=log_path is None)
             while not received:
                 if not server.is_running():
                     announce(
@@ -84,7 +85,9 @@ def serve_forever(
                 time.sleep(poll_interval)
             announce(f"received {signal.Signals(received[0]).name}; stopping tritonserver (pid {server.pid}) ...")
             code = server.stop()
-            announce(f"tritonserver stopped (exit code {code})")
+            announce(f"tritonserver stopped (exit code {code}); "
+                     + ("nothing failed, so its log was removed with its temp folder" if log_path is None
+                        else f"log: {server.log_path}"))
             return 0
         finally:
             server.stop()
@@ -128,12 +131,14 @@ def served_host_warnings(repository: Path | str, models: Sequence[str], current_
     return out
 
 
-def _announce_started(server: EmbeddedServer, announce: Callable[[str], object], warnings: Sequence[str] = ()) -> None:
+def _announce_started(server: EmbeddedServer, announce: Callable[[str], object], warnings: Sequence[str] = (),
+                      temporary_log: bool = False) -> None:
     announce(f"Triton server (embedded, backends: {', '.join(EMBEDDED_BACKENDS)}) is ready, pid {server.pid}")
     announce(f"  HTTP     {server.http_url}   (http://{server.http_url}/v2/health/ready)")
     announce(f"  gRPC     {server.grpc_url}")
     announce(f"  metrics  {server.metrics_url}")
-    announce(f"  log      {server.log_path}")
+    announce(f"  log      {server.log_path}"
+             + ("   (removed at a clean stop; kept, and named, if the server fails)" if temporary_log else ""))
     announce(f"  serving  {', '.join(server.models) if server.models else '(no models)'}")
     for name, reason in server.left_out.items():
         announce(f"  left out {name}: {reason}")

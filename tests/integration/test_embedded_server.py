@@ -429,14 +429,15 @@ def test_serve_forever_stops_on_sigterm(small_repo):
         http = re.search(r"HTTP\s+(\S+)", out).group(1)
         assert re.search(r"gRPC\s+127\.0\.0\.1:\d+", out)
         assert re.search(r"metrics\s+http://127\.0\.0\.1:\d+/metrics", out)
-        assert re.search(r"log\s+/\S+tritonserver\.log", out)
+        log = Path(re.search(r"log\s+(/\S+tritonserver\.log)\s+\(removed at a clean stop", out).group(1))
         with urllib.request.urlopen(f"http://{http}/v2/health/ready", timeout=5) as response:
             assert response.status == 200
         pids = _tree(pid)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         assert _wait_gone(pids, 5) == []
-        assert "stopped" in _drain(lines)
+        assert "stopped (exit code 0); nothing failed, so its log was removed" in _read_until(lines, "stopped", 10)
+        assert not log.parent.exists()  # a clean stop leaves no temp folder behind
     finally:
         if proc.poll() is None:
             proc.kill()
