@@ -74,6 +74,18 @@ def _read_npz(path, names, batching):
     return [samples[i] for i in picks]
 
 
+def _as_model_dtypes(samples, inputs):
+    """Payload arrays in the model's dtypes, as builder.tuning.payload does: a cast within a kind (numpy's
+    float64 default for an FP32 input, int32 ids for INT64); across kinds refused, not sent to fail."""
+    datatypes = {name: DATATYPES.get(datatype) for name, datatype, _ in inputs}
+    for name, array in (samples[0] if samples else {}).items():
+        expected = datatypes.get(name)
+        if expected is not None and not np.can_cast(array.dtype, expected, casting="same_kind"):
+            raise ValueError(f"--payload: '{name}' is {array.dtype}, the model takes {np.dtype(expected).name}")
+    return [{n: a.astype(datatypes[n], copy=False) if datatypes.get(n) is not None else a for n, a in s.items()}
+            for s in samples]
+
+
 def _generate(inputs, batching, count=16):
     rng = np.random.default_rng(0)
     samples = []
@@ -133,6 +145,7 @@ class Target:
             samples, self.source = _read_npz(options.payload, names, self.batching), options.payload
         else:
             samples, self.source = _generate(inputs, self.batching), "generated from the model metadata"
+        samples = _as_model_dtypes(samples, inputs)
         # a scalar per sample travels as dims [1] (config reshape []), as builder.tensors.to_wire does
         dims = {name: shape for name, _, shape in inputs}
         scalar = [n for n in names if dims[n] == [1]]

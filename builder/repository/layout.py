@@ -49,6 +49,15 @@ def model_names(repository: Path) -> list[str]:
                   if not p.name.startswith(".") and p.is_dir() and (p / "config.pbtxt").is_file())
 
 
+def not_in_repository(name: str, repository: Path, where: str = "--repository") -> UserInputError:
+    """Model ``name`` is not in ``repository``: the models it does hold, so a typo is seen at once."""
+    root = Path(repository).resolve()
+    models = model_names(root)
+    have = f"its models: {', '.join(models)}" if models else "it holds no models"
+    return UserInputError(f"model '{name}' is not in {root} ({have}); name one of them, or pass the {where} that "
+                          f"holds '{name}'")
+
+
 def require_model_repository(repository: Path, where: str = "--repository") -> Path:
     """``repository`` resolved when it is one (its folders are models; an empty folder is a repository
     not built into yet), else an error saying what was found and what a repository looks like: a

@@ -36,8 +36,8 @@ from builder.errors import UserInputError
 from builder.host import compare_hosts, host_profile, size_queue_delay, size_serving
 from builder.objective import prefer_accurate, speed, tradeoff_terms
 from builder.repository.description import VersionDescription
-from builder.repository.layout import (existing_versions, latest_version, model_dir, require_writable,
-                                       reserve_version)
+from builder.repository.layout import (existing_versions, latest_version, model_dir, not_in_repository,
+                                       require_writable, reserve_version)
 from builder.repository.metadata import read_metadata, read_reference
 from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures, worst_metric
 
@@ -156,10 +156,12 @@ def select_for_host(repository: str | Path, name: str, *, measure: Measure | Non
     if not dry_run:  # likewise a repository the winner could not be published into
         require_writable(repository)
     main = model_dir(repository, name)
-    number = latest_version(main) if main.is_dir() else None
+    if not main.is_dir():
+        raise not_in_repository(name, repository)
+    number = latest_version(main)
     if number is None:
-        raise UserInputError(f"model '{name}' has no version in {repository.resolve()}; pass --repository "
-                             f"or build it first (triton-builder build)")
+        raise UserInputError(f"model '{name}' has no version in {repository.resolve()}; build it first "
+                             "(triton-builder build)")
     served = read_metadata(main / str(number) / "metadata.yaml")
     cases, outputs = read_reference(main / str(number) / "reference.npz")
     host = current_host if current_host is not None else host_profile()
@@ -374,9 +376,11 @@ def publish_tuned(repository: str | Path, name: str, config_text: str, tuning: d
     repository = Path(repository)
     signer = resolve_signing_key(signing_key, repository)
     main = model_dir(repository, name)
-    number = latest_version(main) if main.is_dir() else None
+    if not main.is_dir():
+        raise not_in_repository(name, repository)
+    number = latest_version(main)
     if number is None:
-        raise UserInputError(f"model '{name}' has no version in {repository.resolve()}; pass --repository")
+        raise UserInputError(f"model '{name}' has no version in {repository.resolve()}; build it first")
     folder = main / str(number)
     new, old = config_as_dict(config_text), config_as_dict((main / "config.pbtxt").read_text())
     for key in ("backend", "platform", "input", "output"):

@@ -23,7 +23,7 @@ from typing import Any
 from builder.errors import ServerError, UserInputError
 from builder.serving.client import TritonClient, TritonError
 from builder.repository.config import config_as_dict
-from builder.repository.layout import latest_version, model_dir
+from builder.repository.layout import latest_version, model_dir, not_in_repository
 from builder.host import host_warnings
 from builder.repository.metadata import read_metadata, read_reference
 from builder.tensors import compare_outputs, from_wire, merge_case_metrics, to_wire, tolerance_failures
@@ -72,7 +72,7 @@ def check_served(name: str, *, repository: str | Path = "model_repository", url:
     """``current_host``: this host's profile (builder/host.py host_profile) unless injected."""
     folder = model_dir(Path(repository), name)
     if not folder.is_dir():
-        raise UserInputError(f"model '{name}' is not in {Path(repository).resolve()}; pass --repository")
+        raise not_in_repository(name, Path(repository))
     number = version if version is not None else latest_version(folder)
     if number is None or not (folder / str(number)).is_dir():
         raise UserInputError(f"model '{name}' has no version {version if version is not None else '(none at all)'}")

@@ -145,7 +145,7 @@ def run_loadtest(model: str, url: str, protocol: str = "http", users: int = 8, r
     Returns the summary (also written to ``out_dir/summary.json``). Raises ``UserInputError`` for bad
     arguments and ``ServerError`` if the server or model cannot be reached before the run.
     """
-    from builder.tuning.payload import default_payload, fetch_model, read_npz_samples
+    from builder.tuning.payload import check_batch_size, default_payload, fetch_model, load_samples
     from builder.tuning.stats import StatsReader, server_view
 
     _validate(protocol, users, run_time_s, workers, shape, timeout_s, slo_p99_ms, slo_max_failure_ratio,
@@ -153,9 +153,11 @@ def run_loadtest(model: str, url: str, protocol: str = "http", users: int = 8, r
     say = progress or (lambda message: None)
     locust_files, conf = _locust_files(locustfile)
     interface = fetch_model(url, protocol, model)  # ServerError (exit 2) before anything starts
+    # what would fail every request is refused now, as sweep does, not reported as failures after the run
+    check_batch_size(interface, batch_size)
     payload_path = Path(payload).resolve() if payload is not None else default_payload(repository, model)
-    if payload_path is not None:  # a bad payload is a user error now, not failures later
-        read_npz_samples(payload_path, [name for name, _, _ in interface.inputs], interface.batching)
+    if payload_path is not None:  # sweep's checks: readable, every input, dtype kinds (cast within one), shapes
+        load_samples(interface, payload_path)
     out = output_folder(Path(out_dir).resolve())
     run_seconds = int(math.ceil(run_time_s))
     timeout = float(timeout_s) if timeout_s is not None else run_seconds + STOP_TIMEOUT_S + START_MARGIN_S
@@ -306,7 +308,8 @@ def _fmt_ms(value: Any) -> str:
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-    """One line: client numbers, the server's queue/compute split and batches, the SLO verdict."""
+    """One line: client numbers, the server's queue/compute split and batches, the SLO verdict; when
+    requests failed, a second line with the most common failure reason."""
     from builder.tuning.stats import format_batch_sizes
 
     c, s = summary.get("client", {}), summary.get("server", {})
@@ -323,4 +326,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     text += "; SLO met" if slo.get("met") else "; SLO BROKEN: " + "; ".join(slo.get("broken", []))
     if summary.get("timed_out"):
         text += " (timed out)"
+    errors = c.get("errors") or {}
+    if c.get("failures") and errors:  # the reason was only in summary.json: a failing run says why here too
+        reason, count = max(errors.items(), key=lambda item: item[1])
+        text += f"\n  most common failure ({count} of {c['failures']}): {reason[:400]}"
     return text

@@ -77,6 +77,15 @@ def fetch_model(url: str, protocol: str, model: str, timeout: float = 10.0) -> M
     return ModelInterface(model, inputs, [o["name"] for o in meta["outputs"]], max_batch, config)
 
 
+def check_batch_size(model: ModelInterface, batch_size: int) -> None:
+    """Refuse, before a run, a ``--batch-size`` the model cannot take: every request would fail."""
+    rows_per_request = max(model.max_batch_size, 1)
+    if batch_size > rows_per_request:
+        raise UserInputError(f"--batch-size {batch_size}: model '{model.name}' takes at most {rows_per_request} "
+                             f"row(s) per request (max_batch_size {model.max_batch_size}); give --batch-size <= "
+                             f"{rows_per_request}")
+
+
 def default_payload(repository: str | Path | None, model: str) -> Path | None:
     """The latest version's reference.npz in ``repository``, if there is one."""
     if repository is None:
@@ -103,13 +112,17 @@ def read_npz_samples(path: str | Path, input_names: list[str], batching: bool) -
     with archive:
         keys = list(archive.files)
         groups: dict[str, dict[str, np.ndarray]] = {}
-        if any(k.startswith("input/") for k in keys):  # reference.npz: input/<case>/<name>
-            for key in keys:
-                kind, case, name = (key.split("/", 2) + ["", ""])[:3]
-                if kind == "input":
-                    groups.setdefault(case, {})[name] = archive[key]
-        else:
-            groups["all"] = {key: archive[key] for key in keys}
+        try:  # an array of Python objects raises here, never unpickled
+            if any(k.startswith("input/") for k in keys):  # reference.npz: input/<case>/<name>
+                for key in keys:
+                    kind, case, name = (key.split("/", 2) + ["", ""])[:3]
+                    if kind == "input":
+                        groups.setdefault(case, {})[name] = archive[key]
+            else:
+                groups["all"] = {key: archive[key] for key in keys}
+        except Exception as exc:  # noqa: BLE001 - numpy's object-array ValueError, a damaged member
+            raise UserInputError(f"--payload {path}: not a plain numeric .npz ({str(exc).splitlines()[0][:200]}); "
+                                 "it is never unpickled: save arrays of numbers (np.savez)") from None
     samples: list[dict[str, np.ndarray]] = []
     for case in sorted(groups):
         arrays = groups[case]
@@ -163,6 +176,7 @@ def load_samples(model: ModelInterface, payload: str | Path | None = None,
         samples = _as_model_dtypes(samples, {name: datatype for name, datatype, _ in model.inputs}, path)
         # a scalar per sample travels as dims [1] (config reshape []): shape the rows the way Triton wants
         samples = [{n: to_wire(a, dims[n], model.batching) for n, a in sample.items()} for sample in samples]
+        _check_shapes(samples, dims, model.batching, path)
         return samples, str(path)
     return generated_samples(model), "generated from the model's metadata"
 
@@ -182,6 +196,23 @@ def _as_model_dtypes(samples: list[dict[str, np.ndarray]], datatypes: dict[str, 
                                  f"({np.dtype(expected).name}): save the payload's '{name}' as {np.dtype(expected).name}")
     return [{n: a.astype(DATATYPES[datatypes[n]], copy=False) if datatypes.get(n) in DATATYPES else a
              for n, a in sample.items()} for sample in samples]
+
+
+def _check_shapes(samples: list[dict[str, np.ndarray]], dims: dict[str, list[int]], batching: bool,
+                  path: Path) -> None:
+    """Each input's per-sample shape (the batch dim left out when the model batches) against the served
+    model's dims (-1: any size): a mismatch is refused here, not as every request of a run failing."""
+    for sample in samples:
+        for name, array in sample.items():
+            found = list(array.shape[1:] if batching else array.shape)
+            expected = dims.get(name)
+            if expected is None:
+                continue
+            if len(found) != len(expected) or any(e != -1 and e != f for e, f in zip(expected, found)):
+                rows = " per row" if batching else ""
+                wildcard = " (-1: any size)" if -1 in expected else ""
+                raise UserInputError(f"{path.name}['{name}'] has shape {found}{rows}, the model takes {expected}"
+                                     f"{wildcard}: save the payload's '{name}' with that shape{rows}")
 
 
 def make_requests(samples: list[dict[str, np.ndarray]], batch_size: int = 1,

@@ -47,7 +47,7 @@ def run_sweep(model: str, url: str, protocol: str = "grpc", max_concurrency: int
     Raises ``UserInputError`` for bad arguments, ``ServerError`` if the model cannot be reached.
     """
     from builder.tuning.engine import choose_engine
-    from builder.tuning.payload import fetch_model, load_samples, make_requests
+    from builder.tuning.payload import check_batch_size, fetch_model, load_samples, make_requests
     from builder.tuning.stats import StatsReader, format_batch_sizes
 
     levels = sorted(set(levels)) if levels else concurrency_levels(max_concurrency)
@@ -60,11 +60,7 @@ def run_sweep(model: str, url: str, protocol: str = "grpc", max_concurrency: int
                              f"{window_s} s (stability needs 3): raise it or lower --window")
     say = progress or (lambda message: None)
     interface = fetch_model(url, protocol, model)
-    rows_per_request = max(interface.max_batch_size, 1)
-    if batch_size > rows_per_request:
-        raise UserInputError(f"--batch-size {batch_size}: model '{model}' takes at most {rows_per_request} row(s) "
-                             f"per request (max_batch_size {interface.max_batch_size}); give --batch-size <= "
-                             f"{rows_per_request}")
+    check_batch_size(interface, batch_size)
     samples, source = load_samples(interface, payload, repository)
     requests = make_requests(samples, batch_size, interface.batching)
     out = output_folder(out_dir)

@@ -288,12 +288,11 @@ def _layouts(base: dict, default: Candidate, instance_counts, usable_cores: int 
 def _read_config(repository, model: str, max_batch_sizes: list[int], batch_size: int) -> tuple[Path, str, dict]:
     """``(config path, its text, its JSON form)``; ``UserInputError`` if the model cannot be tuned so."""
     from builder.repository.config import config_as_dict
-    from builder.repository.layout import model_dir
+    from builder.repository.layout import model_dir, not_in_repository
 
     config_path = model_dir(Path(repository), model) / "config.pbtxt"
-    if not config_path.is_file():
-        raise UserInputError(f"{config_path} is missing: model '{model}' is not in {Path(repository).resolve()}; "
-                             "pass --repository (the folder the server serves)")
+    if not config_path.is_file():  # the folder the server serves
+        raise not_in_repository(model, Path(repository))
     base_text = config_path.read_text(encoding="utf-8")
     base = config_as_dict(base_text)
     if base.get("platform") == "ensemble":

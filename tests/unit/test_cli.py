@@ -121,7 +121,8 @@ def test_select_measures_here_and_dry_run_publishes_nothing(built_repository, tm
     assert "digits_cnn/1:" in proc.stdout and "inf/s" in proc.stdout  # really measured here
     assert not (copy / "digits_cnn" / "2").exists()
     proc = run_cli("select", "nope", "--repository", str(copy), "-q")
-    assert proc.returncode == 2 and "model 'nope' has no version" in proc.stderr
+    assert proc.returncode == 2 and "model 'nope' is not in" in proc.stderr
+    assert "(its models: digits_cnn)" in proc.stderr
 
 
 @pytest.mark.parametrize("argv, option", [

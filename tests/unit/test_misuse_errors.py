@@ -208,3 +208,96 @@ def test_clean_refuses_what_is_not_a_model_repository(tmp_path, monkeypatch, cap
     assert "no model repository there" in capsys.readouterr().err
     monkeypatch.chdir(tmp_path)  # no model_repository here: only the temp dir's work folders
     assert cli.main(["clean"]) == 0 and "nothing to clean" in capsys.readouterr().out
+
+
+def mix_interface(max_batch_size: int = 8):
+    from builder.tuning.payload import ModelInterface
+
+    return ModelInterface("mix_model", [("ids", "INT64", [6]), ("feats", "FP32", [3]), ("seq", "FP32", [-1])],
+                          ["out"], max_batch_size, {})
+
+
+def test_check_names_the_models_the_repository_has(tmp_path):
+    from builder.serving.check import check_served
+
+    repo = tmp_path / "repo"
+    fake_model(repo, "digits_cnn")
+    fake_model(repo, "mix_model")
+    with pytest.raises(UserInputError, match=rf"model 'nosuch' is not in {repo} \(its models: digits_cnn, "
+                                             r"mix_model\); name one of them, or pass the --repository that holds "
+                                             r"'nosuch'"):
+        check_served("nosuch", repository=repo)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserInputError, match=r"model 'nosuch' is not in .*empty \(it holds no models\)"):
+        check_served("nosuch", repository=tmp_path / "empty")
+
+
+def test_loadtest_refuses_a_batch_size_the_model_cannot_take_before_locust(tmp_path, monkeypatch):
+    from builder.tuning import payload
+    from builder.tuning.loadtest import run_loadtest
+
+    monkeypatch.setattr(payload, "fetch_model", lambda url, protocol, model: mix_interface(max_batch_size=0))
+    with pytest.raises(UserInputError, match=r"^--batch-size 2: model 'mix_model' takes at most 1 row\(s\) per "
+                                             r"request \(max_batch_size 0\); give --batch-size <= 1$"):
+        run_loadtest("mix_model", "127.0.0.1:1", run_time_s=1, out_dir=tmp_path / "out", batch_size=2)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("arrays, message", [
+    ({"ids": ("float32", (4, 6))}, r"p.npz\['ids'\] is float32, the model takes INT64 \(int64\): save the "
+                                   r"payload's 'ids' as int64"),
+    ({"ids": ("int64", (4, 7))}, r"p.npz\['ids'\] has shape \[7\] per row, the model takes \[6\]: save the "
+                                 r"payload's 'ids' with that shape per row"),
+    ({"seq": ("float32", (4, 2, 5))}, r"p.npz\['seq'\] has shape \[2, 5\] per row, the model takes \[-1\] "
+                                      r"\(-1: any size\)"),
+])
+def test_loadtest_and_sweep_refuse_a_payload_of_another_kind_or_shape(tmp_path, monkeypatch, arrays, message):
+    import numpy as np
+
+    from builder.tuning import payload
+    from builder.tuning.loadtest import run_loadtest
+
+    good = {"ids": ("int64", (4, 6)), "feats": ("float32", (4, 3)), "seq": ("float32", (4, 9))}
+    path = tmp_path / "p.npz"
+    np.savez(path, **{n: np.zeros(shape, dtype) for n, (dtype, shape) in {**good, **arrays}.items()})
+    with pytest.raises(UserInputError, match=message):  # sweep's and tune's reading
+        payload.load_samples(mix_interface(), path)
+    monkeypatch.setattr(payload, "fetch_model", lambda url, protocol, model: mix_interface())
+    with pytest.raises(UserInputError, match=message):
+        run_loadtest("mix_model", "127.0.0.1:1", run_time_s=1, out_dir=tmp_path / "out", payload=path)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_same_kind_payload_is_cast_by_the_harness_and_by_locust(tmp_path):
+    import importlib.util
+
+    import numpy as np
+
+    from builder.tuning.loadtest import LOADTEST_DIR
+    from builder.tuning.payload import load_samples
+
+    path = tmp_path / "p.npz"
+    np.savez(path, ids=np.zeros((2, 6), np.int32), feats=np.zeros((2, 3)), seq=np.zeros((2, 4), np.float32))
+    samples, _ = load_samples(mix_interface(), path)
+    assert samples[0]["ids"].dtype == np.int64 and samples[0]["feats"].dtype == np.float32
+    spec = importlib.util.spec_from_file_location("triton_target", LOADTEST_DIR / "triton_target.py")
+    target = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(target)
+    rows = target._read_npz(str(path), ["ids", "feats", "seq"], True)
+    cast = target._as_model_dtypes(rows, mix_interface().inputs)
+    assert cast[0]["ids"].dtype == np.int64 and cast[0]["feats"].dtype == np.float32
+    with pytest.raises(ValueError, match=r"--payload: 'ids' is float64, the model takes int64"):
+        target._as_model_dtypes([{"ids": np.zeros((1, 6))}], mix_interface().inputs)
+
+
+def test_a_failing_loadtest_prints_the_most_common_reason():
+    from builder.tuning.loadtest import format_summary
+
+    reason = "inference input 'feats' data-type is 'FP64', but model 'mix_model' expects 'FP32'"
+    summary = {"model": "mix_model", "protocol": "http", "users": 2, "server": {},
+               "client": {"requests": 10, "failures": 10, "rps": 5.0, "errors": {"timeout": 3, reason: 7}},
+               "slo": {"met": False, "broken": ["failure ratio 1.0000 (10 of 10) > --slo-max-failure-ratio 0.01"]}}
+    lines = format_summary(summary).splitlines()
+    assert lines[1] == f"  most common failure (7 of 10): {reason}"
+    summary["client"].update(failures=0, errors={})
+    assert len(format_summary(summary).splitlines()) == 1

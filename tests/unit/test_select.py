@@ -88,7 +88,8 @@ def test_dry_run_publishes_nothing_and_unknown_model_is_named(variants_repositor
     report = select_for_host(repo, "digits_cnn", measure=_measure("digits_cnn__"), current_host=HERE, dry_run=True)
     assert report.published is None and "--dry-run" in report.why
     assert not (repo / "digits_cnn" / "2").exists()
-    with pytest.raises(UserInputError, match="model 'nope' has no version.*--repository"):
+    with pytest.raises(UserInputError, match=r"model 'nope' is not in .* \(its models: digits_cnn, .*\); name one "
+                                             r"of them, or pass the --repository that holds 'nope'"):
         select_for_host(repo, "nope", measure=_measure("x"), current_host=HERE)
 
 
