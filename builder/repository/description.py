@@ -15,10 +15,10 @@ version folder. builder/repository/ alone writes it, atomically (builder/reposit
 - ``model_files`` are copied under the backend's file name (``model.onnx``/``model.pt``/``model.plan``;
   companions such as ONNX external data keep their suffix), then ``runtime_files`` (the python
   backend's ``model.py`` and ``drift.py``) under their names;
-- ``metadata.yaml`` is rendered by the repository from ``metadata`` with ``version`` and
-  ``files_sha256`` (name -> sha256 of the copied model and runtime files) filled in;
 - ``extra_files`` are written as given: bytes, or a writer that returns bytes (called while the
   version is staged, so a failing writer leaves the repository as it was);
+- ``metadata.yaml`` is rendered by the repository from ``metadata`` with ``version`` and
+  ``files_sha256`` (name -> sha256 of every file above: model, runtime and extra files) filled in;
 - with ``signing_key``, ``signed_config.pbtxt`` (the config.pbtxt published with it) and ``model.sig``
   over every file of the version folder (builder/repository/signing.py).
 """
@@ -43,7 +43,7 @@ class VersionDescription:
     model_files: list[Path]  # the main model file first, then its companions
     version: int | None = None  # None: the next free number
     runtime_files: dict[str, Path] = field(default_factory=dict)  # copied beside the model and hashed
-    extra_files: dict[str, FileContent] = field(default_factory=dict)  # relative name -> content
+    extra_files: dict[str, FileContent] = field(default_factory=dict)  # relative name -> content, hashed too
     metadata: dict[str, Any] | None = None  # metadata.yaml; "version" and "files_sha256" filled in on publish
     # config.pbtxt as given, already checked with Triton's schema (`select` republishes a served config with
     # its name and sizing changed); None: rendered from ``config``, whose name and backend count either way

@@ -116,10 +116,12 @@ def publish_model(repository: Path, description: VersionDescription,
         for name, source in description.runtime_files.items():
             with _writing(draft.folder / name, description.name):
                 shutil.copyfile(source, draft.folder / name)
-        hashes = {p.name: sha256_file(p) for p in sorted(draft.folder.iterdir()) if p.is_file()}
         for name, content in description.extra_files.items():
             with _writing(draft.folder / name, description.name):
                 _write_extra(draft.folder, name, content)
+        # every file published so far, extras too (reference.npz, drift_profile.json, the reports): validate
+        # detects a change to any of them; metadata.yaml (it holds the hashes) and the signature come after
+        hashes = {p.name: sha256_file(p) for p in sorted(draft.folder.iterdir()) if p.is_file()}
         if description.metadata is not None:
             record = dict(description.metadata)
             record["version"] = draft.version

@@ -3,7 +3,9 @@
 Re-checks, for each version (or the one asked for): the config parses with Triton's schema and
 names the model folder, and describes the interface each version was built for (metadata.yaml's
 spec: inputs, outputs, max_batch_size; builder/repository/interface.py); every file's sha256 matches
-metadata.yaml; the model file, run in-process, reproduces reference.npz within the tolerance recorded
+metadata.yaml (every published file but metadata.yaml and the signature is listed there; a version
+published before reference.npz and the reports were hashed gets a note, and a file nobody published
+a warning naming it); the model file, run in-process, reproduces reference.npz within the tolerance recorded
 at build time. A TensorRT plan is first checked against the target GPU and TensorRT (``--gpu`` /
 ``--tensorrt-version``, else this machine; builder/tensorrt/compatibility.py): an incompatible or
 uncheckable plan is a failure.
@@ -27,11 +29,17 @@ from builder.repository.interface import version_mismatch
 from builder.repository.layout import existing_versions
 from builder.host import host_warnings
 from builder.repository.metadata import read_metadata, read_reference
-from builder.repository.signing import public_key as signature_key, verify_model
+from builder.repository.signing import SIGNATURE_FILE, SIGNED_CONFIG, public_key as signature_key, verify_model
 from builder.repository.runtime_gate import gate_version
 from builder.repository.regression import RegressionCheck, parse_limits, regression_vs_previous
 from builder.runtime import open_runner
 from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures, worst_metric
+
+
+#: in a version folder but never in its files_sha256: the file holding the hashes, the signature's files
+_UNHASHED = {"metadata.yaml", SIGNATURE_FILE, SIGNED_CONFIG}
+#: published but hashed only since reference.npz & co. joined files_sha256 (older versions lack them)
+_HASHED_SINCE = ("reference.npz", "drift_profile.json", "build_report.md", "build_report.json", "build_report.png")
 
 
 @dataclass
@@ -120,6 +128,26 @@ def validate_model(model_path: str | Path, version: int | None = None, *, gpu: s
     return report
 
 
+def _unlisted_files(folder: Path, declared: dict) -> list[str]:
+    """Notes on the files metadata.yaml's hashes do not cover: older versions' unhashed extras, and a
+    warning for each file nobody published (it would ship with the model unchecked)."""
+    older, unexpected = [], []
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder)
+        # Triton's python stub writes __pycache__ beside model.py; hidden names are locks and editors'
+        if any(part == "__pycache__" or part.startswith(".") for part in rel.parts) or not path.is_file():
+            continue
+        name = rel.as_posix()
+        if name in declared or name in _UNHASHED:
+            continue
+        (older if name in _HASHED_SINCE else unexpected).append(name)
+    notes = [f"note: {', '.join(older)} not in metadata.yaml's files_sha256 (published before triton-builder "
+             "hashed them): not checked"] if older else []
+    return notes + [f"warning: {name}: not published by triton-builder (not in metadata.yaml's files_sha256), "
+                    "so not checked; it ships with the model: remove it, or build a new version that holds it"
+                    for name in unexpected]
+
+
 def _check_version(folder: Path, number: int, gpu: str | None, tensorrt_version: str | None,
                    config=None) -> VersionCheck:
     check = VersionCheck(number)
@@ -138,6 +166,7 @@ def _check_version(folder: Path, number: int, gpu: str | None, tensorrt_version:
             check.failures.append(f"{name}: missing")
         elif sha256_file(path) != expected:
             check.failures.append(f"{name}: sha256 differs from metadata.yaml (file changed after the build)")
+    check.notes += _unlisted_files(folder, meta.get("files_sha256") or {})
     artifact = meta["artifact"]
     if artifact["format"] == "plan":
         from builder.tensorrt.compatibility import check_plan_compatibility

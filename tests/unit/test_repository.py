@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 
 import numpy as np
@@ -113,6 +114,12 @@ def test_validate_catches_drifted_reference_outputs(built_repository, tmp_path):
         if key.startswith("output/"):
             arrays[key] = arrays[key] + 0.5
     np.savez_compressed(path, **arrays)
+    report = validate_model(copy)  # reference.npz is in files_sha256: the change itself is caught first
+    assert report.versions[0].failures == ["reference.npz: sha256 differs from metadata.yaml (file changed after "
+                                           "the build)"]
+    meta = yaml.safe_load((copy / "1" / "metadata.yaml").read_text())  # metadata rewritten along with it
+    meta["files_sha256"]["reference.npz"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (copy / "1" / "metadata.yaml").write_text(yaml.safe_dump(meta))
     report = validate_model(copy)
     assert not report.ok
     assert any("logits: rel L2" in f for f in report.versions[0].failures)
