@@ -40,6 +40,7 @@ Secret never defined), and, where ``kubectl`` is installed, that ``kubectl kusto
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +88,35 @@ _ADAPTER_RULES = [
 ]
 
 
+# An image reference as container runtimes parse it (distribution/reference's grammar): [domain[:port]/]
+# lowercase path components, an optional tag, an optional digest. Kubernetes' own schema takes any string,
+# so a bad one would validate here and fail only when a node pulls it (ErrImagePull / InvalidImageName).
+_DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?/)"
+_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE = re.compile(rf"^{_DOMAIN}?{_PATH}(?:/{_PATH})*(?::[\w][\w.-]{{0,127}})?"
+                    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$")
+_LOOPBACK = ("localhost", "127.", "0.0.0.0", "[::1]", "::1")
+
+
+def check_image(image: str, flag: str) -> None:
+    """``UserInputError`` naming ``flag`` unless ``image`` is a valid image reference."""
+    if not _IMAGE.match(image or "") or len(image.split("@")[0].rsplit(":", 1)[0]) > 255:
+        raise UserInputError(f"{flag} {image!r}: not a valid image reference; use [REGISTRY[:PORT]/]NAME[:TAG]"
+                             f"[@sha256:DIGEST] with a lowercase NAME and no spaces, e.g. {DEFAULT_IMAGE}")
+
+
+def loopback_warning(location) -> str | None:
+    """A warning when the repository URL's endpoint is this machine's loopback: in a pod it is the pod."""
+    if location.endpoint is None:
+        return None
+    host = location.endpoint.split("://", 1)[1].rsplit(":", 1)[0]
+    if host != "localhost" and not host.startswith(_LOOPBACK):
+        return None
+    return (f"warning: --repository-url {location.url}: inside a pod, {host} is the pod itself, not this machine, "
+            "so Triton there will not reach the bucket; use an endpoint the cluster can reach (a Service's DNS "
+            "name, a routable host or IP) or AWS S3 (s3://BUCKET/PREFIX)")
+
+
 @dataclass
 class RenderResult:
     out: Path
@@ -125,8 +155,6 @@ def _quantity(value: float) -> str:
 def _check_args(replicas: int, min_replicas: int, max_replicas: int, metric: str, target: float | None,
                 gpus: int, locust_workers: int, poll_seconds: int, model_control: str, namespace: str | None,
                 secret_name: str) -> None:
-    import re
-
     if min_replicas < 1:
         raise UserInputError(f"--min-replicas {min_replicas}: must be >= 1")
     if max_replicas < min_replicas:
@@ -162,8 +190,6 @@ def render_manifests(repository_url: str, out: str | Path, *, replicas: int = 2,
                      memory_limit: str = "16Gi", monitor_labels: dict[str, str] | None = None,
                      scrape_interval: str = "15s", release: str | None = None) -> RenderResult:
     """Render the kustomize base into ``out/base``; see the module doc. ``UserInputError`` for bad arguments."""
-    import re
-
     import jinja2
     import yaml
 
@@ -177,6 +203,8 @@ def render_manifests(repository_url: str, out: str | Path, *, replicas: int = 2,
         validate_model_name(model, "--model")
     if locust_protocol not in ("http", "grpc"):
         raise UserInputError(f"--locust-protocol {locust_protocol!r}: use http or grpc")
+    check_image(image, "--image")
+    check_image(locust_image, "--locust-image")
     monitor_labels = dict(monitor_labels or {})
     if release is not None:
         if not re.match(r"^[a-z0-9A-Z]([-a-zA-Z0-9_.]{0,61}[a-zA-Z0-9])?$", release):
@@ -213,7 +241,7 @@ def render_manifests(repository_url: str, out: str | Path, *, replicas: int = 2,
                   for p in sorted((monitoring / "grafana" / "dashboards").glob("*.json"))}
     locust_files = {name: (loadtest / name).read_text(encoding="utf-8")
                     for name in ("locustfile.py", "shapes.py", "triton_target.py")}
-    notes = []
+    notes = [warning] if (warning := loopback_warning(location)) else []
     host = "triton:8000" if locust_protocol == "http" else "triton:8001"
     files_arg = "-f /locust/locustfile.py,/locust/shapes.py,/locust/triton_target.py"
     master_command = (f"exec locust {files_arg} --master --host {host} "
