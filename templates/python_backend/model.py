@@ -15,6 +15,9 @@ per-sample shapes agree, and one by one otherwise (dynamic dims of different siz
 NaN/Inf in float inputs (non_finite_inputs: count | reject, default count): every request holding
 one is counted per input on Triton's metrics endpoint (triton_builder_nonfinite_inputs_total); with
 reject it gets an INVALID_ARG error (HTTP 400) naming the input instead of an answer.
+Every request answered with an error is counted in triton_builder_request_errors_total (reason
+refused | model_error): Triton counts a python-backend response that carries an error as a success
+(nv_inference_request_failure stays 0), so the failure-ratio rule adds this counter.
 If drift_profile.json and drift.py are present, a sample of the traffic feeds drift gauges on
 Triton's own metrics endpoint (see monitoring/README.md). Parameters: drift (on/off), drift_window
 (rows, default 512), drift_sample_every (default 1), drift_publish_every (sampled calls, default 64),
@@ -104,6 +107,7 @@ class TritonPythonModel:
         else:
             raise pb_utils.TritonModelException(f"unknown runtime '{runtime}' (use onnxruntime, torchscript or openvino)")
         self.drift = _DriftHook.create(folder, self.model_name, self.version, params, self.batching)
+        self.errors = _ErrorCounter(self.model_name, self.version)
         self.non_finite = _NonFiniteGuard(self.model_name, self.version, params.get("non_finite_inputs", "count"),
                                           [name for name, dtype in self.inputs if np.issubdtype(dtype, np.floating)])
 
@@ -125,9 +129,11 @@ class TritonPythonModel:
         responses = []
         for result in results:
             if isinstance(result, _Refused):
+                self.errors.count("refused")
                 responses.append(pb_utils.InferenceResponse(output_tensors=[], error=_invalid_argument(str(result))))
                 continue
             if isinstance(result, Exception):
+                self.errors.count("model_error")
                 responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(result))))
                 continue
             tensors = [pb_utils.Tensor(name, np.ascontiguousarray(self._wire(name, result[name])).astype(dtype, copy=False))
@@ -199,6 +205,24 @@ def _invalid_argument(message):
 
 class _Refused(Exception):
     """A request refused before running the model (its response carries this text)."""
+
+
+class _ErrorCounter:
+    """triton_builder_request_errors_total{model, version, reason}: the requests answered with an error."""
+
+    REASONS = ("refused", "model_error")
+
+    def __init__(self, model_name, version):
+        self._family = pb_utils.MetricFamily(name="triton_builder_request_errors_total",
+                                             description="requests the model answered with an error (Triton "
+                                                         "counts those as successes)",
+                                             kind=pb_utils.MetricFamily.COUNTER)
+        self.counters = {reason: self._family.Metric(labels={"model": model_name, "version": str(version),
+                                                             "reason": reason})
+                         for reason in self.REASONS}
+
+    def count(self, reason):
+        self.counters[reason].increment(1)
 
 
 class _NonFiniteGuard:

@@ -31,8 +31,8 @@ def shapes_served(tmp_path_factory):
         spec = write_model(root, kind)
         if kind == "argmax":  # the drift profile describes data.validation: give this one some
             rng = np.random.default_rng(0)
-            np.savez(spec.parent / "val.npz", x=rng.standard_normal((64, 6)).astype(np.float32),
-                     temperature=rng.uniform(0.5, 2.0, 64).astype(np.float32))
+            np.savez(spec.parent / "val.npz", x=rng.standard_normal((160, 6)).astype(np.float32),
+                     temperature=rng.uniform(0.5, 2.0, 160).astype(np.float32))
             edit_spec(spec.parent, data={"validation": "val.npz"})
         build(spec, repo, benchmark_seconds=0, progress=lambda _: None)
     server = EmbeddedServer(repo, ready_timeout=90)
@@ -112,7 +112,7 @@ def test_drift_profile_covers_scalar_inputs_and_outputs(shapes_served):
     _, repo = shapes_served
     profile = json.loads((repo / "argmax" / "1" / "drift_profile.json").read_text())
     assert {"input:temperature", "output:label"} <= set(profile["features"]), sorted(profile["features"])
-    assert profile["reference_rows"] == 64
+    assert profile["reference_rows"] == 160
 
 
 def test_without_validation_data_there_is_no_drift_profile_and_the_metadata_says_why(shapes_served):
@@ -129,3 +129,23 @@ def test_load_test_sends_scalar_inputs_in_the_wire_shape(shapes_served, tmp_path
                           repository=repo, timeout_s=120)
     assert result["requests"] > 0 and result["failures"] == 0, result
     assert str(result["payload"]).endswith("reference.npz")
+
+
+def test_an_error_the_model_answers_is_counted_where_the_failure_alert_reads_it(shapes_served):
+    import re
+    import urllib.request
+
+    from builder.serving.client import TritonError
+
+    server, _ = shapes_served
+    with TritonClient(server.http_url, "http") as client:
+        with pytest.raises(TritonError, match="out of data bounds"):  # onnxruntime: ids beyond the vocabulary (50)
+            client.infer("embed", {"ids": np.full((1, 5), 99, np.int64)})
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as answer:
+        text = answer.read().decode()
+
+    def value(pattern):
+        return sum(float(v) for v in re.findall(pattern, text, flags=re.M))
+
+    assert value(r'^triton_builder_request_errors_total{(?=[^}]*model="embed")(?=[^}]*reason="model_error")[^}]*} (\S+)$') == 1
+    assert value(r'^nv_inference_request_failure{(?=[^}]*model="embed")[^}]*} (\S+)$') == 0  # Triton: a success

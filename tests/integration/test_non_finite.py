@@ -1,5 +1,7 @@
 """NaN/Inf inputs on the real embedded Triton: counted per input on Triton's metrics endpoint with
-the default policy (count), refused with a 400 naming the input with policy reject."""
+the default policy (count), refused with a 400 naming the input with policy reject - and that refusal
+counted as an error answer (triton_builder_request_errors_total), which Triton's own failure counter
+misses."""
 
 from __future__ import annotations
 
@@ -18,10 +20,26 @@ pytestmark = pytest.mark.integration
 COUNTER = "triton_builder_nonfinite_inputs_total"
 
 
-def _counter(served, policy: str) -> float:
+def _metrics(served) -> str:
     with urllib.request.urlopen(served.metrics_url if served.metrics_url.startswith("http")
                                 else f"http://{served.metrics_url}/metrics", timeout=10) as response:
-        text = response.read().decode()
+        return response.read().decode()
+
+
+def _errors(served, reason: str) -> float:
+    pattern = rf'^triton_builder_request_errors_total{{(?=[^}}]*model="digits_cnn")(?=[^}}]*reason="{reason}")[^}}]*}} (\S+)$'
+    values = [float(v) for v in re.findall(pattern, _metrics(served), flags=re.M)]
+    assert values, f"triton_builder_request_errors_total for digits_cnn/{reason} not on the metrics endpoint"
+    return sum(values)
+
+
+def _triton_failures(served) -> float:
+    pattern = r'^nv_inference_request_failure{(?=[^}]*model="digits_cnn")[^}]*} (\S+)$'
+    return sum(float(v) for v in re.findall(pattern, _metrics(served), flags=re.M))
+
+
+def _counter(served, policy: str) -> float:
+    text = _metrics(served)
     pattern = rf'^{COUNTER}{{(?=[^}}]*model="digits_cnn")(?=[^}}]*input="image")(?=[^}}]*policy="{policy}")[^}}]*}} (\S+)$'
     values = [float(v) for v in re.findall(pattern, text, flags=re.M)]
     assert values, f"{COUNTER} for digits_cnn/image/{policy} not on the metrics endpoint"
@@ -69,4 +87,7 @@ def test_reject_policy_refuses_with_an_error_naming_the_input(digits_rejecting):
         _infer(served, image)
     assert info.value.status() == "400", info.value.status()
     assert _counter(served, "reject") == 1
+    assert _errors(served, "refused") == 1  # what the failure-ratio rule adds to Triton's failures
+    assert _triton_failures(served) == 0  # Triton counted the refused request as a success
+    assert _errors(served, "model_error") == 0
     assert _infer(served, np.ones((1, 1, 8, 8), np.float32)).shape == (1, 10)  # finite requests still served
