@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from builder.files import sha256_file
 from builder.repository.layout import publish_version
 from builder.repository.metadata import read_metadata, read_reference, write_metadata, write_reference
 from builder.storage.s3 import publish_repository
@@ -210,11 +211,13 @@ def _add_version(source: Path, reference_shift: float = 0.0) -> int:
                 shutil.copy2(path, draft.folder / path.name)
         meta = read_metadata(draft.folder / "metadata.yaml")
         meta["version"] = draft.version
-        write_metadata(draft.folder / "metadata.yaml", meta)
         if reference_shift:
             cases, outputs = read_reference(draft.folder / "reference.npz")
             write_reference(draft.folder / "reference.npz", cases,
                             [{k: v + reference_shift for k, v in out.items()} for out in outputs])
+            # as a build would record it: reference.npz is in files_sha256 (publish checks it)
+            meta["files_sha256"]["reference.npz"] = sha256_file(draft.folder / "reference.npz")
+        write_metadata(draft.folder / "metadata.yaml", meta)
         draft.config_text = (folder / "config.pbtxt").read_text()
     return draft.version
 
