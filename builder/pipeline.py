@@ -139,9 +139,12 @@ def _variant_failures(ctx: BuildContext) -> list[str]:
 
 def _raise_if_any_failed(ctx: BuildContext) -> None:
     failed = [v for v in ctx.variants if v.verified is False]
-    if failed:
-        raise VerificationError(f"{ctx.spec.name}: {len(failed)} variant(s) failed verification (--strict)",
-                                _variant_failures(ctx))
+    unmade = {name: why for name, (kind, why) in ctx.not_made.items() if kind == "failed"}
+    if failed or unmade:
+        what = [f"{len(failed)} variant(s) failed verification"] if failed else []
+        what += [f"{len(unmade)} could not be made"] if unmade else []
+        raise VerificationError(f"{ctx.spec.name}: {' and '.join(what)} (--strict); nothing was published",
+                                _variant_failures(ctx) + [f"{name}: not made: {why}" for name, why in unmade.items()])
 
 
 def _raise_for(ctx: BuildContext, result: StageResult) -> None:

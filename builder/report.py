@@ -71,7 +71,19 @@ def variant_rows(ctx) -> list[dict[str, Any]]:
             "tradeoff": bench.get("tradeoff"),  # objective tradeoff: J and its terms
             **row_fields(v),  # verified_by, params, flops, accuracy, compression (builder/report_compression.py)
         })
+    made = {v.name for v in ctx.variants}
+    rows += [_not_made_row(name, kind, why) for name, (kind, why) in ctx.not_made.items() if name not in made]
     return rows
+
+
+def _not_made_row(name: str, kind: str, why: str) -> dict[str, Any]:
+    """A requested variant no stage could make: in the table, so nothing asked for goes missing silently."""
+    status = ("skipped: " if kind == "skipped" else "FAILED to make: ") + " ".join(why.split())[:160]
+    return {"variant": name, "format": None, "precision": None, "size MB": None, "exporter": "-", "rel L2": None,
+            "max abs": None, "acc drop": None, "p50 ms (b=1)": None, "throughput": None, "x onnx": None,
+            "status": status, "precision_tolerance": None, "throughput_by_batch": {}, "best_batch": None,
+            "selected": False, "eligible": False, "why": "", "rejected": status, "notes": [], "search": None,
+            "tradeoff": None}
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

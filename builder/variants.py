@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from builder.errors import unknown_choice
+from builder.errors import UserInputError, unknown_choice
 
 ALL_TARGETS = ("embedded", "cpu", "gpu")
 
@@ -74,6 +74,12 @@ def resolve_variants(requested: list[str] | None, target: str) -> list[str]:
                 "register a maker with @register_variant(...) in the stage module under builder/stages/ "
                 "that produces it",
             )
+    gpu_only = [name for name in requested if known[name].needs_gpu and target != "gpu"]
+    if gpu_only:
+        raise UserInputError(
+            f"variants {', '.join(gpu_only)} (--variants or the spec's variants): TensorRT plans are built for a GPU and served by Triton's "
+            f"tensorrt backend, not on target '{target}'; build with --target gpu (on a host without a GPU it "
+            "writes the recipe that builds the plan on the GPU host), or drop them from --variants")
     return list(dict.fromkeys(requested))
 
 

@@ -164,6 +164,9 @@ class BuildContext:
     tensorrt: TensorRTOutput | None = None  # set by stage tensorrt when it built or deferred plans
     published: list[dict[str, Any]] = field(default_factory=list)  # set by stage publish: name, version, path...
     notes: list[str] = field(default_factory=list)
+    # requested variants a stage could not make: name -> ("failed" | "skipped", why); the summary
+    # table lists them and --strict fails on the failed ones (stages.common.not_made records them)
+    not_made: dict[str, tuple[str, str]] = field(default_factory=dict)
     source_hashes: dict[str, str] = field(default_factory=dict)
     results: list[StageResult] = field(default_factory=list)
 

@@ -35,6 +35,13 @@ def accuracy_drop_failure(accuracy: dict[str, Any] | None, limit: float) -> str:
     return f"drop {drop:.2f} points > {limit} allowed"
 
 
+def not_made(ctx: "BuildContext", name: str, why: str, skipped: bool = False) -> None:
+    """Record a requested variant a stage could not make (``skipped``: not applicable to this model,
+    by design) in the build's notes and ``ctx.not_made``."""
+    ctx.notes.append(f"{name}: {'skipped' if skipped else 'not made'}: {why}")
+    ctx.not_made[name] = ("skipped" if skipped else "failed", why)
+
+
 def make_each(ctx: "BuildContext", wanted: list[str], make: Callable[[str], str]) -> tuple[dict, dict, str]:
     """Make each wanted variant with ``make(name)`` (returns its one-line summary). One failing is recorded
     - its short error in ``ctx.notes``, its work folder removed - and does not stop the others; a
@@ -51,7 +58,7 @@ def make_each(ctx: "BuildContext", wanted: list[str], make: Callable[[str], str]
             raise
         except Exception as exc:  # noqa: BLE001 - one variant failing must not stop the others
             failed[name] = onnx_tools.short_error(exc)
-            ctx.notes.append(f"{name}: not made: {failed[name]}")
+            not_made(ctx, name, failed[name])
             shutil.rmtree(ctx.workdir / name, ignore_errors=True)
     text = "; ".join([f"{k}: {v}" for k, v in made.items()] + [f"{k} FAILED: {v}" for k, v in failed.items()])
     return made, failed, text

@@ -30,7 +30,7 @@ import numpy as np
 from builder import onnx_tools
 from builder.errors import UserInputError
 from builder.stages.base import BuildContext, StageResult, Variant
-from builder.stages.common import export_module_onnx, make_each
+from builder.stages.common import export_module_onnx, make_each, not_made
 from builder.tensors import top1_accuracy
 from builder.variants import register_variant
 
@@ -334,7 +334,7 @@ def run(ctx: BuildContext) -> StageResult:
     reason = why_not(ctx)
     if reason:
         for name in wanted:
-            ctx.notes.append(f"{name}: skipped: {reason}")
+            not_made(ctx, name, reason, skipped=True)
         return StageResult.skipped(STAGE, f"{', '.join(wanted)}: {reason}", skipped={n: reason for n in wanted})
     from builder.compression.train import torch_threads, training_threads
 

@@ -28,7 +28,7 @@ from builder import onnx_tools, quant_search
 from builder.measure import measure_round_robin
 from builder.runtime import open_runner
 from builder.stages.base import BuildContext, StageResult, Variant
-from builder.stages.common import accuracy_drop_failure, calibration_samples
+from builder.stages.common import accuracy_drop_failure, calibration_samples, not_made
 from builder.tensors import (compare_outputs, merge_case_metrics, run_batched, tolerance_failures, top1_accuracy,
                              trace_example, worst_metric)
 from builder.variants import register_variant
@@ -436,10 +436,10 @@ def run(ctx: BuildContext) -> StageResult:
             made[name] = MAKERS[name](ctx)
         except NotApplicable as exc:
             skipped[name] = str(exc)
-            ctx.notes.append(f"{name}: skipped: {exc}")
+            not_made(ctx, name, skipped[name], skipped=True)
         except Exception as exc:  # noqa: BLE001 - one variant failing must not stop the others
             failed[name] = onnx_tools.short_error(exc)
-            ctx.notes.append(f"{name}: not made: {failed[name]}")
+            not_made(ctx, name, failed[name])
         if name not in made:
             shutil.rmtree(ctx.workdir / name, ignore_errors=True)
     text = "; ".join([f"{k}: {v}" for k, v in made.items()] + [f"{k} skipped: {v}" for k, v in skipped.items()]

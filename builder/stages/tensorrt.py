@@ -30,6 +30,7 @@ import numpy as np
 from builder.runtime import tensorrt_unavailable_reason
 from builder.spec import NAME_PATTERN
 from builder.stages.base import BuildContext, StageResult, TensorRTOutput, Variant
+from builder.stages.common import not_made
 from builder.tensorrt.profiles import (InputProfile, derive_profiles, is_static, opt_batch_size, profiles_as_dict,
                                        tensorrt_api_shapes)
 from builder.variants import register_variant, variants_of_stage
@@ -88,6 +89,7 @@ def run(ctx: BuildContext) -> StageResult:
         except Exception as exc:  # noqa: BLE001 - one plan failing does not stop the others
             failed[name] = " ".join(str(exc).split())[:500] or type(exc).__name__
             ctx.progress(f"  {name} FAILED: {failed[name]}")
+            not_made(ctx, name, failed[name])
             continue
         ctx.add_variant(variant)
         built.append(name)

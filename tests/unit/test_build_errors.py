@@ -165,6 +165,27 @@ def test_strict_fails_when_any_variant_fails(digits_copy, tmp_path, quiet):
     assert not (tmp_path / "repo2").exists()
 
 
+def test_a_variant_that_could_not_be_made_is_in_the_table_and_fails_strict(digits_copy, tmp_path, quiet,
+                                                                          monkeypatch):
+    from builder.report import format_table
+    from builder.stages import optimize
+
+    def broken(ctx):
+        raise RuntimeError("the optimiser crashed on node Conv_3")
+
+    monkeypatch.setitem(optimize.MAKERS, "onnx_opt", broken)
+    result = build(digits_copy / "spec.yaml", tmp_path / "repo", variants=["onnx", "onnx_opt"], benchmark_seconds=0,
+                   progress=quiet)
+    row = next(r for r in result.rows if r["variant"] == "onnx_opt")
+    assert row["status"] == "FAILED to make: the optimiser crashed on node Conv_3"
+    assert "onnx_opt | -" in format_table(result.rows)
+    with pytest.raises(VerificationError, match=r"1 could not be made \(--strict\); nothing was published") as info:
+        build(digits_copy / "spec.yaml", tmp_path / "repo2", variants=["onnx", "onnx_opt"], strict=True,
+              benchmark_seconds=0, progress=quiet)
+    assert "onnx_opt: not made: the optimiser crashed on node Conv_3" in str(info.value)
+    assert not (tmp_path / "repo2").exists()
+
+
 def test_existing_version_is_never_overwritten(digits_copy, tmp_path, quiet):
     repo = tmp_path / "repo"
     build(digits_copy / "spec.yaml", repo, variants=["onnx"], benchmark_seconds=0, progress=quiet)
@@ -215,3 +236,15 @@ def test_onnx_beyond_the_target_release_is_refused_before_publishing(digits_copy
     assert "model.onnx: ONNX IR version 10 > 9, the newest onnxruntime 0.2.0 (Triton 19.02, python backend) loads: " \
            "export with IR version <= 9" in str(err.value), str(err.value)
     assert_nothing_written(tmp_path, repo)
+
+
+@pytest.mark.parametrize("target", ["embedded", "cpu"])
+def test_a_tensorrt_variant_off_the_gpu_target_is_refused_up_front(target):
+    from builder.errors import UserInputError
+    from builder.pipeline import build  # noqa: F401 - imports every stage, so every variant is registered
+    from builder.variants import resolve_variants
+
+    with pytest.raises(UserInputError, match=rf"variants tensorrt_fp16 \(--variants or the spec's variants\): "
+                                             rf"TensorRT plans .* not on target '{target}'; build with --target gpu"):
+        resolve_variants(["onnx", "tensorrt_fp16"], target)
+    assert resolve_variants(["onnx", "tensorrt_fp16"], "gpu") == ["onnx", "tensorrt_fp16"]
