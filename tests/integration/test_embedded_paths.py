@@ -43,13 +43,14 @@ def test_a_repository_path_with_spaces_is_served(spaced_repo):
         assert any(str(spaced_repo.resolve()) in line for line in shown)
 
 
-def test_a_crashed_stub_fails_the_start_at_once(spaced_repo, monkeypatch):
+def test_a_crashed_stub_fails_the_start_at_once(spaced_repo, monkeypatch, tmp_path):
     # without the symlink the stub gets a split path and dies: the server would wait for it forever
     monkeypatch.setattr(embedded, "stub_safe_repository", lambda repository, workdir: None)
     started = time.monotonic()
+    log = tmp_path / "server.log"  # given: the temp dir goes, the log stays where the message says
     with pytest.raises(ServerError, match=r"(?s)a process it started crashed while loading: add_one:1:\n"
-                                          r"  terminate called after throwing.*full log: "):
-        EmbeddedServer(spaced_repo, load_models=["add_one"], ready_timeout=60).start()
+                                          rf"  terminate called after throwing.*full log: {log}$"):
+        EmbeddedServer(spaced_repo, load_models=["add_one"], ready_timeout=60, log_path=log).start()
     assert time.monotonic() - started < 30
 
 
