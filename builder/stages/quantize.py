@@ -29,8 +29,8 @@ from builder.measure import measure_round_robin
 from builder.runtime import open_runner
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import accuracy_drop_failure, calibration_samples, not_made
-from builder.tensors import (compare_outputs, merge_case_metrics, run_batched, tolerance_failures, top1_accuracy,
-                             trace_example, worst_metric)
+from builder.tensors import (beyond_the_cases, compare_outputs, merge_case_metrics, run_batched, tolerance_failures,
+                             top1_accuracy, trace_example, worst_metric)
 from builder.variants import register_variant
 
 STAGE = "quantize"
@@ -288,9 +288,13 @@ def _evaluate_model(ctx: BuildContext, run, fp32) -> quant_search.Result:
                                   for case, out in zip(ref.cases, ref.outputs)])
     failures = tolerance_failures(metrics, spec.verify.tolerance("int8"))
     drop = None
-    if ref.validation_inputs is not None and ref.labels is not None:
+    if ref.validation_inputs is not None:
         batch = spec.max_batch_size or len(next(iter(ref.validation_inputs.values())))
         got = run_batched(run, ref.validation_inputs, batch) if spec.batching else run(ref.validation_inputs)
+        samples = len(next(iter(ref.validation_inputs.values()))) if spec.batching else 1
+        failures += beyond_the_cases(compare_outputs(ref.validation_outputs, got), spec.verify.tolerance("int8"),
+                                     failures, samples)
+    if ref.validation_inputs is not None and ref.labels is not None:
         first = ref.top1_output  # the output the labels score (stage load)
         drop = (top1_accuracy(ref.validation_outputs[first], ref.labels) - top1_accuracy(got[first], ref.labels))
         over = accuracy_drop_failure({"drop": drop}, spec.verify.max_accuracy_drop)

@@ -13,8 +13,8 @@ from builder.repository.triton_releases import onnx_runtime_for, triton_release
 from builder.runtime import open_runner, tensorrt_unavailable_reason
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import accuracy_drop_failure
-from builder.tensors import (compare_outputs, merge_case_metrics, run_batched, tolerance_failures,
-                             top1_accuracy)
+from builder.tensors import (beyond_the_cases, compare_outputs, merge_case_metrics, run_batched,
+                             tolerance_failures, top1_accuracy)
 
 STAGE = "verify"
 
@@ -61,7 +61,7 @@ def verify_variant(ctx: BuildContext, variant: Variant) -> list[str]:
         variant.verification["validation"] = {"samples": _count(ref.validation_inputs, spec), "rel_l2": {
             name: m.get("rel_l2") for name, m in on_validation.items()}}
         if variant.verified_by != "task_accuracy":
-            failures += _validation_failures(on_validation, tolerance, failures, _count(ref.validation_inputs, spec))
+            failures += beyond_the_cases(on_validation, tolerance, failures, _count(ref.validation_inputs, spec))
         if ref.labels is not None:
             first = ref.top1_output  # the class ids or scores the labels fit (stage load)
             ref_top1 = top1_accuracy(ref.validation_outputs[first], ref.labels)
@@ -77,15 +77,6 @@ def verify_variant(ctx: BuildContext, variant: Variant) -> list[str]:
 
 def _count(inputs: dict, spec) -> int:
     return len(next(iter(inputs.values()))) if spec.batching else 1
-
-
-def _validation_failures(metrics: dict, tolerance: dict, already: list[str], samples: int) -> list[str]:
-    """The tolerance on every validation sample, not only those the verification cases (and so
-    reference.npz) hold: a variant can match on the first few samples and drift on the rest
-    (INT8 calibrated on another range). Outputs already failing on the cases are not listed twice."""
-    failing = {line.split(":", 1)[0] for line in already}
-    return [f"{line} on all {samples} samples of data.validation" for line in tolerance_failures(metrics, tolerance)
-            if line.split(":", 1)[0] not in failing]
 
 
 def _task_accuracy_only(ctx: BuildContext, variant: Variant, own: list[dict]) -> list[str]:
