@@ -23,16 +23,8 @@ Beside it: install.py (finding the binary), backends.py (``unsupported_models``)
 (log excerpts), serve.py (``serve_forever``, what ``triton-builder serve`` runs); the process
 itself is a ``builder.processes.LocalService``.
 
-How it runs the binary (facts measured with nvidia-pytriton 0.7.0):
+How it runs the binary (nvidia-pytriton 0.7.0; the backend directory, environment and addresses: install.py):
 
-- The backend directory is built in a temp folder: ``<tmp>/backends/python/`` links
-  ``libtriton_python.so``, ``triton_python_backend_utils.py`` and the ``triton_python_backend_stub``
-  built for the running Python (``pytriton/tritonserver/python_backend_stubs/3.X/``).
-- ``LD_LIBRARY_PATH`` starts with ``<site-packages>/nvidia_pytriton.libs`` and this interpreter's
-  ``LIBDIR`` (the stub links ``libpython3.X.so``; another one on the system would win otherwise), and
-  ``PATH`` starts with ``dirname(sys.executable)`` so the stub imports this environment's packages.
-- All addresses are ``127.0.0.1`` by default, on free ports asked from the OS (port 0); if the server
-  still reports an address in use, the start is retried on new ports.
 - ``--exit-on-error=false`` is always passed, so a model that fails to load does not kill the
   server; ``start()`` then checks every model it asked for and raises ``ServerError`` with Triton's
   own reason. In ``none``/``poll`` mode Triton tries every model, so ``--strict-readiness=false``

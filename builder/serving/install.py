@@ -12,6 +12,17 @@ Usage::
 The python backend starts each model's stub through ``bash -c "STUB MODEL_PATH SHM_NAME ..."``,
 unquoted: a model or backend path with a space (or another shell character) splits into wrong
 arguments, the stub dies (``std::invalid_argument stol``) and the server waits for it forever.
+
+How it runs the binary (facts measured with nvidia-pytriton 0.7.0):
+
+- The backend directory is built in a temp folder: ``<tmp>/backends/python/`` links
+  ``libtriton_python.so``, ``triton_python_backend_utils.py`` and the ``triton_python_backend_stub``
+  built for the running Python (``pytriton/tritonserver/python_backend_stubs/3.X/``).
+- ``LD_LIBRARY_PATH`` starts with ``<site-packages>/nvidia_pytriton.libs`` and this interpreter's
+  ``LIBDIR`` (the stub links ``libpython3.X.so``; another one on the system would win otherwise), and
+  ``PATH`` starts with ``dirname(sys.executable)`` so the stub imports this environment's packages.
+- All addresses are ``127.0.0.1`` by default, on free ports asked from the OS (port 0); if the server
+  still reports an address in use, the start is retried on new ports.
 """
 
 from __future__ import annotations
