@@ -55,6 +55,16 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int | None, bytes]:
         return None, b""
 
 
+def client_host(host: str) -> str:
+    """The address a client on this machine uses for a service bound to ``host`` (any-address binds
+    are reached on loopback; IPv6 literals are bracketed)."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
 def free_ports(host: str, count: int) -> list[int]:
     """``count`` distinct ports the OS says are free on ``host`` right now."""
     sockets = []

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from builder.errors import ServerDiedError, ServerError, UserInputError
-from builder.processes import LocalService, free_ports, http_get, port_in_use
+from builder.processes import LocalService, client_host, free_ports, http_get, port_in_use
 from builder.serving.backends import EMBEDDED_BACKENDS, PLATFORM_BACKENDS, model_dirs, unsupported_models
 from builder.serving.install import TritonInstall, build_backend_dir, find_tritonserver, make_workdir, \
     server_environment, stub_safe_repository
@@ -67,10 +67,6 @@ __all__ = ["EMBEDDED_BACKENDS", "PLATFORM_BACKENDS", "TritonInstall", "find_trit
 _MODEL_CONTROL_MODES = ("explicit", "none", "poll")
 _STOP_TIMEOUT_S = 15.0
 _PORT_ATTEMPTS = 5
-
-
-# --------------------------------------------------------------------------------------------
-# The server
 
 
 class EmbeddedServer(LocalService):
@@ -292,11 +288,7 @@ class EmbeddedServer(LocalService):
 
     @property
     def _client_host(self) -> str:
-        if self.host in ("0.0.0.0", ""):
-            return "127.0.0.1"
-        if self.host == "::":
-            return "[::1]"
-        return f"[{self.host}]" if ":" in self.host else self.host
+        return client_host(self.host)
 
     @property
     def http_url(self) -> str:
@@ -320,11 +312,7 @@ class EmbeddedServer(LocalService):
         return self._real_paths(super().read_log(since))
 
     def _real_paths(self, text: str) -> str:
-        if self._link is None:
-            return text
-        # our own "# triton-builder:" lines keep the link: they say what was run, and which folder it is
-        return "\n".join(line if line.startswith("# triton-builder") else line.replace(str(self._link), str(self.repository))
-                         for line in text.split("\n"))
+        return text if self._link is None else server_log.real_paths(text, self._link, self.repository)
 
     def log_tail(self, lines: int = 20, since: int | None = None) -> str:
         """The last ``lines`` meaningful log lines (GPU-less noise and tables dropped), indented."""

@@ -85,3 +85,10 @@ def startup_error_lines(text: str) -> str:
     if errors:
         return "\n".join("  " + line for line in errors[-15:])
     return meaningful_tail(text)
+
+
+def real_paths(text: str, link, repository) -> str:
+    """``text`` with the repository's symlink (a path the stub can take) replaced by the real folder;
+    our own "# triton-builder:" lines keep the link: they say what was run, and which folder it is."""
+    return "\n".join(line if line.startswith("# triton-builder") else line.replace(str(link), str(repository))
+                     for line in text.split("\n"))
