@@ -1,7 +1,8 @@
 """Checks of the user's data (data.validation with its labels, data.calibration) against the model, at
-stage load (stage compress uses data_fault and classes_outside for data.training): a wrong array is refused there, naming the file and array, rather than failing a later
-stage with the runtime's own words (an onnxruntime Gather error) or passing silently (labels out of the
-classes scoring 0%, a calibrator fed invalid ids).
+stage load (stage compress uses data_fault and classes_outside for data.training): a wrong array is
+refused there, naming the file and array, rather than failing a later stage with the runtime's own
+words (an onnxruntime Gather error) or passing silently (labels out of the classes scoring 0%, a
+calibrator fed invalid ids).
 
 Usage::
 
