@@ -37,13 +37,18 @@ def test_sweep_refuses_what_would_fail_every_request_and_names_why(served, built
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "floats.npz['input_ids'] is float32, the model takes INT64 (int64): save the payload's 'input_ids' as int64" \
         in proc.stderr
-    # a level whose requests all fail prints why (perf_analyzer's own text), not only a count in sweep.json
     np.savez(tmp_path / "wide.npz", image=np.zeros((4, 1, 8, 16), np.float32))
-    proc = run_cli("sweep", "digits_cnn", *common, "--payload", str(tmp_path / "wide.npz"), "--levels", "1",
+    proc = run_cli("sweep", "digits_cnn", *common, "--payload", str(tmp_path / "wide.npz"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "wide.npz['image'] has shape [1, 8, 16] per row, the model takes [1, 8, 8]" in proc.stderr
+    # a level whose requests all fail prints why (perf_analyzer's own text), not only a count in sweep.json:
+    # ids beyond bert_tiny's vocabulary (1000) pass every check a payload can get and fail in the model
+    np.savez(tmp_path / "oov.npz", input_ids=np.full((4, 16), 5000, np.int64), attention_mask=np.ones((4, 16), np.int64))
+    proc = run_cli("sweep", "bert_tiny", *common, "--payload", str(tmp_path / "oov.npz"), "--levels", "1",
                    "--window", "0.2", "--seconds-per-level", "1")
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert re.search(r"concurrency 1: 1 failed request\(s\): perf_analyzer exit \d+: .*shape of \[1,8,16\] for input "
-                     r'"image" is incompatible', proc.stdout), proc.stdout
+    assert re.search(r"concurrency 1: \d+ failed request\(s\): perf_analyzer exit \d+: .*out of data bounds",
+                     proc.stdout), proc.stdout
 
 
 def test_serve_on_a_port_in_use_refuses_before_loading_anything(served, built_repository):
