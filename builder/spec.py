@@ -19,7 +19,7 @@ from typing import Any
 
 from builder.errors import UserInputError
 from builder.spec_compression import CompressionSpec, parse_compression, parse_training
-from builder.spec_fields import validate_tensor_name
+from builder.spec_fields import collect_unknown_keys, read_yaml, validate_tensor_name
 from builder.spec_fields import Fields as _Fields
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
@@ -223,23 +223,19 @@ _TOLERANCE_KEYS = ("rel_l2", "max_abs", "min_cosine", "max_mismatch")
 
 def load_spec(path: str | Path) -> ModelSpec:
     """Read and validate a spec file. Raises UserInputError naming the field on any problem."""
-    import yaml
-
     spec_path = Path(path).resolve()
     if not spec_path.is_file():
         raise UserInputError(f"spec file not found: {path}; pass the path of a YAML model spec")
-    try:
-        data = yaml.safe_load(spec_path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise UserInputError(
-            f"{spec_path.name}: not valid YAML{where}: {getattr(exc, 'problem', exc)}; fix the syntax"
-        ) from None
-    return parse_spec(data, spec_path)
+    return parse_spec(read_yaml(spec_path), spec_path)
 
 
 def parse_spec(data: Any, spec_path: Path | None = None) -> ModelSpec:
+    """The spec from its YAML data; every unknown key of every section is reported together."""
+    with collect_unknown_keys(spec_path.name if spec_path else "spec"):
+        return _parse_spec(data, spec_path)
+
+
+def _parse_spec(data: Any, spec_path: Path | None) -> ModelSpec:
     origin = spec_path.name if spec_path else "spec"
     base = spec_path.parent if spec_path else Path.cwd()
     top = _Fields(data, "", _TOP_KEYS, origin)

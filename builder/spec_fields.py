@@ -11,13 +11,69 @@ Usage::
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from builder.errors import UserInputError
 
 # tensor names may also hold '.' and ':' (PyTorch's legacy exporter names inputs 'input.1', tf2onnx 'x:0')
 TENSOR_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$")
+
+# (field, text) of every mapping's unknown keys while collect_unknown_keys runs; None: raise at once
+_UNKNOWN_KEYS: ContextVar[list[tuple[str, str]] | None] = ContextVar("unknown_keys", default=None)
+
+
+@contextmanager
+def collect_unknown_keys(origin: str):
+    """Unknown keys of every mapping read inside, reported together: a spec with two typos in two
+    sections is fixed in one go. They win over any other error raised inside, which a typo often
+    causes (a misspelt 'shape' is also a missing one)."""
+    found: list[tuple[str, str]] = []
+    token = _UNKNOWN_KEYS.set(found)
+    try:
+        yield
+    except UserInputError:
+        if not found:
+            raise
+    finally:
+        _UNKNOWN_KEYS.reset(token)
+    if len(found) == 1:
+        raise UserInputError(f"{origin}: field '{found[0][0]}': {found[0][1]}") from None
+    if found:
+        raise UserInputError(f"{origin}: unknown keys in {len(found)} places:\n"
+                             + "\n".join(f"- field '{where}': {text}" for where, text in found)) from None
+
+
+class DuplicateKeyError(yaml.MarkedYAMLError):
+    """A key given twice in one mapping (YAML would keep the last without a word)."""
+
+    def __init__(self, key: Any, first_line: int, mark):
+        super().__init__(problem=f"key {key!r} is given twice in one mapping (lines {first_line} and "
+                                 f"{mark.line + 1}); YAML keeps only the last, so remove one", problem_mark=mark)
+        self.key = key
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses duplicate keys in any mapping, at any depth."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # '<<' merges are overridden on purpose; keys that are collections are rare
+                key = self.construct_object(key_node)
+                try:
+                    if key in seen:
+                        raise DuplicateKeyError(key, seen[key], key_node.start_mark)
+                    seen[key] = key_node.start_mark.line + 1
+                except TypeError:  # an unhashable key: SafeLoader refuses it itself
+                    continue
+        return super().construct_mapping(node, deep=deep)
 
 
 def validate_tensor_name(name: Any, where: str) -> str:
@@ -30,6 +86,23 @@ def validate_tensor_name(name: Any, where: str) -> str:
     return name
 
 
+def read_yaml(path: Path) -> Any:
+    """The YAML data of a spec file; a syntax error, a key given twice or an empty file is a
+    UserInputError naming the file and the line."""
+    try:
+        data = yaml.load(path.read_text(), Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+    except DuplicateKeyError as exc:
+        raise UserInputError(f"{path.name}: {exc.problem}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise UserInputError(f"{path.name}: not valid YAML{where}: {getattr(exc, 'problem', exc)}; fix the syntax") from None
+    if data is None:  # an empty file, or one of comments only
+        raise UserInputError(f"{path.name} is empty: write the model spec in it (name, source, inputs, outputs, "
+                             "max_batch_size; see the README's Spec reference)")
+    return data
+
+
 class Fields:
     """Reads one mapping of the YAML, remembering where it is for error messages."""
 
@@ -40,9 +113,12 @@ class Fields:
             raise self.error(f"must be a mapping with keys {', '.join(known)}; got {type(data).__name__}")
         unknown = sorted(set(map(str, data)) - set(known))
         if unknown:
-            raise self.error(
-                f"unknown key(s) {', '.join(repr(u) for u in unknown)}; known keys: {', '.join(known)}"
-            )
+            text = f"unknown key(s) {', '.join(repr(u) for u in unknown)}; known keys: {', '.join(known)}"
+            found = _UNKNOWN_KEYS.get()
+            if found is None:
+                raise self.error(text)
+            found.append((self.label(), text))  # reported with every other mapping's, by collect_unknown_keys
+            data = {k: v for k, v in data.items() if str(k) in known}  # read on without them
         self.data = data
 
     def label(self, key: str | None = None) -> str:

@@ -121,3 +121,36 @@ def test_profile_shapes_replace_dynamic_dims():
 def test_profile_shape_must_fit_fixed_dims():
     with pytest.raises(UserInputError, match=r"max_shape': \[4, 32\] does not fit shape \[3, -1\]"):
         parse_spec(spec_with(inputs=[{"name": "x", "shape": [3, -1], "max_shape": [4, 32]}]))
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path):
+    path = tmp_path / "spec.yaml"
+    text = yaml.safe_dump(spec_with(), sort_keys=False)
+    path.write_text(text + "max_batch_size: 4\n")
+    first = 1 + text.splitlines().index("max_batch_size: 8")
+    last = 1 + len(text.splitlines())
+    with pytest.raises(UserInputError, match=rf"spec.yaml: key 'max_batch_size' is given twice in one mapping "
+                                             rf"\(lines {first} and {last}\); YAML keeps only the last, so remove one"):
+        load_spec(path)
+    path.write_text(text + "deploy:\n  target: cpu\n  instances: 1\n  target: gpu\n")  # at any depth
+    with pytest.raises(UserInputError, match=rf"key 'target' is given twice in one mapping \(lines {last + 1} "
+                                             rf"and {last + 3}\)"):
+        load_spec(path)
+
+
+@pytest.mark.parametrize("text", ["", "# nothing yet\n"])
+def test_an_empty_spec_file_is_said_to_be_empty(tmp_path, text):
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    with pytest.raises(UserInputError, match=r"^spec.yaml is empty: write the model spec in it"):
+        load_spec(path)
+
+
+def test_unknown_keys_of_every_section_are_reported_together():
+    raw = spec_with(deploy={"target": "embedded", "instance": 2}, verify={"tolerances": {"fp32": {"rel_l3": 1e-5}}},
+                    colour="red")
+    with pytest.raises(UserInputError, match=r"spec: unknown keys in 3 places:\n"
+                                             r"- field '\(top level\)': unknown key\(s\) 'colour'; known keys: name.*\n"
+                                             r"- field 'verify.tolerances.fp32': unknown key\(s\) 'rel_l3'; known .*\n"
+                                             r"- field 'deploy': unknown key\(s\) 'instance'; known keys: target"):
+        parse_spec(raw)
