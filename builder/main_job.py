@@ -9,25 +9,64 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import shutil
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
-from builder.errors import BuilderError
+from builder.errors import BuilderError, UserInputError
+
+JOB_LOCK = ".main-job.lock"  # beside the job's repository: held from the build to the server's stop
+
+
+@contextlib.contextmanager
+def job_lock(repository: Path) -> Iterator[None]:
+    """Hold the main job's lock on ``repository``'s folder: a second job there (which would empty the
+    repository and the log of a server still serving them, ``run --keep-serving``) is refused, naming the
+    first one's pid."""
+    repository.parent.mkdir(parents=True, exist_ok=True)
+    path = repository.parent / JOB_LOCK
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise UserInputError(f"another `triton-builder run` (pid {holder}) is using {repository} (its server may "
+                                 "still be serving it, run --keep-serving): stop it (Ctrl-C), or give this run "
+                                 "another --repository") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def run_main_job(spec: str | Path, repository: str | Path = "runs/model_repository", *, load_seconds: float = 10.0,
                  users: int = 8, keep_serving: bool = False, fresh: bool = True,
                  progress: Callable[[str], object] | None = None) -> int:
+    from builder.processes import terminate_as_interrupt
+
+    repository = Path(repository)
+    # SIGTERM (kill, a CI timeout) stops the server as Ctrl-C does: no tritonserver left serving alone
+    with job_lock(repository), terminate_as_interrupt():
+        return _run(spec, repository, load_seconds, users, keep_serving, fresh, progress)
+
+
+def _run(spec, repository: Path, load_seconds: float, users: int, keep_serving: bool, fresh: bool, progress) -> int:
+    from builder.assets import monitoring_dir
     from builder.pipeline import build
     from builder.report import format_table
     from builder.serving.check import check_served
     from builder.serving.embedded import EmbeddedServer
 
     announce = progress or (lambda message: None)
-
-    repository = Path(repository)
     if fresh and repository.exists() and repository.name == "model_repository" and repository.parent.name == "runs":
         shutil.rmtree(repository)  # the main job's own scratch repository, never the user's
     started = time.perf_counter()
@@ -80,7 +119,8 @@ def run_main_job(spec: str | Path, repository: str | Path = "runs/model_reposito
         if summary:
             rows += [("load test (Locust)", _format_load(summary, measured[1] if measured else None))]
         rows += [("metrics (Prometheus text)", server.metrics_url),
-                 ("Prometheus scrape config", "monitoring/prometheus/prometheus.yml (targets: this metrics port)"),
+                 ("Prometheus scrape config", f"{monitoring_dir() / 'prometheus' / 'prometheus.yml'} (scrapes "
+                                              f"127.0.0.1:8002, `serve`'s default; this run's: {server.metrics_port})"),
                  ("elapsed", f"{time.perf_counter() - started:.1f} s")]
         width = max(len(k) for k, _ in rows)
         for key, value in rows:

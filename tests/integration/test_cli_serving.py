@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import ROOT, edit_spec, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -57,3 +57,39 @@ def test_serve_on_a_port_in_use_refuses_before_loading_anything(served, built_re
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"--http-port {port}: 127.0.0.1:{port} is in use by another process; choose another port, or leave " \
            "--http-port out" in proc.stderr
+
+
+def test_run_stopped_by_sigterm_stops_its_server(digits_copy, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from builder.processes import port_open
+
+    edit_spec(digits_copy, variants=["onnx"])
+    proc = subprocess.Popen([sys.executable, "-m", "builder", "run", str(digits_copy / "spec.yaml"), "--keep-serving",
+                             "--load-seconds", "1", "--repository", str(tmp_path / "runs" / "model_repository")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    lines = []
+    try:
+        for line in proc.stdout:  # until it serves
+            lines.append(line)
+            if "serving until Ctrl-C" in line:
+                break
+        address = next(re.search(r"HTTP 127\.0\.0\.1:(\d+)", l) for l in lines if "HTTP 127.0.0.1:" in l)
+        port = int(address.group(1))
+        assert port_open("127.0.0.1", port)
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # as Ctrl-C, the stop `run --keep-serving` waits for: the job ends normally, its server with it
+    assert proc.returncode == 0 and "server stopped" in rest, "".join(lines) + rest
+    deadline = time.monotonic() + 10
+    while port_open("127.0.0.1", port):  # the server went with the job, not left serving alone
+        assert time.monotonic() < deadline, f"tritonserver still answers on {port} after run was stopped"
+        time.sleep(0.2)
