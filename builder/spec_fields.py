@@ -178,6 +178,9 @@ class Fields:
         if not isinstance(value, str) or not value.strip():
             raise self.error(f"must be a file path, got {value!r}", key)
         resolved = (base / value).resolve() if not Path(value).is_absolute() else Path(value)
+        if must_exist and resolved.is_dir():
+            raise self.error(f"{resolved} is a directory; give the file itself (relative paths resolve against "
+                             f"{base})", key)
         if must_exist and not resolved.is_file():
             raise self.error(f"file not found: {resolved} (relative paths resolve against {base})", key)
         return resolved

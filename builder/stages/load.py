@@ -3,8 +3,6 @@ check the spec against the model, and compute the reference outputs every varian
 
 from __future__ import annotations
 
-import importlib
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +10,7 @@ import numpy as np
 from builder.data_checks import CHECK_BATCHES, calibration_warning, check_label_array, check_labels, run_on_data
 from builder.errors import UserInputError
 from builder.files import sha256_file
+from builder.model_source import import_factory, load_weights
 from builder.stages.base import BuildContext, Reference, StageResult
 from builder.tensors import build_cases, run_batched, trace_example
 from builder.runtime import open_runner, torch_runner
@@ -23,9 +22,9 @@ def run(ctx: BuildContext) -> StageResult:
     spec = ctx.spec
     source = spec.source
     if source.kind == "module":
-        ctx.model = _import_module(ctx)
+        ctx.model = import_factory(source.value, spec.spec_dir, _origin(ctx))
         if source.weights is not None:
-            _load_weights(ctx.model, source.weights)
+            load_weights(ctx.model, source.weights)
             ctx.source_hashes[source.weights.name] = sha256_file(source.weights)
         _check_inputs_against_forward(ctx, ctx.model)
         runner = torch_runner(ctx.model, [o.name for o in spec.outputs], [t.name for t in spec.inputs])
@@ -125,44 +124,6 @@ def _with_origin(ctx: BuildContext, exc: UserInputError) -> UserInputError:
     return exc if text.startswith(_origin(ctx)) else UserInputError(f"{_origin(ctx)}: {text}")
 
 
-def _import_module(ctx: BuildContext):
-    import torch
-
-    ref = ctx.spec.source.value
-    module_name, attr = ref.split(":")
-    top = module_name.split(".")[0]
-    search = [str(ctx.spec.spec_dir), str(Path.cwd())]
-    # two specs may both say "model:build"; drop a cached module of that name from elsewhere
-    for name in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
-        file = getattr(sys.modules[name], "__file__", None) or ""
-        if not file.startswith(str(ctx.spec.spec_dir)):
-            del sys.modules[name]
-    sys.path[:0] = search
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise UserInputError(
-            f"{_origin(ctx)}: field 'source.module': cannot import '{module_name}' ({exc}); the spec folder "
-            f"{ctx.spec.spec_dir} is importable, so put {module_name.replace('.', '/')}.py there"
-        ) from None
-    finally:
-        for path in search:
-            sys.path.remove(path)
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise UserInputError(f"{_origin(ctx)}: field 'source.module': '{module_name}' has no callable '{attr}'")
-    try:
-        model = factory()
-    except Exception as exc:  # noqa: BLE001 - the user's code: say where it failed, without a traceback
-        detail = " ".join(str(exc).split())[:400] or type(exc).__name__
-        raise UserInputError(f"{_origin(ctx)}: field 'source.module': {ref}() raised {type(exc).__name__}: "
-                             f"{detail}; fix the model factory in {module_name.replace('.', '/')}.py") from None
-    if not isinstance(model, torch.nn.Module):
-        raise UserInputError(
-            f"{_origin(ctx)}: field 'source.module': {ref}() returned {type(model).__name__}, not a torch.nn.Module")
-    return model.eval()
-
-
 def forward_parameters(model) -> tuple[list[str], int, bool] | None:
     """(names of forward()'s positional parameters, how many of them are required, whether it also
     takes *args) of an eager or TorchScript module; None where the signature cannot be read."""
@@ -210,39 +171,6 @@ def _check_inputs_against_forward(ctx: BuildContext, model) -> None:
                 f"{_origin(ctx)}: field 'inputs': '{name}' is argument {params.index(name) + 1} of {takes} but "
                 f"input {position + 1} of the spec; inputs are passed to forward() by position, so list them in "
                 f"its order ({order}) - a spec in another order would feed each input to another argument")
-
-
-def _load_weights(model, path: Path) -> None:
-    import torch
-
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-        try:
-            state = load_file(str(path))
-        except Exception as exc:  # noqa: BLE001
-            raise UserInputError(f"source.weights: {path} is not a valid safetensors file ({exc})") from None
-    else:
-        try:
-            state = torch.load(str(path), map_location="cpu", weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - UnpicklingError and friends
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UserInputError(
-                f"source.weights: {path} holds more than plain tensors (a pickle of arbitrary objects), which "
-                f"is never unpickled ({first[:200]}). Save the state_dict with safetensors "
-                "(safetensors.torch.save_file(model.state_dict(), 'weights.safetensors')) or torch.save(model.state_dict())"
-            ) from None
-        if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
-            state = state["state_dict"]
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise UserInputError(f"source.weights: {path} is not a state_dict (a mapping of names to tensors)")
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        detail = " ".join(str(exc).split())[:600]
-        raise UserInputError(
-            f"source.weights: {path.name} does not fit the module: {detail}. Use the weights saved from this "
-            "architecture, or fix source.module"
-        ) from None
 
 
 def _read_npz(path: Path, field: str, ctx: BuildContext) -> dict[str, np.ndarray]:

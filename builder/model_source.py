@@ -1,0 +1,168 @@
+"""The user's model as stage load reads it: a factory imported from the spec's folder, weights in a
+state_dict file, and checks that the model can be the reference (deterministic). Every failure of the
+user's code or files is a UserInputError naming the file, the line where there is one, and the fix.
+
+Usage::
+
+    model = import_factory("model:build", spec_dir, origin="spec.yaml")
+    load_weights(model, Path("weights.safetensors"))
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import traceback
+import zipfile
+from pathlib import Path
+
+from builder.errors import UserInputError
+
+
+def _where_in_user_code(exc: BaseException, folder: Path, default: str) -> str:
+    """'helpers.py line 3' for the deepest frame of the traceback in the user's folder, else default."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if _inside(Path(f.filename), folder)]
+    if not frames:
+        return default
+    return f"{Path(frames[-1].filename).resolve().relative_to(folder.resolve())} line {frames[-1].lineno}"
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        path.resolve().relative_to(folder.resolve())
+    except (ValueError, OSError):
+        return False
+    return True
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:400] or type(exc).__name__
+
+
+def import_factory(ref: str, spec_dir: Path, origin: str):
+    """The torch.nn.Module that `ref` ("python.module:callable") returns, in eval mode. The user's code
+    runs here: whatever it raises, even SystemExit, ends the build as a UserInputError, never as a
+    traceback or a silent exit."""
+    import torch
+
+    module_name, attr = ref.split(":")
+    top = module_name.split(".")[0]
+    file = f"{module_name.replace('.', '/')}.py"
+    field = f"{origin}: field 'source.module'"
+    search = [str(spec_dir), str(Path.cwd())]
+    # two specs may both say "model:build"; drop a cached module of that name from elsewhere
+    for name in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
+        cached = getattr(sys.modules[name], "__file__", None) or ""
+        if not cached.startswith(str(spec_dir)):
+            del sys.modules[name]
+    sys.path[:0] = search
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing and missing != module_name and not module_name.startswith(missing + "."):
+            # the module was found; something it imports was not
+            where = _where_in_user_code(exc, spec_dir, file)
+            raise UserInputError(
+                f"{field}: {where} imports '{missing}', which is not installed in this environment "
+                f"({sys.executable}); install it there, or remove the import") from None
+        raise UserInputError(
+            f"{field}: cannot import '{module_name}' ({exc}); the spec folder "
+            f"{spec_dir} is importable, so put {file} there") from None
+    except SyntaxError as exc:
+        name = exc.filename and Path(exc.filename).name or file
+        if exc.filename and _inside(Path(exc.filename), spec_dir):
+            name = str(Path(exc.filename).resolve().relative_to(spec_dir.resolve()))
+        raise UserInputError(f"{field}: {name} line {exc.lineno}: {type(exc).__name__}: {exc.msg}; fix the "
+                             "syntax") from None
+    except SystemExit as exc:
+        raise UserInputError(f"{field}: importing {file} exited (SystemExit {exc.code}); a model file must not "
+                             "call sys.exit() or exit() at import (guard scripts with if __name__ == '__main__':)"
+                             ) from None
+    except Exception as exc:  # noqa: BLE001 - the user's code: say where it failed, without a traceback
+        where = _where_in_user_code(exc, spec_dir, file)
+        raise UserInputError(f"{field}: importing {file} raised {type(exc).__name__} at {where}: {_one_line(exc)}; "
+                             f"fix {file} so that it imports") from None
+    finally:
+        for path in search:
+            sys.path.remove(path)
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise UserInputError(f"{field}: '{module_name}' has no callable '{attr}'")
+    try:
+        model = factory()
+    except SystemExit as exc:  # sys.exit() in the factory would end the build with its code, and publish nothing
+        raise UserInputError(f"{field}: {ref}() exited (SystemExit {exc.code}); the model factory must return "
+                             f"the torch.nn.Module, not call sys.exit() - fix it in {file}") from None
+    except Exception as exc:  # noqa: BLE001 - the user's code: say where it failed, without a traceback
+        raise UserInputError(f"{field}: {ref}() raised {type(exc).__name__}: "
+                             f"{_one_line(exc)}; fix the model factory in {file}") from None
+    if not isinstance(model, torch.nn.Module):
+        raise UserInputError(f"{field}: {ref}() returned {type(model).__name__}, not a torch.nn.Module")
+    return model.eval()
+
+
+UNSUPPORTED = "unsupported weights format: use .safetensors or a torch.save(state_dict) file"
+
+
+def weights_format(path: Path) -> str:
+    """'safetensors', 'torch' (torch.save's zip archive), 'pickle' (a legacy torch.save or a plain
+    pickle: torch.load with weights_only decides) or what else it looks like, read from the first bytes:
+    torch.load takes any file for a pickle, and its complaint would blame "arbitrary objects"."""
+    with open(path, "rb") as handle:
+        head = handle.read(9)
+    size = path.stat().st_size
+    if head[:4] == b"PK\x03\x04":
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = archive.namelist()
+        except (zipfile.BadZipFile, OSError):
+            return "a damaged zip archive"
+        # torch.save writes <archive>/data.pkl; np.savez writes <key>.npy
+        if any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
+            return "torch"
+        if names and all(n.endswith(".npy") for n in names):
+            return "a NumPy .npz archive"
+        return "a zip archive torch.save did not write"
+    if head[:1] == b"\x80":  # a pickle's PROTO opcode
+        return "pickle"
+    header = int.from_bytes(head[:8], "little") if len(head) == 9 else 0
+    if head[8:9] == b"{" and 8 + header <= size:  # safetensors: u64 header length, then its JSON
+        return "safetensors"
+    return "empty" if size == 0 else "not a weights file this tool reads"
+
+
+def load_weights(model, path: Path) -> None:
+    import torch
+
+    kind = weights_format(path)
+    if path.suffix == ".safetensors" or kind == "safetensors":
+        from safetensors.torch import load_file
+        try:
+            state = load_file(str(path))
+        except Exception as exc:  # noqa: BLE001
+            raise UserInputError(f"source.weights: {path} is not a valid safetensors file ({exc})") from None
+    elif kind in ("torch", "pickle"):
+        try:
+            state = torch.load(str(path), map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - UnpicklingError and friends
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UserInputError(
+                f"source.weights: {path} holds more than plain tensors (a pickle of arbitrary objects), which "
+                f"is never unpickled ({first[:200]}). Save the state_dict with safetensors "
+                "(safetensors.torch.save_file(model.state_dict(), 'weights.safetensors')) or torch.save(model.state_dict())"
+            ) from None
+        if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+            state = state["state_dict"]
+    else:
+        raise UserInputError(f"source.weights: {path} is {kind}: {UNSUPPORTED}")
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UserInputError(f"source.weights: {path} is not a state_dict (a mapping of names to tensors)")
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        detail = " ".join(str(exc).split())[:600].rstrip(".")  # torch ends its text with '.' already
+        raise UserInputError(
+            f"source.weights: {path.name} does not fit the module: {detail}. Use the weights saved from this "
+            "architecture, or fix source.module"
+        ) from None

@@ -1,0 +1,101 @@
+"""The user's model files as stage load reads them (builder.model_source): whatever the user's code
+does at import or in the factory, and whatever file the weights are, the build ends with one message
+naming the file (and line) and the fix - exit 2, never a traceback or a silent exit 0."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from builder.errors import UserInputError
+from builder.model_source import import_factory, load_weights
+from tests.conftest import run_cli
+from tests.tiny_models import write_model
+
+
+def factory_in(tmp_path, text: str, name: str = "model", ref: str = "model:build"):
+    (tmp_path / f"{name}.py").write_text(text)
+    return lambda: import_factory(ref, tmp_path, "spec.yaml")
+
+
+def test_sys_exit_in_the_factory_is_a_user_error_exit_2(tmp_path):
+    spec = write_model(tmp_path, "argmax")
+    (spec.parent / "model.py").write_text("import sys\ndef build():\n    sys.exit(0)\n")
+    proc = run_cli("build", str(spec), "--repository", str(tmp_path / "repo"), "--benchmark-seconds", "0")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "field 'source.module': model:build() exited (SystemExit 0)" in proc.stderr
+    assert not (tmp_path / "repo").exists() or not any((tmp_path / "repo").iterdir())
+
+
+def test_sys_exit_at_import_names_the_file(tmp_path):
+    with pytest.raises(UserInputError, match=r"field 'source.module': importing model.py exited \(SystemExit 3\)"):
+        factory_in(tmp_path, "import sys\nsys.exit(3)\n")()
+
+
+def test_a_syntax_error_names_the_file_and_line(tmp_path):
+    with pytest.raises(UserInputError, match=r"field 'source.module': model.py line 2: SyntaxError: invalid syntax; "
+                                             r"fix the syntax"):
+        factory_in(tmp_path, "import torch\ndef build(:\n    pass\n")()
+
+
+def test_an_exception_at_import_names_the_file_line_and_text(tmp_path):
+    (tmp_path / "helpers.py").write_text("x = 1\nraise RuntimeError('CUDA not available')\n")
+    with pytest.raises(UserInputError, match=r"importing model.py raised RuntimeError at helpers.py line 2: CUDA "
+                                             r"not available; fix model.py so that it imports"):
+        factory_in(tmp_path, "import helpers\ndef build(): pass\n")()
+
+
+def test_a_missing_dependency_is_named_as_such(tmp_path):
+    with pytest.raises(UserInputError, match=r"model.py line 2 imports 'nosuchpkg_xyz', which is not installed in "
+                                             r"this environment \(.*\); install it there, or remove the import"):
+        factory_in(tmp_path, "import torch\nimport nosuchpkg_xyz\ndef build(): pass\n")()
+    # the module itself missing keeps its own advice
+    with pytest.raises(UserInputError, match=r"cannot import 'other' .* so put other.py there"):
+        import_factory("other:build", tmp_path, "spec.yaml")
+
+
+@pytest.fixture
+def linear():
+    return torch.nn.Linear(4, 3)
+
+
+def test_weights_in_an_unsupported_format_say_so(tmp_path, linear):
+    npz = tmp_path / "w.npz"
+    np.savez(npz, **{k: v.detach().numpy() for k, v in linear.state_dict().items()})
+    text = tmp_path / "w.bin"
+    text.write_text("hello weights\n")
+    for path, kind in ((npz, "a NumPy .npz archive"), (text, "not a weights file this tool reads")):
+        with pytest.raises(UserInputError, match=rf"source.weights: .*{path.name} is {kind}: unsupported weights "
+                                                 r"format: use .safetensors or a torch.save\(state_dict\) file"):
+            load_weights(linear, path)
+
+
+def test_weights_formats_are_read_whatever_their_suffix(tmp_path, linear):
+    from safetensors.torch import save_file
+    state = {k: torch.ones_like(v) for k, v in linear.state_dict().items()}
+    save_file(state, str(tmp_path / "w.bin"))
+    torch.save(state, tmp_path / "w.pth")
+    for name in ("w.bin", "w.pth"):
+        torch.nn.init.zeros_(linear.weight)
+        load_weights(linear, tmp_path / name)
+        assert float(linear.weight.detach().sum()) == 12.0
+
+
+def test_weights_that_do_not_fit_end_with_one_full_stop(tmp_path, linear):
+    torch.save({"weight": linear.weight}, tmp_path / "w.pt")
+    with pytest.raises(UserInputError, match=r'Missing key\(s\) in state_dict: "bias"\. Use the weights saved') as info:
+        load_weights(linear, tmp_path / "w.pt")
+    assert ".." not in str(info.value)
+    torch.save({"weight": torch.zeros(3, 5), "bias": linear.bias}, tmp_path / "w.pt")
+    with pytest.raises(UserInputError, match=r"torch.Size\(\[3, 4\]\)\. Use the weights saved"):
+        load_weights(linear, tmp_path / "w.pt")
+
+
+def test_a_weights_path_that_is_a_directory_is_said_to_be_one(tmp_path):
+    from builder.spec import parse_spec
+    (tmp_path / "w.safetensors").mkdir()
+    raw = {"name": "m", "source": {"module": "model:build", "weights": "w.safetensors"}, "max_batch_size": 8,
+           "inputs": [{"name": "x", "dtype": "float32", "shape": [4]}], "outputs": [{"name": "y"}]}
+    with pytest.raises(UserInputError, match=r"field 'source.weights': .*w.safetensors is a directory; give the file"):
+        parse_spec(raw, tmp_path / "spec.yaml")
