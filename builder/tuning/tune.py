@@ -174,7 +174,12 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
         say(line)
     summary_line = _ratio_line(winner, none, default, ratios, p99_budget_ms)
     say(summary_line)
-    if (write or publish) and winner is not None:
+    if (write or publish) and winner is not None and _changes(winner, default) == 0:
+        # the config as built won: a new version (or a rewritten file) would serve the same config
+        record["written"] = False
+        say(f"the config as built won: nothing {'published' if publish else 'written'} ({config_path} already "
+            "serves it)")
+    elif (write or publish) and winner is not None:
         _write_winner(search.server, repository, model, config_path, base_text, base, winner, record, say,
                       header_line=f"#   {summary_line} over {protocol}", publish=publish, key=key)
     search.server.close()

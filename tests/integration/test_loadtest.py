@@ -206,8 +206,12 @@ def test_tune_writes_the_winner_and_the_server_serves_it(own_server, tmp_path):
     assert record == json.loads((tmp_path / "tuning.json").read_text())
     winner = record["winner"]
     assert winner["best_level"]["p99_ms"] <= budget and winner["throughput_within_budget_rps"] > 0
-    assert len(record["candidates"]) == len(labels) + 2 and record["written"]  # + threads, max batch
+    assert len(record["candidates"]) == len(labels) + 2  # + threads, max batch
     assert set(record["ratios"]) == {"vs_no_batching", "vs_default"}
+    if winner["label"] == "default":  # measured best: the file already serves it, nothing is rewritten
+        assert not record["written"] and "the config as built won: nothing written" in out, out
+        return
+    assert record["written"]
 
     text = (repo / MODEL / "config.pbtxt").read_text()
     assert text.startswith("# Rendered by triton-builder") and "# Tuned by triton-builder tune" in text
@@ -265,15 +269,29 @@ def test_tune_loads_candidates_as_copies_while_the_model_stays_ready(own_server,
             time.sleep(0.2)
 
 
-def test_tune_publish_serves_the_winner_as_a_new_version(built_repository, tmp_path):
+@pytest.mark.parametrize("outcome", ["a change wins", "the config as built wins"])
+def test_tune_publish_serves_a_winning_change_as_a_new_version_and_nothing_when_the_build_wins(
+        built_repository, tmp_path, monkeypatch, outcome):
+    from builder.tuning import tune
+
+    def pick(candidates, default, margin):  # the measurements decide in real runs: both outcomes, injected
+        if outcome == "the config as built wins":
+            return default
+        return next(c for c in candidates if c is not default and c.best is not None and not c.error)
+
+    monkeypatch.setattr(tune, "_choose", pick)
     repo = _copy_repository(built_repository, tmp_path / "repo")
+    said = []
     with EmbeddedServer(repo, load_models=[MODEL], ready_timeout=90) as server:
-        proc = run_cli("tune", MODEL, "--repository", str(repo), "--url", server.grpc_url, "--p99-budget-ms", "200",
-                       "--seconds-per-candidate", "2", "--delays", "0", "--instances", "1", "--threads", "2",
-                       "--max-batch-sizes", "64", "--levels", "1", "--no-confirm", "--out", str(tmp_path / "tune"), "--publish", timeout=180)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        record = json.loads((tmp_path / "tune" / "tuning.json").read_text())
-        assert record["published_version"] == 2
+        record = tune.run_tune(MODEL, repo, server.grpc_url, p99_budget_ms=200, seconds_per_candidate=2,
+                               delays=[0], instance_counts=[1], thread_counts=[2], max_batch_sizes=[64], levels=[1],
+                               confirm=False, out_dir=tmp_path / "tune", publish=True, progress=said.append)
+        if outcome == "the config as built wins":
+            assert record["winner"]["label"] == "default" and not record["written"]
+            assert "published_version" not in record and not (repo / MODEL / "2").exists()
+            assert "the config as built won: nothing published" in said[-1]
+            return
+        assert record["winner"]["label"] != "default" and record["published_version"] == 2
         assert (repo / MODEL / "2" / "tuning.json").is_file()
         assert server.model_ready(MODEL)
         with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{MODEL}/versions/2/ready", timeout=10):
