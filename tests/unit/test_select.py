@@ -263,3 +263,28 @@ def test_select_publishes_the_variant_closer_to_the_reference_inside_the_noise(v
         assert report.winner.variant == served and report.winner.rel_l2 < 1e-5
         assert report.tie_rule.startswith(f"within measurement noise of {far.label} (1.04x")
         assert any(report.tie_rule in line for line in report.lines())
+
+
+@pytest.mark.parametrize("readings, switched", [
+    ([2000.0, 1000.0, 1020.0, 1010.0, 1030.0], False),  # one lucky reading: back to back it is noise
+    ([2000.0, 1000.0, 1900.0, 1000.0, 1950.0], True),   # it stays ahead: the change stands
+])
+def test_a_change_of_variant_must_hold_when_measured_again_back_to_back(variants_repository, tmp_path, readings,
+                                                                        switched):
+    repo = _copy(variants_repository, tmp_path)
+    served = _served(repo)
+    other = next(p.name for p in repo.iterdir() if p.name.startswith("digits_cnn__"))
+    challenger = readings[:1] + readings[2::2]  # its first reading, then its confirm readings
+    incumbent = readings[1:2] + readings[1::2]
+
+    def measure(label, runner, inputs, threads):  # later calls (sizing the batching delay) repeat the last
+        queue = challenger if label.startswith(other) else incumbent
+        return {"throughput": queue.pop(0) if len(queue) > 1 else queue[0], "p50_ms": 1.0}
+
+    report = select_for_host(repo, "digits_cnn", measure=measure, current_host=HERE, dry_run=True)
+    if switched:
+        assert report.winner.variant != served and report.tie_rule is None
+    else:
+        assert report.winner.variant == served
+        assert report.tie_rule.startswith(f"kept: {other.split('__', 1)[1]} read only 1.0")
+        assert "a change needs more than 1.10x" in report.tie_rule
