@@ -144,7 +144,7 @@ class Target:
         elif options.payload:
             samples, self.source = _read_npz(options.payload, names, self.batching), options.payload
         else:
-            samples, self.source = _generate(inputs, self.batching), "generated from the model metadata"
+            samples, self.source = _generate(inputs, self.batching), "the model metadata (generated)"
         samples = _as_model_dtypes(samples, inputs)
         # a scalar per sample travels as dims [1] (config reshape []), as builder.tensors.to_wire does
         dims = {name: shape for name, _, shape in inputs}
