@@ -166,3 +166,62 @@ def load_weights(model, path: Path) -> None:
             f"source.weights: {path.name} does not fit the module: {detail}. Use the weights saved from this "
             "architecture, or fix source.module"
         ) from None
+
+
+#: rel L2 between two runs on the same inputs above which a model is not deterministic (the same
+#: process and thread count: a deterministic model repeats itself to the bit, or nearly)
+DETERMINISM_REL_L2 = 1e-6
+
+
+def check_deterministic(first: dict, second: dict, origin: str, kind: str = "module") -> None:
+    """Refuse a model whose two runs on the same inputs differ: every variant would be compared with
+    one draw of its randomness and fail verification at rel L2 ~1, which blames the variants."""
+    from builder.tensors import compare_outputs
+
+    for name, m in compare_outputs(first, second).items():
+        if "shape_mismatch" in m:
+            how = f"output '{name}' has shape {m['expected']}, then {m['got']}"
+        elif "nonfinite_mismatch" in m:
+            how = f"output '{name}' has NaN/Inf at other places"
+        elif m.get("mismatched") or m.get("rel_l2", 0.0) > DETERMINISM_REL_L2:
+            how = f"output '{name}': rel L2 {m['rel_l2']:.1e}" + (
+                f", {m['mismatched']:.0f} values differ" if m.get("mismatched") else "")
+        else:
+            continue
+        fix = ("random ops in the graph (RandomNormal, RandomUniform, Multinomial, Dropout with training_mode); "
+               "export it in eval mode without them" if kind == "onnx" else
+               "dropout with training=True or random ops in forward(); make forward() deterministic in eval mode")
+        raise UserInputError(f"{origin}: field 'source': the model is not deterministic: two runs on the same inputs "
+                             f"differ ({how}) - {fix}")
+
+
+def check_onnx_external_data(model, path: Path) -> list[Path]:
+    """The external data files an ONNX source refers to (each once, in order), checked now: every one
+    must be a file inside the model's folder (onnx refuses any other, and the build copies them from
+    there) and hold the bytes the model says it does. A missing file would otherwise fail deep in export."""
+    from builder.onnx_tools import external_tensors
+
+    folder = path.parent.resolve()
+    files: list[Path] = []
+    for tensor in external_tensors(model):
+        info = {e.key: e.value for e in tensor.external_data}
+        location = info.get("location", "")
+        target = (folder / location).resolve()
+        if not location or Path(location).is_absolute() or not _inside(target, folder):
+            raise UserInputError(
+                f"source.onnx: {path.name} keeps tensor '{tensor.name}' in {location!r}, outside its folder "
+                f"{folder}; move the data file into that folder (or below it) and save the model again with "
+                "onnx.save_model(model, path, save_as_external_data=True, location='<file name>')")
+        if not target.is_file():
+            what = "is a directory" if target.is_dir() else "does not exist"
+            raise UserInputError(f"source.onnx: {path.name} keeps tensor '{tensor.name}' in the external data file "
+                                 f"{location}, which {what} in {folder}; put that file there (it travels with "
+                                 f"{path.name})")
+        end = int(info.get("offset") or 0) + int(info.get("length") or 0)
+        if end > target.stat().st_size:
+            raise UserInputError(f"source.onnx: {location} holds {target.stat().st_size} bytes but {path.name} reads "
+                                 f"tensor '{tensor.name}' up to byte {end}; it is not that model's data file: save "
+                                 "the model and its data again together")
+        if target not in files:
+            files.append(target)
+    return files

@@ -14,6 +14,7 @@ Everything heavy (onnx, onnxruntime, onnxoptimizer, onnxslim) is imported inside
 
 from __future__ import annotations
 
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,49 @@ def save(model, path: Path) -> Path:
     onnx.save_model(model, str(path), save_as_external_data=weight_bytes(model) > EXTERNAL_DATA_THRESHOLD,
                     location=path.name + ".data", all_tensors_to_one_file=True)
     return path
+
+
+def external_tensors(model) -> list:
+    """The tensors (initializers and attribute tensors, in subgraphs too) whose data lies outside the file."""
+    # onnx has no public walk over every tensor; this private one is what its own save/load use
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    return [t for t in _get_all_tensors(model) if uses_external_data(t)]
+
+
+# onnx's own layout for large tensors: each starts on the allocation granularity, so it can be mapped
+_ALIGN_FROM, _ALIGNMENT = 1 << 20, 1 << 16
+
+
+def copy_with_external_data(src: Path, dst: Path) -> None:
+    """Copy an ONNX model to ``dst`` with all its external data in one ``<dst name>.data`` (the layout
+    every later stage and the published version use), whatever files and folders the source spread it
+    over (stage load checked they exist, inside the model's folder). Bytes are copied tensor by tensor,
+    never parsed."""
+    import onnx
+
+    model = onnx.load(str(src), load_external_data=False)
+    tensors = external_tensors(model)
+    if not tensors:
+        shutil.copyfile(src, dst)
+        return
+    data = dst.with_name(dst.name + ".data")
+    with open(data, "wb") as out:
+        for tensor in tensors:
+            info = {e.key: e.value for e in tensor.external_data}
+            offset, length = int(info.get("offset") or 0), info.get("length")
+            with open(src.parent / info["location"], "rb") as handle:
+                handle.seek(offset)
+                chunk = handle.read(int(length)) if length is not None else handle.read()
+            if len(chunk) >= _ALIGN_FROM and out.tell() % _ALIGNMENT:
+                out.write(b"\0" * (_ALIGNMENT - out.tell() % _ALIGNMENT))
+            entries = {"location": data.name, "offset": str(out.tell()), "length": str(len(chunk))}
+            out.write(chunk)
+            del tensor.external_data[:]
+            for key, value in entries.items():
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, value
+    onnx.save_model(model, str(dst))
 
 
 def op_types(model) -> set[str]:

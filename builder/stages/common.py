@@ -175,6 +175,9 @@ def finalize_onnx(path: Path, output_names: list[str], rename: bool, dest: Path 
     weights = sum(len(t.raw_data) for t in graph.initializer)
     if target.exists() and target != path:
         target.unlink()
+    # the weights are in memory now; onnx appends to an existing data file, and a model saved inline
+    # would leave it behind (published beside the model, unused)
+    target.with_name(target.name + ".data").unlink(missing_ok=True)
     onnx.save_model(model, str(target), save_as_external_data=weights > EXTERNAL_DATA_THRESHOLD,
                     location=target.name + ".data", all_tensors_to_one_file=True)
     onnx.checker.check_model(str(target), full_check=True)

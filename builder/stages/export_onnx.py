@@ -10,6 +10,7 @@ import shutil
 import warnings
 from pathlib import Path
 
+from builder.onnx_tools import copy_with_external_data
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import export_dynamo, export_legacy, finalize_onnx
 from builder.variants import register_variant
@@ -27,10 +28,8 @@ def make_onnx(ctx: BuildContext) -> StageResult:
     out_dir.mkdir(parents=True, exist_ok=True)
     final = out_dir / "model.onnx"
     if spec.source.kind == "onnx":
-        shutil.copyfile(spec.source.path, final)
-        data = spec.source.path.with_name(spec.source.path.name + ".data")
-        if data.exists():
-            shutil.copyfile(data, out_dir / data.name)
+        # its external data, wherever the source keeps it, becomes model.onnx.data: what publish carries
+        copy_with_external_data(spec.source.path, final)
         opset = finalize_onnx(final, [o.name for o in spec.outputs], rename=False)
         ctx.add_variant(Variant("onnx", "onnx", "fp32", final, exporter="given", opset=opset))
         return StageResult.ok(STAGE, "source is ONNX: taken as it is", exporter="given", opset=opset)

@@ -99,3 +99,31 @@ def test_a_weights_path_that_is_a_directory_is_said_to_be_one(tmp_path):
            "inputs": [{"name": "x", "dtype": "float32", "shape": [4]}], "outputs": [{"name": "y"}]}
     with pytest.raises(UserInputError, match=r"field 'source.weights': .*w.safetensors is a directory; give the file"):
         parse_spec(raw, tmp_path / "spec.yaml")
+
+
+@pytest.mark.parametrize("forward", ["return self.fc(torch.nn.functional.dropout(x, 0.5, training=True))",
+                                     "return self.fc(x) + torch.randn(x.shape[0], 4)"])
+def test_a_model_that_is_not_deterministic_is_refused_at_load(tmp_path, quiet, forward):
+    from builder.pipeline import build
+    spec = write_model(tmp_path, "argmax", inputs=[{"name": "x", "dtype": "float32", "shape": [6]}],
+                       outputs=[{"name": "probs"}])
+    (spec.parent / "model.py").write_text(
+        "import torch\nclass M(torch.nn.Module):\n    def __init__(self):\n        super().__init__(); "
+        "self.fc = torch.nn.Linear(6, 4)\n    def forward(self, x):\n        " + forward + "\n"
+        "def build():\n    return M()\n")
+    with pytest.raises(UserInputError, match=r"spec.yaml: field 'source': the model is not deterministic: two runs "
+                                             r"on the same inputs differ \(output 'probs': rel L2 \d\.\de[+-]\d\d\) - "
+                                             r"dropout with training=True or random ops in forward\(\); make "
+                                             r"forward\(\) deterministic in eval mode"):
+        build(spec, tmp_path / "repo", benchmark_seconds=0, progress=quiet)
+    assert not (tmp_path / "repo").exists() or not any((tmp_path / "repo").iterdir())
+
+
+def test_determinism_is_judged_per_output_with_a_tiny_tolerance():
+    from builder.model_source import check_deterministic
+    a = {"y": np.ones(8, np.float32), "ids": np.arange(3)}
+    check_deterministic(a, {"y": a["y"] * (1 + 1e-8), "ids": np.arange(3)}, "spec.yaml")  # rounding: fine
+    with pytest.raises(UserInputError, match=r"output 'ids': rel L2 .*, 1 values differ\) - dropout"):
+        check_deterministic(a, {"y": a["y"], "ids": np.array([0, 1, 3])}, "spec.yaml")
+    with pytest.raises(UserInputError, match=r"output 'y' has shape \[8\], then \[4\]\) - random ops in the graph"):
+        check_deterministic(a, {"y": a["y"][:4], "ids": a["ids"]}, "spec.yaml", kind="onnx")
