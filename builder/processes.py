@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
+from builder.errors import UserInputError  # standard library only as well
+
 
 # local services on 127.0.0.1: a proxy from the environment must not intercept readiness probes
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -92,6 +94,16 @@ def port_in_use(host: str, port: int) -> bool:
         except OSError:
             return True
     return False
+
+
+def refuse_taken_ports(host: str, requested) -> None:
+    """``UserInputError`` naming the option of the first ``(option, port)`` of ``requested`` another
+    process listens on (None ports are skipped): a service asked for a fixed port must not start
+    there, since a readiness probe would be answered by the other process."""
+    for option, port in requested:
+        if port is not None and port_in_use(host, port):
+            raise UserInputError(f"{option} {port}: {host}:{port} is in use by another process; choose "
+                                 f"another port, or leave {option} out to have a free one picked")
 
 
 def port_open(host: str, port: int) -> bool:
@@ -272,13 +284,15 @@ class LocalService:
 
     Subclasses provide ``_command()`` and usually ``_ready()``; optional hooks: ``_prepare()``
     (once per start, before any launch: temp dirs, config files), ``_pick_ports()`` +
-    ``_auto_ports()`` (retry on new ports when ``_address_in_use()`` says so), ``_env()``,
+    ``_auto_ports()`` (retry on new ports when ``_address_in_use()`` says so), ``_fixed_ports()``
+    (requested ports: one in use is refused up front, ``refuse_taken_ports``), ``_env()``,
     ``_cwd()``, ``_exit_error(code)`` / ``_timeout_error()`` / ``_ports_error(busy, attempts)``
     (the errors raised, of type ``error``), ``_cleanup()`` (after every stop). ``log_path`` is an
     attribute or property naming the file that gets stdout and stderr.
 
     ``start()`` runs the command in a new session (its own process group; with ``die_with_parent``
-    it gets SIGTERM when the starting thread dies), waits until ``_ready()`` within
+    it gets SIGTERM when the starting thread dies), waits until ``_ready()`` with the process still
+    alive (a port answering for a process that died is not ours) within
     ``ready_timeout`` s and registers ``stop`` with atexit; on any error it stops what it started.
     ``stop()`` sends SIGTERM to the group, SIGKILL after ``timeout`` s; it is idempotent and never
     raises for a process that is already gone.
@@ -328,6 +342,12 @@ class LocalService:
     def _ready(self) -> bool:
         return True
 
+    def _fixed_ports(self) -> Sequence[tuple[str, int]]:
+        """``(option, port)`` for each port the caller asked for by number. ``start()`` refuses one that
+        another process already listens on, before anything is prepared: started anyway, our process
+        would fail to bind while the other one answered every readiness probe in its place."""
+        return ()
+
     def _address_in_use(self, code: int) -> str | None:
         return None
 
@@ -358,6 +378,7 @@ class LocalService:
         with self._lock:
             if self.is_running():
                 return self
+            refuse_taken_ports(self.host, self._fixed_ports())
             try:
                 self._prepare()
                 attempts = self.port_attempts if self._auto_ports() else 1
@@ -405,7 +426,9 @@ class LocalService:
                     raise AddressInUse(busy)
                 raise self._exit_error(code)
             if self._ready():
-                return
+                if self._proc.poll() is None:
+                    return
+                continue  # ended while probed: what answered was another process; report the exit
             if time.monotonic() > self._ready_deadline:
                 raise self._timeout_error()
             time.sleep(self.poll_interval)

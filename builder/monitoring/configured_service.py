@@ -51,6 +51,7 @@ class ConfiguredService(LocalService):
     error = ServerError
     log_header = True
     config_name = "config.yml"  # the rendered config's file name in the work folder
+    port_option = "port"  # how a refused requested port is named (a CLI sets its flag, e.g. "--port")
 
     def __init__(self, host: str, ready_timeout: float, port: int | None, keep_data: bool) -> None:
         super().__init__(host, ready_timeout)
@@ -74,6 +75,9 @@ class ConfiguredService(LocalService):
 
     def _pick_ports(self) -> None:
         self._port = self._requested_port or free_port(self.host)
+
+    def _fixed_ports(self) -> list[tuple[str, int | None]]:
+        return [(self.port_option, self._requested_port)]
 
     def _cwd(self) -> Path:
         return self.workdir

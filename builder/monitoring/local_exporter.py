@@ -19,7 +19,7 @@ from pathlib import Path
 
 from builder import assets
 from builder.errors import ServerError
-from builder.processes import LocalService, free_port, port_open
+from builder.processes import LocalService, free_port, port_open, refuse_taken_ports
 
 __all__ = ["LocalExporter"]
 
@@ -34,6 +34,7 @@ class LocalExporter(LocalService):
 
     label = "the exporter"
     error = ServerError
+    port_option = "port"  # how a refused requested port is named (a CLI sets its flag)
     stop_timeout = 10.0
     poll_interval = 0.05
 
@@ -75,6 +76,7 @@ class LocalExporter(LocalService):
         with self._lock:
             if self.is_running():
                 return self
+            refuse_taken_ports(self.host, self._fixed_ports())
             exporter = self._module()
             args = exporter.build_arg_parser().parse_args(
                 ["--triton-url", self.triton_url, "--port", str(self._requested_port or 0),
@@ -99,6 +101,9 @@ class LocalExporter(LocalService):
 
     def _auto_ports(self) -> bool:
         return self._requested_port is None
+
+    def _fixed_ports(self) -> list[tuple[str, int | None]]:
+        return [(self.port_option, self._requested_port)]
 
     def _pick_ports(self) -> None:
         self._port = self._requested_port or free_port(self.host)

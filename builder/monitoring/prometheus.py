@@ -68,7 +68,7 @@ from builder.errors import ServerError, UserInputError
 from builder.monitoring.local_exporter import LocalExporter
 from builder.monitoring.configured_service import ConfiguredService, find_binary
 from builder.processes import http_get as _http
-from builder.processes import stop_signals
+from builder.processes import refuse_taken_ports, stop_signals
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -364,12 +364,18 @@ def _run_until_stopped(args, received: list[int]) -> int:
     exporter = None if args.no_exporter else LocalExporter(args.triton_url, port=args.exporter_port)
     prometheus = None
     try:
+        # both ports before starting either: a busy one is refused naming its flag (exit 2)
+        refuse_taken_ports("127.0.0.1", [("--port", args.port)]
+                           + ([] if exporter is None else [("--exporter-port", args.exporter_port)]))
         targets = {"triton": args.triton_metrics}
         if exporter is not None:
+            exporter.port_option = "--exporter-port"
             exporter.start()
             targets["triton-builder-exporter"] = exporter.address
         prometheus = LocalPrometheus(targets, port=args.port, scrape_interval=args.interval,
-                                     evaluation_interval=args.interval).start()
+                                     evaluation_interval=args.interval)
+        prometheus.port_option = "--port"
+        prometheus.start()
         print(f"Prometheus  {prometheus.url}   (pid {prometheus.pid}; alerts: {prometheus.url}/alerts)", flush=True)
         if exporter is not None:
             print(f"exporter    {exporter.metrics_url}   (pid {exporter.pid})", flush=True)
@@ -378,6 +384,10 @@ def _run_until_stopped(args, received: list[int]) -> int:
         while not received:
             if not prometheus.is_running():
                 print(f"prometheus exited on its own; last log lines:\n{prometheus.log_tail()}", file=sys.stderr)
+                return 2
+            if exporter is not None and not exporter.is_running():  # Prometheus would scrape nothing
+                print(f"the exporter exited on its own (code {exporter.returncode}); last log lines:\n"
+                      f"{exporter.log_tail()}", file=sys.stderr)
                 return 2
             time.sleep(0.2)
         return 0

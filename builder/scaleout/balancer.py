@@ -150,6 +150,8 @@ class NginxBalancer(LocalService):
         self.fail_timeout_s = int(fail_timeout_s)
         self.binary = binary
         self.keep_files = keep_files  # keep the config and logs (workdir) after stop()
+        if http_port is not None and http_port == grpc_port:
+            raise UserInputError(f"--grpc-port {grpc_port}: the same as --http-port; give the balancer two ports")
         self._requested = (http_port, grpc_port)
         self._ports: tuple[int, int] | None = None
         self._binary: str | None = None
@@ -227,17 +229,27 @@ class NginxBalancer(LocalService):
     def _command(self) -> list[str]:
         return [self._binary, "-e", str(self.error_log), "-p", str(self.workdir), "-c", str(self.config_path)]
 
+    def _fixed_ports(self) -> list[tuple[str, int]]:
+        return list(zip(("--http-port", "--grpc-port"), self._requested))
+
     def _ready(self) -> bool:
-        return all(port_open(self.host, port) for port in self._ports_or_raise())
+        # nginx writes its pid file only after binding every listener: with our pid in it, the open
+        # ports are ours (a port answering alone may be another process's, nginx failing to bind it)
+        try:
+            written = (self.workdir / "nginx.pid").read_text().strip()
+        except OSError:
+            return False
+        return written == str(self.pid) and all(port_open(self.host, port) for port in self._ports_or_raise())
 
     def _exit_error(self, code: int) -> Exception:
-        return ServerError(f"nginx exited with code {code} while starting: {self._errors()}")
+        return ServerError(f"nginx exited with code {code} while starting: {self.error_summary()}")
 
     def _timeout_error(self) -> Exception:
         return ServerError(f"nginx did not listen on {self.host}:{self._ports} within {self.ready_timeout:g} s: "
-                           f"{self._errors()}")
+                           f"{self.error_summary()}")
 
-    def _errors(self) -> str:
+    def error_summary(self) -> str:
+        """The last lines of error.log and of its output, for messages."""
         parts = []
         for path in (self.error_log, self.log_path):
             try:

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from builder.errors import ServerError, UserInputError, VerificationError
-from builder.processes import stop_signals
+from builder.processes import refuse_taken_ports, stop_signals
 
 __all__ = ["ReplicaSet", "ReplicaUpdate", "RolloutError", "run_replicas", "target_versions"]
 
@@ -177,6 +177,8 @@ class ReplicaSet:
 
         with self._lock:
             find_nginx()  # fail before starting any replica
+            # the balancer's requested ports too, before minutes of replica start-up (nginx checks again)
+            refuse_taken_ports(self.host, zip(("--http-port", "--grpc-port"), self.ports))
             try:
                 self.replicas = [self._new_replica(i) for i in range(self.count)]
                 with ThreadPoolExecutor(self.count) as pool:
@@ -222,6 +224,9 @@ class ReplicaSet:
             if self.prometheus is not None:
                 self.prometheus.stop()
             if self.balancer is not None:
+                if self.balancer_died():  # its error log (in a temp folder stop() removes) says why
+                    self.failed = True
+                    self._keep_balancer_logs()
                 self.balancer.stop()
             for replica in self.replicas:
                 replica.stop()
@@ -231,6 +236,16 @@ class ReplicaSet:
             elif self.log_dir.is_dir():
                 self.kept_logs = self.log_dir
             return self.kept_logs
+
+    def balancer_died(self) -> bool:
+        """Whether nginx was started and has since exited on its own."""
+        return self.balancer is not None and self.balancer.pid is not None and not self.balancer.is_running()
+
+    def _keep_balancer_logs(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for path in (self.balancer.error_log, self.balancer.log_path):
+            if path is not None and path.is_file():
+                shutil.copyfile(path, self.log_dir / f"nginx-{path.name}")
 
     # -- addresses and state -----------------------------------------------------------------
 
@@ -379,7 +394,8 @@ def run_replicas(repository: str | Path, replicas: int = 2, *, http_port: int | 
                  grpc_port: int | None = None, prometheus: bool | None = None, watch_seconds: float = 10.0,
                  host: str = "127.0.0.1", announce: Callable[[str], object] = _print_flush) -> int:
     """Start a ``ReplicaSet``, announce it, roll out new versions every ``watch_seconds`` until
-    SIGINT/SIGTERM; return 0 after a clean stop, 2 if every replica died."""
+    SIGINT/SIGTERM; return 0 after a clean stop, 1 if a rollout failed its check during the session,
+    2 if the balancer or every replica died. Each replica that dies is announced as it is noticed."""
     if watch_seconds <= 0:
         raise UserInputError(f"--watch-seconds {watch_seconds}: must be > 0")
     group = ReplicaSet(repository, replicas, host=host, http_port=http_port, grpc_port=grpc_port,
@@ -390,9 +406,10 @@ def run_replicas(repository: str | Path, replicas: int = 2, *, http_port: int | 
             announce(f"{replicas} Triton replicas on {group.repository_arg}, behind nginx:")
             announce(f"  HTTP     {group.http_url}   (http://{group.http_url}/v2/health/ready)")
             announce(f"  gRPC     {group.grpc_url}")
+            announce(f"  nginx    pid {group.balancer.pid}")
             for i, replica in enumerate(group.replicas):
                 announce(f"  replica {i}: HTTP {replica.http_url}  gRPC {replica.grpc_url}  metrics {replica.metrics_url}"
-                         f"  log {replica.log_path}")
+                         f"  pid {replica.pid}  log {replica.log_path}")
             if group.prometheus is not None:
                 announce(f"  Prometheus {group.prometheus.url} (scraping every replica)")
             elif group.prometheus_config is not None:
@@ -403,7 +420,19 @@ def run_replicas(repository: str | Path, replicas: int = 2, *, http_port: int | 
             announce(f"New versions are rolled out every {watch_seconds:g} s, one replica at a time, each gated by "
                      "the served check. Stop with Ctrl-C.")
             next_poll = time.monotonic() + watch_seconds
+            dead: set[int] = set()
+            exit_code = 0  # the worst outcome of the session's rollouts
             while not received:
+                if group.balancer_died():  # every address announced above is gone with it
+                    announce(f"nginx (the balancer on {group.http_url} / {group.grpc_url}) exited with code "
+                             f"{group.balancer.returncode}: {group.balancer.error_summary()}; stopping")
+                    return ServerError.exit_code
+                for index, replica in enumerate(group.replicas):
+                    if index not in dead and replica.pid is not None and not replica.is_running():
+                        dead.add(index)
+                        group.failed = True  # keep its log
+                        announce(f"replica {index} exited (code {replica.returncode}); the balancer skips it; "
+                                 f"its log is kept: {replica.log_path}")
                 if not group.alive():
                     announce("every replica has exited; stopping")
                     return ServerError.exit_code
@@ -412,13 +441,16 @@ def run_replicas(repository: str | Path, replicas: int = 2, *, http_port: int | 
                         group.roll_out_pending(progress=announce)  # announces each replica's step
                     except (ServerError, VerificationError, UserInputError) as err:
                         group.failed = True  # keep the logs that explain it
+                        exit_code = max(exit_code, err.exit_code)
                         announce(f"rollout stopped: {err}")
                     next_poll = time.monotonic() + watch_seconds
                 time.sleep(0.2)
-            announce(f"received {signal.Signals(received[0]).name}; stopping")
-            return 0
+            announce(f"received {signal.Signals(received[0]).name}; stopping"
+                     + (f" (exit {exit_code}: a rollout failed in this session)" if exit_code else ""))
+            return exit_code
         finally:
             kept = group.stop()
-            announce(f"logs kept in {kept}" if kept is not None else
-                     f"stopped; nothing failed, so the logs ({group.log_dir}) were removed")
+            if group.replicas:  # not after a refusal before anything started (no logs to speak of)
+                announce(f"logs kept in {kept}" if kept is not None else
+                         f"stopped; nothing failed, so the logs ({group.log_dir}) were removed")
 

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from builder.errors import ServerDiedError, ServerError, UserInputError
-from builder.processes import LocalService, client_host, free_ports, http_get, port_in_use
+from builder.processes import LocalService, client_host, free_ports, http_get
 from builder.serving.backends import EMBEDDED_BACKENDS, PLATFORM_BACKENDS, model_dirs, unsupported_models
 from builder.serving.install import TritonInstall, build_backend_dir, find_tritonserver, make_workdir, \
     server_environment, stub_safe_repository
@@ -181,10 +181,6 @@ class EmbeddedServer(LocalService):
                     if name in self.left_out:
                         raise UserInputError(f"model '{name}' cannot be served by the embedded server: {self.left_out[name]}")
                 self.models = list(dict.fromkeys(self.load_models))
-            for flag, port in zip(("--http-port", "--grpc-port", "--metrics-port"), self._requested_ports):
-                if port is not None and port_in_use(self.host, port):  # before loading every model
-                    raise UserInputError(f"{flag} {port}: {self.host}:{port} is in use by another process; choose "
-                                         f"another port, or leave {flag} out to have a free one picked")
             self.install = install
             self._started = False
             super().start()
@@ -227,6 +223,9 @@ class EmbeddedServer(LocalService):
 
     def _auto_ports(self) -> bool:
         return any(p is None for p in self._requested_ports)
+
+    def _fixed_ports(self) -> list[tuple[str, int]]:
+        return list(zip(("--http-port", "--grpc-port", "--metrics-port"), self._requested_ports))
 
     def _ready(self) -> bool:
         if http_get(f"http://{self.http_url}/v2/health/live", timeout=1.0)[0] == 200:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from builder.errors import UserInputError
 from builder.processes import (AddressInUse, CommandError, LocalService, free_port, group_alive, port_open,
                                run_command)
 
@@ -118,6 +119,28 @@ def test_retries_on_new_ports_when_the_address_is_in_use(tmp_path):
         assert isinstance(AddressInUse("x"), Exception)
     finally:
         taken.stop()
+
+
+def test_a_requested_port_in_use_is_refused_before_anything_starts(tmp_path):
+    (tmp_path / "a").mkdir()
+    taken = HttpServer(tmp_path / "a").start()
+    try:
+        server = HttpServer(tmp_path, port=taken.port)
+        server._fixed_ports = lambda: [("--port", taken.port)]
+        with pytest.raises(UserInputError, match=rf"^--port {taken.port}: 127\.0\.0\.1:{taken.port} is in use by "
+                                                 r"another process; choose another port, or leave --port out"):
+            server.start()
+        assert server.pid is None  # nothing was launched
+    finally:
+        taken.stop()
+
+
+def test_ready_needs_the_process_alive_not_only_an_answer(tmp_path):
+    # a port answering for a process that already died (it could not bind; another holds the port)
+    server = HttpServer(tmp_path, code="raise SystemExit(4)")
+    server._ready = lambda: time.sleep(0.5) or True
+    with pytest.raises(RuntimeError, match="exited with code 4 while starting"):
+        server.start()
 
 
 def test_run_command_output_timeout_and_errors():
