@@ -52,22 +52,30 @@ def side_python(onnxruntime_version: str, progress: Callable[[str], object] = la
                            "PyPI is reachable (pip install works), or run validate without --triton-release") from None
 
 
-def limit_failures(model_path: Path, release: Runtime) -> list[str]:
+def limit_failures(model_path: Path, release: Runtime, given: bool = False) -> list[str]:
     """The IR version and default-domain opset beyond what the release's onnxruntime loads, each with its
-    fix (hard limits: the build's verify stage rejects such a variant before anything is published)."""
+    fix (hard limits: the build's verify stage rejects such a variant before anything is published).
+    ``given``: the file is the user's ONNX source, which the spec's onnx.opset (export from PyTorch
+    only) cannot change: the fix is to convert the file, or export it again."""
     import onnx
 
     model = onnx.load(str(model_path), load_external_data=False)
     out = []
     ort = release.label
+    convert = (f"convert the file (model = onnx.version_converter.convert_version(onnx.load(path), "
+               f"{release.max_opset}); model.ir_version = {release.max_ir_version}; onnx.save(model, path)) or "
+               f"export it again with opset {release.max_opset} or lower")
     if model.ir_version > release.max_ir_version:
+        fix = convert if given else (f"export with IR version <= {release.max_ir_version} (the spec's onnx.opset at "
+                                     f"most {release.max_opset}, or onnx.version_converter and model.ir_version = "
+                                     f"{release.max_ir_version})")
         out.append(f"{model_path.name}: ONNX IR version {model.ir_version} > {release.max_ir_version}, the newest "
-                   f"{ort} loads: export with IR version <= {release.max_ir_version} (the spec's onnx.opset at most "
-                   f"{release.max_opset}, or onnx.version_converter and model.ir_version = {release.max_ir_version})")
+                   f"{ort} loads: {fix}")
     opset = next((op.version for op in model.opset_import if op.domain in ("", "ai.onnx")), 0)
     if opset > release.max_opset:
-        out.append(f"{model_path.name}: opset {opset} > {release.max_opset}, the newest {ort} implements: set "
-                   f"onnx.opset: {release.max_opset} (or lower) in the spec and build again")
+        fix = (("the same conversion" if out else convert) if given else
+               f"set onnx.opset: {release.max_opset} (or lower) in the spec and build again")
+        out.append(f"{model_path.name}: opset {opset} > {release.max_opset}, the newest {ort} implements: {fix}")
     return out
 
 

@@ -343,6 +343,19 @@ def _infer_output_signature(ctx: BuildContext, samples: list[dict[str, np.ndarra
         ref.output_shapes[spec_out.name] = spec_out.shape or shape
 
 
+def _check_onnx_release(ctx: BuildContext, path: Path) -> None:
+    """The user's ONNX file beyond what the build's Triton release loads is the user's to convert: refused
+    now (exit 2), not as every variant failing verification."""
+    from builder.repository.runtime_gate import limit_failures
+    from builder.repository.triton_releases import onnx_runtime_for, triton_release
+
+    backend = "python" if ctx.target == "embedded" else "onnxruntime"
+    failures = limit_failures(path, onnx_runtime_for(triton_release(ctx.options.triton_release), backend), given=True)
+    if failures:
+        raise UserInputError("source.onnx: the file is newer than the Triton release this build targets loads "
+                             "(--triton-release):\n" + "\n".join(f"- {line}" for line in failures))
+
+
 def _check_onnx_against_spec(ctx: BuildContext) -> None:
     import onnx
 
@@ -353,6 +366,7 @@ def _check_onnx_against_spec(ctx: BuildContext) -> None:
         raise UserInputError(f"source.onnx: {path} is not an ONNX model ({exc})") from None
     for data in check_onnx_external_data(model, path):  # what it was built from: the weights too
         ctx.source_hashes[data.relative_to(path.parent.resolve()).as_posix()] = sha256_file(data)
+    _check_onnx_release(ctx, path)
     init_names = {i.name for i in model.graph.initializer}
     graph_inputs = [i for i in model.graph.input if i.name not in init_names]
     by_name = {i.name: i for i in graph_inputs}

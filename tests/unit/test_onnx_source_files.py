@@ -80,3 +80,25 @@ def test_external_data_outside_the_model_folder_is_refused(tmp_path, quiet):
     onnx.save_model(proto, str(spec.parent / "model.onnx"))
     with pytest.raises(UserInputError, match=r"source.onnx: weights.bin holds 5 bytes but model.onnx reads tensor"):
         build(spec, tmp_path / "repo", progress=quiet)
+
+
+def test_an_onnx_source_newer_than_the_release_is_the_users_to_convert(tmp_path, quiet):
+    import onnx
+    spec = onnx_source(tmp_path, location="weights.bin")
+    path = spec.parent / "model.onnx"
+    proto = onnx.load(str(path), load_external_data=False)
+    proto.ir_version = 11
+    for op in proto.opset_import:
+        if op.domain in ("", "ai.onnx"):
+            op.version = 23
+    onnx.save_model(proto, str(path))
+    with pytest.raises(UserInputError) as err:
+        build(spec, tmp_path / "repo", progress=quiet)
+    text = str(err.value)
+    assert text.startswith("source.onnx: the file is newer than the Triton release this build targets loads")
+    assert "- model.onnx: ONNX IR version 11 > 10, the newest onnxruntime" in text
+    assert "convert the file (model = onnx.version_converter.convert_version(onnx.load(path), 21); " \
+           "model.ir_version = 10; onnx.save(model, path)) or export it again with opset 21 or lower" in text
+    assert "implements: the same conversion" in text
+    assert "onnx.opset" not in text  # the spec's onnx.opset only applies to an export from PyTorch
+    assert not (tmp_path / "repo").exists()
