@@ -19,7 +19,8 @@ last rows may lag the end of the run by up to a second - summary.json has the fi
   requests it answered, queue and compute time per request (us), the batch sizes it formed
   (``batch_sizes``: size -> executions) and their average; ``counts_match`` says whether the
   server answered exactly the requests Locust counted (only true when nothing else sends to
-  that model meanwhile);
+  that model meanwhile; behind a balancer the statistics come from whichever replica answered
+  the statistics requests, and the printed line says so);
 - ``requests``, ``failures``, ``rps``, ``p50_ms``, ``p95_ms``, ``p99_ms``: the headline client
   numbers again, at the top level (``None`` for percentiles when no request completed);
 - ``slo``: the thresholds, whether they were met, and why not;
@@ -318,8 +319,19 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"{(c.get('rps') or 0):.1f} req/s, p50 {_fmt_ms(c.get('p50_ms'))} / p95 {_fmt_ms(c.get('p95_ms'))} / "
             f"p99 {_fmt_ms(c.get('p99_ms'))} ms")
     if s.get("error") is None and s.get("requests"):
-        text += (f"; server: queue {s['queue_us_per_request']:.0f} us + compute {s['compute_us_per_request']:.0f} us "
-                 f"per request, avg batch {s['average_batch_size']} ({format_batch_sizes(s['batch_sizes'], 4)})")
+        figures = (f"queue {s['queue_us_per_request']:.0f} us + compute {s['compute_us_per_request']:.0f} us "
+                   f"per request, avg batch {s['average_batch_size']} ({format_batch_sizes(s['batch_sizes'], 4)})")
+        answered = (c.get("requests") or 0) - (c.get("failures") or 0)
+        # the statistics come from the one Triton at --url: behind a balancer that is one replica's share,
+        # and other clients' requests count too; then they are not this run's server figures
+        if summary.get("counts_match", True) or s["requests"] == answered:
+            text += f"; server: {figures}"
+        elif s["requests"] < answered:
+            text += (f"; server figures from one backend: {s['requests']} of {answered} requests - behind a "
+                     f"balancer? (that backend: {figures})")
+        else:
+            text += (f"; server figures are not this run's: {s['requests']} requests answered there, {answered} by "
+                     f"the client's count - other clients, or behind a balancer? (there: {figures})")
     elif s.get("error"):
         text += "; server statistics unavailable"
     slo = summary.get("slo", {})

@@ -166,9 +166,12 @@ def test_two_replicas_from_object_storage_share_distributed_load(group, source, 
     before = group.request_counts(MODEL)
     summary = run_loadtest(MODEL, group.http_url, "http", users=USERS, run_time_s=6, out_dir=tmp_path / "load",
                            payload=_payload(source), workers=WORKERS, timeout_s=90)
-    print(format_summary(summary))
+    line = format_summary(summary)
+    print(line)
     assert summary["workers"] == WORKERS and not summary["timed_out"]
-    assert summary["requests"] > 100 and summary["failures"] == 0, format_summary(summary)
+    assert summary["requests"] > 100 and summary["failures"] == 0, line
+    # the statistics came through nginx from one replica (or two, before and after): not the server's figures
+    assert summary["counts_match"] or "; server: " not in line, line
     after = group.request_counts(MODEL)
     served = {i: after[i] - before[i] for i in after}
     print("requests per replica (statistics API):", served)

@@ -301,3 +301,21 @@ def test_a_failing_loadtest_prints_the_most_common_reason():
     assert lines[1] == f"  most common failure (7 of 10): {reason}"
     summary["client"].update(failures=0, errors={})
     assert len(format_summary(summary).splitlines()) == 1
+
+
+def test_loadtest_server_figures_that_are_not_this_runs_are_not_presented_as_the_servers():
+    from builder.tuning.loadtest import format_summary
+
+    server = {"requests": 1071, "error": None, "queue_us_per_request": 80.0, "compute_us_per_request": 300.0,
+              "average_batch_size": 1.5, "batch_sizes": {"1": 500, "2": 285}}
+    summary = {"model": "digits_cnn", "protocol": "http", "users": 8, "server": server, "counts_match": False,
+               "client": {"requests": 2142, "failures": 0, "rps": 350.0, "errors": {}}, "slo": {"met": True}}
+    line = format_summary(summary)
+    # through a balancer the statistics request reached one replica: half the requests, not the server's view
+    assert "; server figures from one backend: 1071 of 2142 requests - behind a balancer? (that backend: queue 80 us" \
+           in line and "; server: " not in line
+    server["requests"] = 3000
+    assert "; server figures are not this run's: 3000 requests answered there, 2142 by the client's count - other " \
+           "clients, or behind a balancer?" in format_summary(summary)
+    server["requests"], summary["counts_match"] = 2142, True
+    assert "; server: queue 80 us + compute 300 us per request, avg batch 1.5" in format_summary(summary)
