@@ -4,7 +4,7 @@ user's code or files is a UserInputError naming the file, the line where there i
 
 Usage::
 
-    model = import_factory("model:build", spec_dir, origin="spec.yaml")
+    model, files = import_factory("model:build", spec_dir, origin="spec.yaml")  # files: model.py, ...
     load_weights(model, Path("weights.safetensors"))
 """
 
@@ -39,10 +39,11 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:400] or type(exc).__name__
 
 
-def import_factory(ref: str, spec_dir: Path, origin: str):
-    """The torch.nn.Module that `ref` ("python.module:callable") returns, in eval mode. The user's code
-    runs here: whatever it raises, even SystemExit, ends the build as a UserInputError, never as a
-    traceback or a silent exit."""
+def import_factory(ref: str, spec_dir: Path, origin: str) -> tuple:
+    """The torch.nn.Module that `ref` ("python.module:callable") returns, in eval mode, and the source
+    files it came from (the factory's module, and the spec folder's modules this import loaded), for
+    the version's provenance. The user's code runs here: whatever it raises, even SystemExit, ends the
+    build as a UserInputError, never as a traceback or a silent exit."""
     import torch
 
     module_name, attr = ref.split(":")
@@ -56,6 +57,7 @@ def import_factory(ref: str, spec_dir: Path, origin: str):
         if not cached.startswith(str(spec_dir)):
             del sys.modules[name]
     sys.path[:0] = search
+    before = set(sys.modules)
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
@@ -99,7 +101,9 @@ def import_factory(ref: str, spec_dir: Path, origin: str):
                              f"{_one_line(exc)}; fix the model factory in {file}") from None
     if not isinstance(model, torch.nn.Module):
         raise UserInputError(f"{field}: {ref}() returned {type(model).__name__}, not a torch.nn.Module")
-    return model.eval()
+    loaded = [module] + [sys.modules[n] for n in sorted(set(sys.modules) - before) if n in sys.modules]
+    files = [Path(f) for f in dict.fromkeys(getattr(m, "__file__", None) for m in loaded) if f]
+    return model.eval(), [f for i, f in enumerate(files) if i == 0 or _inside(f, spec_dir)]
 
 
 UNSUPPORTED = "unsupported weights format: use .safetensors or a torch.save(state_dict) file"

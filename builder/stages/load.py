@@ -22,10 +22,12 @@ def run(ctx: BuildContext) -> StageResult:
     spec = ctx.spec
     source = spec.source
     if source.kind == "module":
-        ctx.model = import_factory(source.value, spec.spec_dir, _origin(ctx))
+        ctx.model, files = import_factory(source.value, spec.spec_dir, _origin(ctx))
+        for file in files:  # provenance: the code the version was built from, as the weights below
+            ctx.source_hashes[_source_name(file, spec.spec_dir)] = sha256_file(file)
         if source.weights is not None:
             load_weights(ctx.model, source.weights)
-            ctx.source_hashes[source.weights.name] = sha256_file(source.weights)
+            ctx.source_hashes[_source_name(source.weights, spec.spec_dir)] = sha256_file(source.weights)
         _check_inputs_against_forward(ctx, ctx.model)
         runner = torch_runner(ctx.model, [o.name for o in spec.outputs], [t.name for t in spec.inputs])
         ctx.reference_kind = "pytorch eager"
@@ -86,6 +88,14 @@ def run(ctx: BuildContext) -> StageResult:
     note = "; ".join(f"generated {k} in [{lo}, {hi}) (probed: the model rejects larger ids)" for k, (lo, hi) in probed.items())
     return StageResult.ok(STAGE, note, reference=ctx.reference_kind, cases=[c["id"] for c in cases], id_ranges=probed,
                           validation_samples=None if validation is None else len(next(iter(validation.values()))))
+
+
+def _source_name(file: Path, folder: Path) -> str:
+    """A source file's name in metadata.yaml: relative to the spec's folder where it lies there."""
+    try:
+        return file.resolve().relative_to(folder.resolve()).as_posix()
+    except ValueError:
+        return str(file)
 
 
 def _check_calibration(runner, calibration: dict[str, np.ndarray], ctx: BuildContext) -> None:

@@ -127,3 +127,30 @@ def test_determinism_is_judged_per_output_with_a_tiny_tolerance():
         check_deterministic(a, {"y": a["y"], "ids": np.array([0, 1, 3])}, "spec.yaml")
     with pytest.raises(UserInputError, match=r"output 'y' has shape \[8\], then \[4\]\) - random ops in the graph"):
         check_deterministic(a, {"y": a["y"][:4], "ids": a["ids"]}, "spec.yaml", kind="onnx")
+
+
+def test_metadata_records_the_module_source_files_and_weights_it_was_built_from(tmp_path, quiet):
+    import yaml
+    from safetensors.torch import save_file
+
+    from builder.files import sha256_file
+    from builder.pipeline import build
+    spec = write_model(tmp_path, "argmax")
+    folder = spec.parent
+    (folder / "layers.py").write_text("import torch\nclass M(torch.nn.Module):\n    def __init__(self):\n"
+                                      "        super().__init__(); self.fc = torch.nn.Linear(6, 4)\n"
+                                      "    def forward(self, x, temperature):\n"
+                                      "        logits = self.fc(x) / temperature.unsqueeze(-1)\n"
+                                      "        return logits.argmax(dim=-1), logits.softmax(-1)\n")
+    (folder / "model.py").write_text("from layers import M\n\ndef build():\n    return M()\n")
+    (folder / "sub").mkdir()
+    save_file({f"fc.{k}": torch.randn_like(v) for k, v in torch.nn.Linear(6, 4).state_dict().items()},
+              str(folder / "sub" / "w.safetensors"))
+    data = yaml.safe_load(spec.read_text())
+    data["source"]["weights"] = "sub/w.safetensors"
+    data["variants"] = ["onnx"]
+    spec.write_text(yaml.safe_dump(data))
+    build(spec, tmp_path / "repo", benchmark_seconds=0, progress=quiet)
+    meta = yaml.safe_load((tmp_path / "repo" / "argmax" / "1" / "metadata.yaml").read_text())
+    assert meta["source"]["sha256"] == {name: sha256_file(folder / name)
+                                        for name in ("model.py", "layers.py", "sub/w.safetensors")}
