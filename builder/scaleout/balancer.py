@@ -6,6 +6,8 @@ Usage::
                        grpc_backends=["127.0.0.1:8001", "127.0.0.1:9001"]) as lb:
         lb.http_url, lb.grpc_url          # "127.0.0.1:<port>" each: point tritonclient at these
         lb.access_log                     # one line per request: upstream address, status, time
+        lb.take_out(1)                    # no new request to replica 1 (rolling update: while it is checked)
+        lb.put_back()                     # every replica in rotation again
     # stopped here (SIGTERM to nginx's process group; also at interpreter exit); its temp folder
     # (config, logs) is removed unless keep_files=True
 
@@ -62,12 +64,31 @@ def _check_backends(kind: str, backends: Sequence[str]) -> list[str]:
 
 def render_config(workdir: Path, http_backends: Sequence[str], grpc_backends: Sequence[str], host: str,
                   http_port: int, grpc_port: int, fail_timeout_s: int = 5, worker_user: str | None = None) -> str:
-    """The nginx.conf text (everything under ``workdir``: pid, logs, temp files)."""
+    """The nginx.conf text (everything under ``workdir``: pid, logs, temp files).
+
+    With several replicas, each request picks its upstream group by whether ``workdir/out/<i>``
+    exists (``NginxBalancer.take_out``): ``triton_http`` (every replica) or ``triton_http_without_<i>``.
+    A file checked per request, not a config reload: a reload closes clients' idle keep-alive
+    connections, and a request sent on one at that moment fails."""
     def servers(backends: Sequence[str]) -> str:
         return "\n".join(f"        server {b} max_fails=1 fail_timeout={fail_timeout_s}s;" for b in backends)
 
     def quoted(path: Path) -> str:  # a temp dir with a space would split the directive's arguments
         return '"' + str(path).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    def upstreams(kind: str, backends: Sequence[str]) -> str:
+        groups = [(f"triton_{kind}", backends)]
+        if len(backends) > 1:
+            groups += [(f"triton_{kind}_without_{i}", backends[:i] + backends[i + 1:]) for i in range(len(backends))]
+        return "\n".join(f"    upstream {name} {{\n{servers(members)}\n        keepalive 32;\n    }}\n"
+                         for name, members in groups)
+
+    def pool(kind: str, backends: Sequence[str]) -> str:
+        lines = [f"        set $pool triton_{kind};"]
+        if len(backends) > 1:
+            lines += [f"        if (-f {quoted(workdir / 'out' / str(i))}) {{ set $pool triton_{kind}_without_{i}; }}"
+                      for i in range(len(backends))]
+        return "\n".join(lines)
 
     temp = "\n".join(f"    {kind}_temp_path {quoted(workdir / 'temp' / kind)};"
                      for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
@@ -93,20 +114,13 @@ http {{
     sendfile on;
     tcp_nodelay on;
 
-    upstream triton_http {{
-{servers(http_backends)}
-        keepalive 32;
-    }}
-
-    upstream triton_grpc {{
-{servers(grpc_backends)}
-        keepalive 32;
-    }}
-
+{upstreams("http", http_backends)}
+{upstreams("grpc", grpc_backends)}
     server {{
         listen {host}:{http_port};
+{pool("http", http_backends)}
         location / {{
-            proxy_pass http://triton_http;
+            proxy_pass http://$pool;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_connect_timeout 2s;
@@ -119,8 +133,9 @@ http {{
 
     server {{
         listen {host}:{grpc_port} http2;
+{pool("grpc", grpc_backends)}
         location / {{
-            grpc_pass grpc://triton_grpc;
+            grpc_pass grpc://$pool;
             grpc_connect_timeout 2s;
             grpc_read_timeout 120s;
             grpc_send_timeout 120s;
@@ -217,6 +232,7 @@ class NginxBalancer(LocalService):
         self._ports = (http_port or free_port(self.host), grpc_port or free_port(self.host))
         if self._ports[0] == self._ports[1]:
             self._ports = (self._ports[0], free_port(self.host))
+        (self.workdir / "out").mkdir(mode=0o755)  # take_out's flags (the workers stat them)
         self.config_path.write_text(render_config(self.workdir, self.http_backends, self.grpc_backends, self.host,
                                                   *self._ports, fail_timeout_s=self.fail_timeout_s,
                                                   worker_user=worker_user))
@@ -225,6 +241,22 @@ class NginxBalancer(LocalService):
         if test.returncode != 0:
             raise ServerError(f"nginx rejected its configuration {self.config_path}: "
                               f"{(test.stderr or test.stdout).strip()}")
+
+    def take_out(self, index: int) -> None:
+        """No new request goes to replica ``index`` (into the backend lists) until ``put_back``: the next
+        request already picks the others (a flag file nginx checks per request); one at a time."""
+        count = min(len(self.http_backends), len(self.grpc_backends))
+        if count < 2 or not 0 <= index < count:
+            raise UserInputError(f"replica {index}: only one of {count} replicas behind nginx can be taken out "
+                                 "of rotation, and not the only one")
+        self.put_back()
+        (self.workdir / "out" / str(index)).touch()
+
+    def put_back(self) -> None:
+        """Every replica in rotation again."""
+        if self.workdir is not None:
+            for flag in (self.workdir / "out").glob("*"):
+                flag.unlink(missing_ok=True)
 
     def _command(self) -> list[str]:
         return [self._binary, "-e", str(self.error_log), "-p", str(self.workdir), "-c", str(self.config_path)]

@@ -22,8 +22,10 @@ waits for the new version to be READY, runs ``check_served`` (HTTP and gRPC, eve
 against that replica only, and moves to the next replica only if the check passed. If it fails,
 that replica is put back on the versions it served before (a reload with its previous config and
 ``version_policy specific``), the remaining replicas are left alone, and ``RolloutError`` says why.
-The balancer keeps sending traffic to every live replica throughout: during a reload both versions
-are loaded, so no request has to fail because of the update.
+While a replica reloads and is checked, nginx takes it out of rotation (marked ``down``, nginx
+reloaded), so clients never get an answer from a version that has not passed its check; it is put
+back once the check passed or the rollback is done. With no other live replica it stays in rotation:
+during a reload both versions are loaded, so no request has to fail because of the update.
 
 ``run_replicas`` (``triton-builder replicas``) starts a group, prints its addresses, and every
 ``watch_seconds`` rolls out any version published since (poll of the repository), until Ctrl-C.
@@ -31,6 +33,7 @@ are loaded, so no request has to fail because of the update.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -41,7 +44,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from builder.errors import ServerError, UserInputError, VerificationError
 from builder.processes import refuse_taken_ports, stop_signals
@@ -331,35 +334,52 @@ class ReplicaSet:
             started = time.monotonic()
             with replica.triton() as triton:
                 previous = triton.model_config(model)
-            say(f"replica {index}: loading {model} versions {_fmt(target)} (serving {_fmt(before)})")
-            replica.load_model(model, timeout=timeout)
-            deadline = time.monotonic() + timeout
-            while newest not in self.ready_versions(index, model):
-                if time.monotonic() > deadline:
-                    raise ServerError(f"replica {index}: {model} version {newest} not ready {timeout:g} s after the "
-                                      f"reload; log: {replica.log_path}")
-                time.sleep(0.1)
-            step = ReplicaUpdate(index, model, "updated", before, self.ready_versions(index, model))
-            if check:
-                report = check_served_at(model, self.repository_arg, url=replica.http_url, grpc_url=replica.grpc_url,
-                                         protocol=protocol, version=newest)
-                step.check_lines = report.lines()
-                if not report.ok:
-                    step.status = "failed"
-                    self.failed_targets[model] = target
-                    self._roll_back(index, model, previous, before, timeout)
-                    step.versions_after = self.ready_versions(index, model)
-                    step.seconds = time.monotonic() - started
-                    steps.append(step)
-                    say(step.line())
-                    raise RolloutError(
-                        f"rollout of {model} version {newest} stopped at replica {index}: the served check failed; "
-                        f"replica {index} is back on versions {_fmt(step.versions_after)}, replicas after it were "
-                        "not touched", failures=[line.strip().removeprefix("- ") for line in report.lines()])
-            step.seconds = time.monotonic() - started
-            steps.append(step)
-            say(step.line())
+            with self._out_of_rotation(index):
+                say(f"replica {index}: loading {model} versions {_fmt(target)} (serving {_fmt(before)})")
+                replica.load_model(model, timeout=timeout)
+                deadline = time.monotonic() + timeout
+                while newest not in self.ready_versions(index, model):
+                    if time.monotonic() > deadline:
+                        raise ServerError(f"replica {index}: {model} version {newest} not ready {timeout:g} s after "
+                                          f"the reload; log: {replica.log_path}")
+                    time.sleep(0.1)
+                step = ReplicaUpdate(index, model, "updated", before, self.ready_versions(index, model))
+                if check:
+                    report = check_served_at(model, self.repository_arg, url=replica.http_url,
+                                             grpc_url=replica.grpc_url, protocol=protocol, version=newest)
+                    step.check_lines = report.lines()
+                    if not report.ok:
+                        step.status = "failed"
+                        self.failed_targets[model] = target
+                        self._roll_back(index, model, previous, before, timeout)
+                        step.versions_after = self.ready_versions(index, model)
+                        step.seconds = time.monotonic() - started
+                        steps.append(step)
+                        say(step.line())
+                        raise RolloutError(
+                            f"rollout of {model} version {newest} stopped at replica {index}: the served check "
+                            f"failed; replica {index} is back on versions {_fmt(step.versions_after)}, replicas "
+                            "after it were not touched",
+                            failures=[line.strip().removeprefix("- ") for line in report.lines()])
+                step.seconds = time.monotonic() - started
+                steps.append(step)
+                say(step.line())
         return steps
+
+    @contextlib.contextmanager
+    def _out_of_rotation(self, index: int) -> Iterator[None]:
+        """Replica ``index`` out of nginx's rotation inside (back after, however it ends), so that no
+        client request reaches a version that has not passed its check yet. Not when no other live
+        replica would be left to answer: then it stays in (both versions are loaded during a reload)."""
+        if self.balancer is None or not [i for i in self.alive() if i != index]:
+            yield
+            return
+        self.balancer.take_out(index)
+        time.sleep(1.0)  # requests nginx routed to it just before finish (on the old version) before it reloads
+        try:
+            yield
+        finally:
+            self.balancer.put_back()
 
     def _roll_back(self, index: int, model: str, previous_config: dict, before: list[int], timeout: float) -> None:
         if not before:

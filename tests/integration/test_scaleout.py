@@ -235,8 +235,18 @@ def test_publishing_a_new_version_under_load_rolls_out_with_no_failed_request(gr
     published = publish_repository(source, group.url)
     assert [(p.version, p.status) for p in published] == [(1, "identical"), (2, "published")]
     assert group.pending_updates() == {MODEL: [2]}
-    steps = group.roll_out(MODEL, progress=print)
+    # nginx's requests to each replica while it loads and is checked: none (it is out of rotation)
+    through_nginx: dict[int, list[int]] = {0: [], 1: []}
+
+    def progress(message: str) -> None:
+        print(message)
+        index = int(message.split(":", 1)[0].removeprefix("replica "))
+        through_nginx[index].append(group.balancer.upstream_counts().get(group.replicas[index].http_url, 0))
+
+    steps = group.roll_out(MODEL, progress=progress)
     assert [(s.replica, s.status, s.versions_after) for s in steps] == [(0, "updated", [2]), (1, "updated", [2])]
+    # at "loading" and at the step's line, both said while the replica was out of rotation
+    assert all(len(counts) == 2 and counts[0] == counts[1] for counts in through_nginx.values()), through_nginx
     assert all(s.check_lines[0] == f"{MODEL} version 2: OK (3 cases per protocol)" for s in steps), steps
     assert group.pending_updates() == {}
 

@@ -323,7 +323,10 @@ def test_nginx_config_balances_http_and_grpc_on_loopback(tmp_path):
     text = render_config(tmp_path, ["127.0.0.1:1000", "127.0.0.1:2000"], ["127.0.0.1:1001", "127.0.0.1:2001"],
                          "127.0.0.1", 8080, 8081)
     assert "listen 127.0.0.1:8080;" in text and "listen 127.0.0.1:8081 http2;" in text
-    assert "grpc_pass grpc://triton_grpc;" in text and "proxy_pass http://triton_http;" in text
+    assert "grpc_pass grpc://$pool;" in text and "proxy_pass http://$pool;" in text
+    # a rolling update takes a replica out per request (a flag file), not by a reload that closes connections
+    assert f'if (-f "{tmp_path}/out/1") {{ set $pool triton_http_without_1; }}' in text
+    assert "upstream triton_grpc_without_0 {\n        server 127.0.0.1:2001 max_fails=1" in text
     for backend in ("127.0.0.1:1000", "127.0.0.1:2000", "127.0.0.1:1001", "127.0.0.1:2001"):
         assert f"server {backend} max_fails=1" in text
     assert "non_idempotent" in text
