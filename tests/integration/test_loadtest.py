@@ -202,16 +202,17 @@ def test_tune_writes_the_winner_and_the_server_serves_it(own_server, tmp_path):
     assert "\nmax batch 8 " in out, out
     assert "WINNER" in out and "x no batching" in out and "x default" in out
 
-    record = json.loads((repo / MODEL / "tuning.json").read_text())
-    assert record == json.loads((tmp_path / "tuning.json").read_text())
+    record = json.loads((tmp_path / "tuning.json").read_text())
     winner = record["winner"]
     assert winner["best_level"]["p99_ms"] <= budget and winner["throughput_within_budget_rps"] > 0
     assert len(record["candidates"]) == len(labels) + 2  # + threads, max batch
     assert set(record["ratios"]) == {"vs_no_batching", "vs_default"}
     if winner["label"] == "default":  # measured best: the file already serves it, nothing is rewritten
         assert not record["written"] and "the config as built won: nothing written" in out, out
+        assert not (repo / MODEL / "tuning.json").exists() and "Tuned by" not in (repo / MODEL / "config.pbtxt").read_text()
         return
     assert record["written"]
+    assert record == json.loads((repo / MODEL / "tuning.json").read_text())
 
     text = (repo / MODEL / "config.pbtxt").read_text()
     assert text.startswith("# Rendered by triton-builder") and "# Tuned by triton-builder tune" in text
