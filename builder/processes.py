@@ -67,18 +67,32 @@ def client_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+_HANDED_OUT: dict[int, float] = {}  # port -> when free_ports gave it, in this process
+_HANDED_OUT_LOCK = threading.Lock()
+
+
 def free_ports(host: str, count: int) -> list[int]:
-    """``count`` distinct ports the OS says are free on ``host`` right now."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+    """``count`` distinct ports free on ``host`` now, none given by this process in the last 2 minutes:
+    replicas started side by side pick ports before binding them, and the OS may give a port just
+    released to the next caller (a replica's HTTP port was another one's metrics port)."""
+    with _HANDED_OUT_LOCK:
+        now = time.monotonic()
+        [_HANDED_OUT.pop(port) for port, when in list(_HANDED_OUT.items()) if now - when > 120]
+        sockets, ports = [], []
+        try:
+            while len(ports) < count:
+                if len(sockets) >= count + 256:
+                    raise OSError(f"no {count} free ports on {host}")
+                s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+                s.bind((host, 0))
+                sockets.append(s)
+                if s.getsockname()[1] not in _HANDED_OUT:
+                    ports.append(s.getsockname()[1])
+        finally:
+            for s in sockets:
+                s.close()
+        _HANDED_OUT.update({port: now for port in ports})
+        return ports
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -200,8 +214,7 @@ def terminate_as_interrupt() -> Iterator[None]:
             signal.signal(signal.SIGTERM, previous)
 
 
-# --------------------------------------------------------------------------------------------
-# One-shot commands
+# -- One-shot commands --
 
 TimeoutExpired = subprocess.TimeoutExpired
 
@@ -231,8 +244,7 @@ def run_command(cmd: Sequence[str], timeout: float, *, cwd: str | os.PathLike | 
     return done
 
 
-# --------------------------------------------------------------------------------------------
-# Long-running services
+# -- Long-running services --
 
 
 class AddressInUse(Exception):

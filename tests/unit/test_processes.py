@@ -153,3 +153,11 @@ def test_run_command_output_timeout_and_errors():
                     timeout=30, check=True)
     with pytest.raises(OSError):
         run_command(["/nonexistent/binary"], timeout=5)
+
+
+def test_free_ports_never_hands_the_same_port_twice_in_a_process():
+    from builder.processes import free_ports
+
+    first = free_ports("127.0.0.1", 3)
+    later = [port for _ in range(20) for port in free_ports("127.0.0.1", 3)]
+    assert len(set(first)) == 3 and not set(first) & set(later) and len(set(later)) == len(later)
