@@ -116,6 +116,17 @@ class Reference:
     output_dtypes: dict[str, str] = field(default_factory=dict)
     output_shapes: dict[str, list[int]] = field(default_factory=dict)  # per sample, -1 dynamic
 
+    def validation_samples(self, batching: bool) -> int:
+        """How many samples data.validation holds (unbatched: one set, 1)."""
+        return len(next(iter(self.validation_inputs.values()))) if batching else 1
+
+    def run_validation(self, run: Callable, max_batch_size: int) -> dict[str, Any]:
+        """``run``'s outputs on all of data.validation, in batches of ``max_batch_size`` (0: one call)."""
+        from builder.tensors import run_batched
+
+        inputs = self.validation_inputs
+        return run_batched(run, inputs, max_batch_size) if max_batch_size else run(inputs)
+
     def output_signature(self) -> dict[str, tuple[str, list[int]]]:
         """{output: (dtype, per-sample shape)}, what a config's outputs are made from (config_for)."""
         return {name: (dtype, self.output_shapes[name]) for name, dtype in self.output_dtypes.items()}

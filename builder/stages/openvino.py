@@ -29,7 +29,7 @@ import numpy as np
 from builder import openvino_tools
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import accuracy_drop_failure, calibration_samples, make_each
-from builder.tensors import run_batched, top1_accuracy, top1_hits
+from builder.tensors import top1_accuracy, top1_hits
 from builder.variants import register_variant
 
 STAGE = "openvino"
@@ -108,8 +108,7 @@ def _top1_drop(ctx: BuildContext, ir) -> float | None:
         return None
     first = ref.top1_output  # the output the labels score (stage load)
     run = openvino_tools.openvino_runner(ir, [first])
-    batch = spec.max_batch_size or len(next(iter(ref.validation_inputs.values())))
-    got = run_batched(run, ref.validation_inputs, batch) if spec.batching else run(ref.validation_inputs)
+    got = ref.run_validation(run, spec.max_batch_size)
     return top1_accuracy(ref.validation_outputs[first], ref.labels) - top1_accuracy(got[first], ref.labels)
 
 

@@ -29,7 +29,7 @@ from builder.measure import measure_round_robin
 from builder.runtime import open_runner
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import accuracy_drop_failure, calibration_samples, not_made
-from builder.tensors import (beyond_the_cases, compare_outputs, merge_case_metrics, run_batched, tolerance_failures,
+from builder.tensors import (beyond_the_cases, compare_outputs, merge_case_metrics, tolerance_failures,
                              top1_accuracy, trace_example, worst_metric)
 from builder.variants import register_variant
 
@@ -289,11 +289,9 @@ def _evaluate_model(ctx: BuildContext, run, fp32) -> quant_search.Result:
     failures = tolerance_failures(metrics, spec.verify.tolerance("int8"))
     drop = None
     if ref.validation_inputs is not None:
-        batch = spec.max_batch_size or len(next(iter(ref.validation_inputs.values())))
-        got = run_batched(run, ref.validation_inputs, batch) if spec.batching else run(ref.validation_inputs)
-        samples = len(next(iter(ref.validation_inputs.values()))) if spec.batching else 1
+        got = ref.run_validation(run, spec.max_batch_size)
         failures += beyond_the_cases(compare_outputs(ref.validation_outputs, got), spec.verify.tolerance("int8"),
-                                     failures, samples)
+                                     failures, ref.validation_samples(spec.batching))
     if ref.validation_inputs is not None and ref.labels is not None:
         first = ref.top1_output  # the output the labels score (stage load)
         drop = (top1_accuracy(ref.validation_outputs[first], ref.labels) - top1_accuracy(got[first], ref.labels))

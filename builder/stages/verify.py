@@ -13,8 +13,7 @@ from builder.repository.triton_releases import onnx_runtime_for, triton_release
 from builder.runtime import open_runner, tensorrt_unavailable_reason
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import accuracy_drop_failure
-from builder.tensors import (beyond_the_cases, compare_outputs, merge_case_metrics, run_batched,
-                             tolerance_failures, top1_accuracy)
+from builder.tensors import beyond_the_cases, compare_outputs, merge_case_metrics, tolerance_failures, top1_accuracy
 
 STAGE = "verify"
 
@@ -52,16 +51,16 @@ def verify_variant(ctx: BuildContext, variant: Variant) -> list[str]:
 
     ref = ctx.reference
     if ref.validation_inputs is not None:
-        batch = spec.max_batch_size or len(next(iter(ref.validation_inputs.values())))
-        got = run_batched(run, ref.validation_inputs, batch) if spec.batching else run(ref.validation_inputs)
+        got = ref.run_validation(run, spec.max_batch_size)
         if variant.verified_by == "task_accuracy":
             variant.own_validation_outputs = got
         on_validation = compare_outputs(ref.validation_outputs, got)
         variant.accuracy = {"cosine_vs_reference": {name: m.get("cosine") for name, m in on_validation.items()}}
-        variant.verification["validation"] = {"samples": _count(ref.validation_inputs, spec), "rel_l2": {
+        samples = ref.validation_samples(spec.batching)
+        variant.verification["validation"] = {"samples": samples, "rel_l2": {
             name: m.get("rel_l2") for name, m in on_validation.items()}}
         if variant.verified_by != "task_accuracy":
-            failures += beyond_the_cases(on_validation, tolerance, failures, _count(ref.validation_inputs, spec))
+            failures += beyond_the_cases(on_validation, tolerance, failures, samples)
         if ref.labels is not None:
             first = ref.top1_output  # the class ids or scores the labels fit (stage load)
             ref_top1 = top1_accuracy(ref.validation_outputs[first], ref.labels)
@@ -73,10 +72,6 @@ def verify_variant(ctx: BuildContext, variant: Variant) -> list[str]:
             if over:
                 failures.append(f"{first}: top-1 accuracy {var_top1:.2f}% vs reference {ref_top1:.2f}%: {over}")
     return failures
-
-
-def _count(inputs: dict, spec) -> int:
-    return len(next(iter(inputs.values()))) if spec.batching else 1
 
 
 def _task_accuracy_only(ctx: BuildContext, variant: Variant, own: list[dict]) -> list[str]:
