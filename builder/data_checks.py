@@ -27,6 +27,20 @@ RECOMMENDED_CALIBRATION = 100
 CHECK_BATCHES = 4  # calibration batches run through the model at load: a wrong file shows in the first ones
 
 
+def spec_input(field: str, file: str, tensor, array: np.ndarray, batching: bool) -> np.ndarray:
+    """``array`` (of ``field``'s ``file``) checked against the spec's input ``tensor``, cast to its dtype:
+    per-sample shape (-1 takes any size), and a dtype of the same kind (float ids would be truncated
+    without a word); UserInputError naming the array otherwise."""
+    per_sample = list(array.shape[1:]) if batching else list(array.shape)
+    if len(per_sample) != len(tensor.shape) or any(s not in (-1, a) for s, a in zip(tensor.shape, per_sample)):
+        raise UserInputError(f"{field}: {file}['{tensor.name}'] has per-sample shape {per_sample}, the spec says "
+                             f"{tensor.shape}")
+    if not np.can_cast(array.dtype, np.dtype(tensor.dtype), casting="same_kind"):
+        raise UserInputError(f"{field}: {file}['{tensor.name}'] is {array.dtype}, the spec says {tensor.dtype}; "
+                             f"save it as {tensor.dtype}")
+    return array.astype(tensor.dtype)
+
+
 def run_on_data(runner: Callable, arrays: dict[str, np.ndarray], field: str, path: Path, spec,
                 limit: int | None = None) -> dict[str, np.ndarray] | None:
     """The model's outputs on ``arrays`` (batches of max_batch_size; the first ``limit`` samples when

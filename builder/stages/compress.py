@@ -28,6 +28,7 @@ import sys
 import numpy as np
 
 from builder import onnx_tools
+from builder.data_checks import spec_input
 from builder.errors import UserInputError
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import export_module_onnx, make_each, not_made
@@ -94,16 +95,8 @@ def load_training(ctx: BuildContext) -> dict[str, np.ndarray]:
         raise UserInputError(f"data.training: {where}: the inputs and labels have different sample counts "
                              f"{sorted(counts)}")
     for tensor in spec.inputs:
-        array = np.asarray(data[tensor.name])
-        per_sample = list(array.shape[1:])
-        if len(per_sample) != len(tensor.shape) or any(s not in (-1, a) for s, a in zip(tensor.shape, per_sample)):
-            raise UserInputError(f"data.training: {where}['{tensor.name}'] has per-sample shape {per_sample}, "
-                                 f"the spec says {tensor.shape}")
-        # the rule of data.validation (stage load): float ids would be truncated without a word
-        if not np.can_cast(array.dtype, np.dtype(tensor.dtype), casting="same_kind"):
-            raise UserInputError(f"data.training: {where}['{tensor.name}'] is {array.dtype}, the spec says "
-                                 f"{tensor.dtype}; save it as {tensor.dtype}")
-        data[tensor.name] = array.astype(tensor.dtype)
+        # the rule of data.validation (stage load)
+        data[tensor.name] = spec_input("data.training", where, tensor, np.asarray(data[tensor.name]), batching=True)
     _check_training_labels(ctx, np.asarray(data["labels"]), where)
     _check_model_runs(ctx, data, where)
     return data

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from builder.data_checks import CHECK_BATCHES, calibration_warning, check_label_array, check_labels, run_on_data
+from builder.data_checks import (CHECK_BATCHES, calibration_warning, check_label_array, check_labels, run_on_data,
+                                  spec_input)
 from builder.errors import UserInputError
 from builder.files import sha256_file
 from builder.model_source import check_deterministic, check_onnx_external_data, import_factory, load_weights
@@ -209,14 +210,7 @@ def _read_npz(path: Path, field: str, ctx: BuildContext) -> dict[str, np.ndarray
             raise UserInputError(f"{field}: {path.name} has no array '{tensor.name}' (it has: "
                                  f"{', '.join(data) or 'nothing'}); key each input by its name")
         array = data[tensor.name]
-        per_sample = list(array.shape[1:]) if ctx.spec.batching else list(array.shape)
-        fits = len(per_sample) == len(tensor.shape) and all(s == -1 or s == a for s, a in zip(tensor.shape, per_sample))
-        if not fits:
-            raise UserInputError(f"{field}: {path.name}['{tensor.name}'] has per-sample shape {per_sample}, "
-                                 f"the spec says {tensor.shape} (inputs: {tensor.name})")
-        if not np.can_cast(array.dtype, np.dtype(tensor.dtype), casting="same_kind"):
-            raise UserInputError(f"{field}: {path.name}['{tensor.name}'] is {array.dtype}, the spec says {tensor.dtype}")
-        data[tensor.name] = array.astype(tensor.dtype)
+        data[tensor.name] = spec_input(field, path.name, tensor, array, ctx.spec.batching)
         counts.add(len(array))
     if ctx.spec.batching and len(counts) > 1:
         raise UserInputError(f"{field}: {path.name}: inputs have different sample counts {sorted(counts)}")
