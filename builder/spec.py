@@ -19,7 +19,7 @@ from typing import Any
 
 from builder.errors import UserInputError
 from builder.spec_compression import CompressionSpec, parse_compression, parse_training
-from builder.spec_fields import collect_unknown_keys, read_yaml, validate_tensor_name
+from builder.spec_fields import collect_unknown_keys, is_number, read_yaml, validate_tensor_name
 from builder.spec_fields import Fields as _Fields
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
@@ -336,9 +336,9 @@ def _parse_inputs(raw: Any, origin: str) -> list[TensorSpec]:
             setattr(tensor, key, concrete)
         if f.get("value_range") is not None:
             vr = f.get("value_range")
-            if (not isinstance(vr, list) or len(vr) != 2 or not all(isinstance(v, (int, float)) for v in vr)
+            if (not isinstance(vr, list) or len(vr) != 2 or not all(is_number(v) for v in vr)
                     or vr[0] >= vr[1]):
-                raise f.error(f"must be [low, high] with low < high, got {vr!r}", "value_range")
+                raise f.error(f"must be [low, high], finite numbers with low < high, got {vr!r}", "value_range")
             tensor.value_range = (vr[0], vr[1])
         result.append(tensor)
     return result
@@ -373,14 +373,14 @@ def _parse_verify(raw: Any, origin: str, max_batch_size: int) -> VerifySpec:
             raise f.error(f"unknown precision {precision!r}; known: {', '.join(DEFAULT_TOLERANCES)}", "tolerances")
         tf = _Fields(values, f"verify.tolerances.{precision}", _TOLERANCE_KEYS, origin)
         for key, value in tf.data.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise tf.error(f"must be a non-negative number, got {value!r}", key)
+            if not is_number(value) or value < 0:
+                raise tf.error(f"must be a finite number >= 0, got {value!r}", key)
             if key == "max_mismatch" and value > 1:
                 raise tf.error(f"is a share of the values (0 to 1, e.g. 0.01 for 1 %), got {value!r}", key)
         tolerances[precision] = {k: float(v) for k, v in tf.data.items()}
     drop = f.get("max_accuracy_drop", 1.0)
-    if isinstance(drop, bool) or not isinstance(drop, (int, float)) or drop < 0:
-        raise f.error(f"must be a non-negative number of percentage points, got {drop!r}", "max_accuracy_drop")
+    if not is_number(drop) or drop < 0:
+        raise f.error(f"must be a finite number >= 0 of percentage points, got {drop!r}", "max_accuracy_drop")
     return VerifySpec(
         batch_sizes=batch_sizes,
         dynamic_sizes=f.int_list("dynamic_sizes"),
@@ -464,8 +464,8 @@ def _parse_quantization(raw: Any, origin: str) -> QuantizationSpec:
                       "verification or is stably slower than FP32), true (always search) or false (default recipe "
                       "only)", "search")
     seconds = f.get("search_seconds", 120)
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
-        raise f.error(f"must be a number of seconds > 0 (the search's time budget, e.g. 120), got {seconds!r}",
+    if not is_number(seconds) or seconds <= 0:
+        raise f.error(f"must be a finite number of seconds > 0 (the search's time budget, e.g. 120), got {seconds!r}",
                       "search_seconds")
     return QuantizationSpec(calibration_method=f.choice("calibration_method", "minmax", CALIBRATION_METHODS),
                             calibration_samples=f.integer("calibration_samples", 128, minimum=1),
@@ -482,8 +482,8 @@ def _parse_objective(top: _Fields, origin: str) -> tuple[str, dict[str, float]]:
     weights = {}
     for key, default in TRADEOFF_DEFAULTS.items():
         value = f.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise f.error(f"must be a number >= 0 (J = alpha*accuracy - beta*latency_ms - gamma*memory_mb), "
+        if not is_number(value) or value < 0:
+            raise f.error(f"must be a finite number >= 0 (J = alpha*accuracy - beta*latency_ms - gamma*memory_mb), "
                           f"got {value!r}", key)
         weights[key] = float(value)
     return "tradeoff", weights

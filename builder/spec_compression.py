@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder.spec_fields import Fields
+from builder.spec_fields import Fields, is_number
 
 CALLABLE_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _KEYS = ("prune_ratio", "prune_steps", "steps", "seconds", "batch_size", "learning_rate", "temperature", "alpha",
@@ -63,13 +63,13 @@ def _number(f: Fields, key: str, default: float, hint: str, *, high: float | Non
             zero_ok: bool = False) -> float:
     """A number > 0 (>= 0 where ``zero_ok``), below ``high`` (at most, where ``zero_ok``) if given."""
     value = f.get(key, default)
-    bad = isinstance(value, bool) or not isinstance(value, (int, float))
+    bad = not is_number(value)
     if not bad:
         bad = value < 0 or (value == 0 and not zero_ok) or (high is not None and (
             value > high if zero_ok else value >= high))
     if bad:
         bounds = (f"in [0, {high:g}]" if zero_ok else f"in (0, {high:g})") if high is not None else "> 0"
-        raise f.error(f"must be a number {bounds} ({hint}), got {value!r}", key)
+        raise f.error(f"must be a finite number {bounds} ({hint}), got {value!r}", key)
     return float(value)
 
 

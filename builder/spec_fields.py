@@ -10,6 +10,7 @@ Usage::
 
 from __future__ import annotations
 
+import math
 import re
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -101,6 +102,11 @@ def read_yaml(path: Path) -> Any:
         raise UserInputError(f"{path.name} is empty: write the model spec in it (name, source, inputs, outputs, "
                              "max_batch_size; see the README's Spec reference)")
     return data
+
+
+def is_number(value: Any) -> bool:
+    """An int or float that is finite: YAML's .nan/.inf would switch a comparison-based check off."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class Fields:

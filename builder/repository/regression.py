@@ -17,6 +17,7 @@ Usage::
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,10 +39,10 @@ def parse_limits(text: str | None) -> dict[str, float]:
             if key not in LIMIT_KEYS:
                 raise ValueError
             limits[key] = float(value.strip().rstrip("%"))
-            if limits[key] < 0:
+            if not math.isfinite(limits[key]) or limits[key] < 0:  # nan/inf would switch the gate off
                 raise ValueError
         except ValueError:
-            raise UserInputError(f"--max-regression: {part.strip()!r} is not KEY=NUMBER (>= 0) with KEY one of "
+            raise UserInputError(f"--max-regression: {part.strip()!r} is not KEY=NUMBER (finite, >= 0) with KEY one of "
                                  f"{', '.join(f'{k} ({v})' for k, v in LIMIT_KEYS.items())}; e.g. "
                                  "--max-regression latency=20,accuracy=0.5") from None
     return limits

@@ -149,9 +149,9 @@ def test_compression_spec_keys_and_errors(tmp_path):
     assert spec.data.training == "data:batches"
     assert (spec.compression.prune_ratio, spec.compression.alpha, spec.compression.student) == (0.3, 0.0, "small:build")
     assert spec.compression.steps == 300 and spec.compression.seconds == 60.0
-    with pytest.raises(UserInputError, match=r"field 'compression.prune_ratio': must be a number in \(0, 1\)"):
+    with pytest.raises(UserInputError, match=r"field 'compression.prune_ratio': must be a finite number in \(0, 1\)"):
         parse_spec(dict(base, compression={"prune_ratio": 1.0}))
-    with pytest.raises(UserInputError, match=r"field 'compression.alpha': must be a number in \[0, 1\]"):
+    with pytest.raises(UserInputError, match=r"field 'compression.alpha': must be a finite number in \[0, 1\]"):
         parse_spec(dict(base, compression={"alpha": 1.5}))
     with pytest.raises(UserInputError, match=r"'compression.student': 'nope' is not 'python.module:callable'"):
         parse_spec(dict(base, compression={"student": "nope"}))

@@ -148,7 +148,7 @@ def test_search_spec_keys_are_validated(digits_copy):
                                              r"only\)"):
         load_spec(spec)
     spec = edit_spec(digits_copy, quantization={"search_seconds": 0})
-    with pytest.raises(UserInputError, match=r"field 'quantization.search_seconds': must be a number of seconds > 0 "
+    with pytest.raises(UserInputError, match=r"field 'quantization.search_seconds': must be a finite number of seconds > 0 "
                                              r"\(the search's time budget, e.g. 120\), got 0"):
         load_spec(spec)
     spec = edit_spec(digits_copy, quantization={"search": True, "search_seconds": 30.5})

@@ -55,6 +55,9 @@ def test_limits_and_gate_lines():
     assert parse_limits("latency=20%, accuracy=0.5,rel_l2=1e-3") == {"latency": 20.0, "accuracy": 0.5, "rel_l2": 1e-3}
     with pytest.raises(UserInputError, match="not KEY=NUMBER"):
         parse_limits("latency=-1")
+    for off_switch in ("rel_l2=nan", "latency=inf", "accuracy=-inf"):  # nan/inf would pass every comparison
+        with pytest.raises(UserInputError, match="finite"):
+            parse_limits(off_switch)
     check = RegressionCheck(3, 2, outputs={"y": {"rel_l2": 0.0}}, latency_ms={"previous": 1.0, "new": 1.5,
                                                                                "change_pct": 50.0},
                             accuracy={"metric": "top1", "previous": 98.0, "new": 96.5, "change_pp": -1.5})

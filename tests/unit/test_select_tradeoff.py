@@ -71,7 +71,7 @@ def test_objective_spec_forms_are_validated(digits_copy):
     assert spec.objective == "tradeoff" and spec.tradeoff == {"alpha": 2.0, "beta": 0.5, "gamma": 0.0}
     assert load_spec(edit_spec(digits_copy, objective="tradeoff")).tradeoff == {"alpha": 1.0, "beta": 1.0,
                                                                                 "gamma": 0.0}
-    with pytest.raises(UserInputError, match=r"field 'objective.beta': must be a number >= 0 \(J = alpha\*accuracy "
+    with pytest.raises(UserInputError, match=r"field 'objective.beta': must be a finite number >= 0 \(J = alpha\*accuracy "
                                              r"- beta\*latency_ms - gamma\*memory_mb\), got -1"):
         load_spec(edit_spec(digits_copy, objective={"beta": -1}))
     with pytest.raises(UserInputError, match=r"field 'objective': unknown key\(s\) 'delta'; known keys: alpha, beta, "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 
@@ -91,6 +93,21 @@ def test_dynamic_batching_needs_batch_dimension():
 def test_unknown_tolerance_precision():
     with pytest.raises(UserInputError, match=r"unknown precision 'fp8'; known: fp32, fp16, int8"):
         parse_spec(spec_with(verify={"tolerances": {"fp8": {"rel_l2": 1}}}))
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"verify": {"tolerances": {"int8": {"rel_l2": float("nan")}}}}, "verify.tolerances.int8.rel_l2"),
+    ({"verify": {"max_accuracy_drop": float("nan")}}, "verify.max_accuracy_drop"),
+    ({"quantization": {"search_seconds": float("inf")}}, "quantization.search_seconds"),
+    ({"objective": {"beta": float("nan")}}, "objective.beta"),
+    ({"compression": {"prune_ratio": float("nan")}}, "compression.prune_ratio"),
+    ({"inputs": [{"name": "x", "dtype": "float32", "shape": [3], "value_range": [0, float("inf")]}]},
+     "inputs[0].value_range"),
+])
+def test_nan_and_inf_are_refused_where_a_number_is_compared(changes, field):
+    # YAML's .nan passes `value < 0` and every later comparison: a NaN tolerance would verify anything
+    with pytest.raises(UserInputError, match=rf"field '{re.escape(field)}': must be .*finite"):
+        parse_spec(spec_with(**changes))
 
 
 def test_duplicate_tensor_names():
