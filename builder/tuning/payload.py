@@ -87,12 +87,17 @@ def check_batch_size(model: ModelInterface, batch_size: int) -> None:
 
 
 def default_payload(repository: str | Path | None, model: str) -> Path | None:
-    """The latest version's reference.npz in ``repository``, if there is one."""
+    """The latest version's reference.npz in ``repository``, if there is one. A ``repository`` given
+    that is not one (a model folder, a typo) or lacks ``model`` is refused: falling back to generated
+    inputs would load-test with other data than the user pointed at."""
     if repository is None:
         return None
-    from builder.repository.layout import latest_version, model_dir
+    from builder.repository.layout import latest_version, model_dir, not_in_repository, require_model_repository
 
-    folder = model_dir(Path(repository), model)
+    root = require_model_repository(Path(repository))
+    folder = model_dir(root, model)
+    if not (folder / "config.pbtxt").is_file():
+        raise not_in_repository(model, root)
     version = latest_version(folder)
     if version is None:
         return None

@@ -268,6 +268,28 @@ def test_loadtest_and_sweep_refuse_a_payload_of_another_kind_or_shape(tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
+def test_loadtest_sweep_and_tune_refuse_a_repository_that_does_not_hold_the_model(tmp_path, monkeypatch):
+    # the payload comes from --repository's reference.npz: generated inputs instead would test other data
+    from builder.tuning import payload
+    from builder.tuning.loadtest import run_loadtest
+
+    repo = tmp_path / "repo"
+    fake_model(repo, "mix_model")
+    with pytest.raises(UserInputError, match=rf"--repository {repo / 'mix_model'}: this is a model folder .*"
+                                             rf"pass the repository above it: --repository {repo}$"):
+        payload.load_samples(mix_interface(), repository=repo / "mix_model")
+    with pytest.raises(UserInputError, match=r"model 'mix_model' is not in .*other \(its models: digits_cnn\)"):
+        fake_model(tmp_path / "other", "digits_cnn")
+        payload.load_samples(mix_interface(), repository=tmp_path / "other")
+    with pytest.raises(UserInputError, match=r"--repository .*typo: no model repository there \(no such folder\)"):
+        payload.load_samples(mix_interface(), repository=tmp_path / "typo")
+    monkeypatch.setattr(payload, "fetch_model", lambda url, protocol, model: mix_interface())
+    with pytest.raises(UserInputError, match=r"this is a model folder"):
+        run_loadtest("mix_model", "127.0.0.1:1", run_time_s=1, out_dir=tmp_path / "out", repository=repo / "mix_model")
+    assert not (tmp_path / "out").exists()
+    assert payload.default_payload(repo, "mix_model") is None  # the model, with no reference.npz: generated
+
+
 def test_a_same_kind_payload_is_cast_by_the_harness_and_by_locust(tmp_path):
     import importlib.util
 
