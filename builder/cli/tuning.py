@@ -158,8 +158,9 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     _common(p, "grpc")
     p.add_argument("--p99-budget-ms", type=finite_float, required=True, help="p99 latency budget (ms)")
     p.add_argument("--seconds-per-candidate", type=finite_float, default=10.0, help="time per candidate (default 10)")
-    p.add_argument("--write", action="store_true", help="write the winner into config.pbtxt (+ tuning.json)")
-    p.add_argument("--publish", action="store_true",
+    writes = p.add_mutually_exclusive_group()  # one place for the winner: the served config, or a new version
+    writes.add_argument("--write", action="store_true", help="write the winner into config.pbtxt (+ tuning.json)")
+    writes.add_argument("--publish", action="store_true",
                    help="publish the winner as a new version (the latest version's files, the tuned config, tuning.json)")
     p.add_argument("--signing-key", help="with --publish: elliptic-curve private key (PEM) that signs the new version "
                    "(default: $TRITON_BUILDER_SIGNING_KEY; its password only via $TRITON_BUILDER_SIGNING_KEY_PASSWORD)")

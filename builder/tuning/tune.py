@@ -121,6 +121,9 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
     delays, instance_counts, max_batch_sizes, levels = _check_arguments(
         p99_budget_ms, seconds_per_candidate, window_s, protocol, tie_margin, delays, instance_counts,
         max_batch_sizes, levels, max_concurrency)
+    if write and publish:
+        raise UserInputError("--write and --publish: choose one (--write changes the served config.pbtxt in place, "
+                             "--publish adds the winner as a new version)")
     if write or publish:  # the winner is written at the end: a read-only repository is refused before the search
         from builder.repository.layout import require_writable
         require_writable(Path(repository))

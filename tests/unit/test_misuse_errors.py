@@ -139,6 +139,16 @@ def test_select_and_tune_refuse_a_read_only_repository_before_measuring(tmp_path
         # a dead URL: the refusal comes before the server is even asked
         with pytest.raises(UserInputError, match=message):
             run_tune("m", repo, "127.0.0.1:1", p99_budget_ms=50, out_dir=tmp_path / "out", **flags)
+    with pytest.raises(UserInputError, match=r"--write and --publish: choose one"):
+        run_tune("m", repo, "127.0.0.1:1", p99_budget_ms=50, out_dir=tmp_path / "out", write=True, publish=True)
+
+
+def test_tune_cli_takes_write_or_publish_not_both(capsys):
+    from builder import cli
+
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["tune", "m", "--p99-budget-ms", "10", "--write", "--publish"])
+    assert stop.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
 
 
 def test_an_output_folder_that_cannot_be_written_names_out(tmp_path, monkeypatch):
