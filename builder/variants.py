@@ -22,6 +22,8 @@ from typing import Any, Callable
 from builder.errors import UserInputError, unknown_choice
 
 ALL_TARGETS = ("embedded", "cpu", "gpu")
+# CPU INT8 is measured and served on the CPU: a gpu target serves on the GPU, where it is opt-in (--variants)
+CPU_TARGETS = ("embedded", "cpu")
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import accuracy_drop_failure, calibration_samples, not_made
 from builder.tensors import (beyond_the_cases, compare_outputs, merge_case_metrics, tolerance_failures,
                              top1_accuracy, trace_example, worst_metric)
-from builder.variants import register_variant
+from builder.variants import CPU_TARGETS, register_variant
 
 STAGE = "quantize"
 CALIBRATION_BATCH = 16
@@ -83,7 +83,7 @@ def _reader(feeds: list[dict[str, np.ndarray]]):
 # makers
 
 
-@register_variant("onnx_int8_static", format="onnx", precision="int8", stage=STAGE, base="onnx",
+@register_variant("onnx_int8_static", format="onnx", precision="int8", stage=STAGE, base="onnx", targets=CPU_TARGETS,
                   description="ONNX static INT8, the recipe found by the quantisation search on this host")
 def make_int8_static(ctx: BuildContext) -> str:
     base = _onnx_base(ctx)
@@ -333,7 +333,7 @@ def _preprocess(source: Path, target: Path, passes: list[str], notes: list[str])
     return source
 
 
-@register_variant("onnx_int8_dynamic", format="onnx", precision="int8", stage=STAGE, base="onnx",
+@register_variant("onnx_int8_dynamic", format="onnx", precision="int8", stage=STAGE, base="onnx", targets=CPU_TARGETS,
                   description="ONNX dynamic INT8 (MatMul/Gemm weights QInt8, activations quantized at run time)")
 def make_int8_dynamic(ctx: BuildContext) -> str:
     base = _onnx_base(ctx)
@@ -377,7 +377,7 @@ def make_int8_dynamic(ctx: BuildContext) -> str:
 
 
 @register_variant("torchscript_int8_dynamic", format="torchscript", precision="int8", stage=STAGE,
-                  base="torchscript",
+                  base="torchscript", targets=CPU_TARGETS,
                   description="TorchScript dynamic INT8 (torch.ao quantize_dynamic on nn.Linear) for LibTorch")
 def make_torchscript_int8_dynamic(ctx: BuildContext) -> str:
     import torch

@@ -248,3 +248,15 @@ def test_a_tensorrt_variant_off_the_gpu_target_is_refused_up_front(target):
                                              rf"TensorRT plans .* not on target '{target}'; build with --target gpu"):
         resolve_variants(["onnx", "tensorrt_fp16"], target)
     assert resolve_variants(["onnx", "tensorrt_fp16"], "gpu") == ["onnx", "tensorrt_fp16"]
+
+
+def test_cpu_int8_variants_are_defaults_on_cpu_targets_and_opt_in_on_gpu():
+    from builder.pipeline import build  # noqa: F401 - imports every stage, so every variant is registered
+    from builder.variants import resolve_variants
+
+    cpu_int8 = {"onnx_int8_static", "onnx_int8_dynamic", "torchscript_int8_dynamic"}
+    for target in ("embedded", "cpu"):
+        assert cpu_int8 <= set(resolve_variants(None, target)), target
+    gpu = resolve_variants(None, "gpu")
+    assert not cpu_int8 & set(gpu) and {"onnx", "onnx_fp16"} <= set(gpu)
+    assert resolve_variants(["onnx_int8_static"], "gpu") == ["onnx_int8_static"]  # asked for: built
