@@ -474,7 +474,7 @@ def _parse_quantization(raw: Any, origin: str) -> QuantizationSpec:
 
 def _parse_objective(top: _Fields, origin: str) -> tuple[str, dict[str, float]]:
     """``objective: throughput | latency | tradeoff`` or the weights of J as a mapping
-    ``{alpha: 1.0, beta: 0.5, gamma: 0.01}`` (objective tradeoff; missing weights take the defaults)."""
+    e.g. ``{alpha: 1.0, beta: 0.5}`` (objective tradeoff; a missing weight takes TRADEOFF_DEFAULTS')."""
     raw = top.get("objective", "throughput")
     if not isinstance(raw, dict):
         return top.choice("objective", "throughput", OBJECTIVES), dict(TRADEOFF_DEFAULTS)
