@@ -101,10 +101,12 @@ class InstanceGroup:
 
 @dataclass
 class WarmupInput:
+    """Warmed up with zeros (zero_data), never Triton's random_data: random bytes make floats up to ~3e38,
+    NaN and inf, which a dynamically quantized model refuses (min > max) and the server then fails to start;
+    random integer ids may be out of range."""
     name: str
     data_type: str
     dims: list[int]
-    zero: bool = False  # integer inputs (token ids) get zeros: random ids may be out of range
 
 
 @dataclass

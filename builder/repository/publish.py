@@ -58,8 +58,7 @@ def config_for(spec: ModelSpec, variant_format: str, target: str, name: str,
     warmups = []
     if spec.deploy.warmup:
         warmups.append(Warmup("warmup_batch1", 1, [
-            WarmupInput(t.name, t.triton_dtype, t.profile_shapes()["opt"] or [1],
-                        zero=not t.dtype.startswith("float")) for t in spec.inputs]))
+            WarmupInput(t.name, t.triton_dtype, t.profile_shapes()["opt"] or [1]) for t in spec.inputs]))
     parameters = {}
     if backend == "python":
         parameters = {"model_file": _model_file_for(variant_format), "runtime": RUNTIME_FOR_FORMAT[variant_format],
