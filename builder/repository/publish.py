@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from builder import assets
-from builder.errors import BuilderError
+from builder.errors import UserInputError
 from builder.repository.config import (DynamicBatching, InstanceGroup, ModelConfig, TensorConfig, Warmup,
                                        WarmupInput, backend_for, backend_info, render_config)
 from builder.tensorrt.gpu_config import gpu_optimization
@@ -138,13 +138,14 @@ def publish_model(repository: Path, description: VersionDescription,
 
 @contextlib.contextmanager
 def _writing(path: Path, model: str) -> Iterator[None]:
-    """An OSError while writing ``path`` into the staging folder, said with the file and the fix."""
+    """An OSError while writing ``path`` into the staging folder, said with the file and the fix; exit 2
+    (UserInputError): a full, read-only or forbidden file system is the environment, not a failed check."""
     try:
         yield
     except OSError as err:
         hint = ("free space on that file system and build again" if err.errno == errno.ENOSPC
                 else "check that folder's permissions and free space, then build again")
-        raise BuilderError(f"publishing '{model}' failed writing {path.name} ({path.parent}): "
+        raise UserInputError(f"publishing '{model}' failed writing {path.name} ({path.parent}): "
                            f"{err.strerror or err}; nothing was published and earlier versions are intact; "
                            f"{hint}") from None
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.errors import BuilderError
+from builder.errors import UserInputError
 from builder.scratch import LOCK_NAME, OwnedFolder, clean, staging_parent, staging_prefix, sweep
 
 PREFIX = "triton-builder-test-"
@@ -100,10 +100,11 @@ def test_a_full_disk_during_publish_names_the_file_and_keeps_earlier_versions(di
         return real_copy(source, target)
 
     monkeypatch.setattr(publish.shutil, "copyfile", copy_until_full)
-    with pytest.raises(BuilderError, match=r"publishing 'digits_cnn' failed writing model.py \(.*\): No space left on "
+    with pytest.raises(UserInputError, match=r"publishing 'digits_cnn' failed writing model.py \(.*\): No space left on "
                                            r"device; nothing was published and earlier versions are intact; free "
                                            r"space on that file system and build again"):
         build(digits_copy / "spec.yaml", repo, variants=["onnx"], benchmark_seconds=0, progress=quiet)
+    assert UserInputError.exit_code == 2  # the README: a full file system is exit 2, not a failed check
     assert sorted(str(p.relative_to(repo)) for p in repo.rglob("*")) == before
     assert not [p for p in tmp_path.iterdir() if "staging" in p.name]
 
