@@ -95,7 +95,7 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = "model_reposito
         with bar(progress, f"building {model_spec.name}", total=len(PIPELINE)) as advance:
             for index, (name, module, required) in enumerate(PIPELINE, 1):
                 progress(f"[{index}/{len(PIPELINE)}] {name} ...")
-                result = timed(module.run, ctx, name)
+                result = _run_stage(module, ctx, name, work.path)
                 ctx.results.append(result)
                 reason = result.reason.splitlines()[0] if result.reason else ""
                 progress(f"[{index}/{len(PIPELINE)}] {name}: {result.status.value} ({result.seconds:.1f} s) {reason}")
@@ -108,6 +108,20 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = "model_reposito
         return BuildResult(ctx, published, variant_rows(ctx))
     finally:
         work.release()
+
+
+def _run_stage(module, ctx: BuildContext, name: str, workdir: Path) -> StageResult:
+    from builder.stages.common import WORK_FOLDER_ERRNOS, work_folder_error
+
+    try:
+        return timed(module.run, ctx, name)
+    except OSError as exc:
+        # a full, read-only or forbidden $TMPDIR: one message naming the work folder and the fix (exit 2);
+        # a file elsewhere (the repository, the user's data) keeps its own name in the CLI's message
+        inside = exc.filename is None or Path(str(exc.filename)).resolve().is_relative_to(workdir.resolve())
+        if exc.errno in WORK_FOLDER_ERRNOS and inside:
+            raise work_folder_error(exc, workdir) from None
+        raise
 
 
 def _checked_release(name: str | None, spec: ModelSpec) -> str:

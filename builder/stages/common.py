@@ -10,6 +10,8 @@ Usage::
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -57,11 +59,53 @@ def make_each(ctx: "BuildContext", wanted: list[str], make: Callable[[str], str]
         except UserInputError:
             raise
         except Exception as exc:  # noqa: BLE001 - one variant failing must not stop the others
+            stop_if_work_folder_refused(exc, ctx.workdir)
             failed[name] = onnx_tools.short_error(exc)
             not_made(ctx, name, failed[name])
             shutil.rmtree(ctx.workdir / name, ignore_errors=True)
     text = "; ".join([f"{k}: {v}" for k, v in made.items()] + [f"{k} FAILED: {v}" for k, v in failed.items()])
     return made, failed, text
+
+
+# the file system refusing writes into the work folder: no exporter or variant can succeed after it,
+# so the build stops with the folder and the fix instead of recording one more failed variant
+WORK_FOLDER_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def file_system_cause(exc: BaseException) -> OSError | None:
+    """The OSError with a file-system errno (full, read-only, forbidden) behind ``exc``, however deep
+    the exporters wrapped it; None when there is none."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in WORK_FOLDER_ERRNOS:
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def work_folder_error(err: OSError, workdir: Path):
+    """A UserInputError (exit 2) naming the build's work folder, the file and $TMPDIR as the fix."""
+    from builder.errors import UserInputError
+    from builder.scratch import WORK_PREFIX
+
+    workdir = next((p for p in (workdir, *workdir.parents) if p.name.startswith(WORK_PREFIX)), workdir)
+    where = f" (writing {err.filename})" if err.filename else ""
+    tmpdir = os.environ.get("TMPDIR")
+    said = f"$TMPDIR={tmpdir}" if tmpdir else "$TMPDIR is unset: the system default"
+    fix = ("free space there, or point $TMPDIR at a file system with room (TMPDIR=/path/with/space triton-builder build ...)"
+           if err.errno in (errno.ENOSPC, errno.EDQUOT) else
+           "point $TMPDIR at a folder this user may write (TMPDIR=/path triton-builder build ...)")
+    return UserInputError(f"the build's work folder {workdir} ({said}): {err.strerror or os.strerror(err.errno)}"
+                          f"{where}; {fix}; nothing was published")
+
+
+def stop_if_work_folder_refused(exc: BaseException, workdir: Path) -> None:
+    """Raise work_folder_error when ``exc`` comes from the file system refusing a write."""
+    cause = file_system_cause(exc)
+    if cause is not None:
+        raise work_folder_error(cause, workdir) from None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -128,6 +172,7 @@ def export_module_onnx(model, spec, dest: Path) -> tuple[str, int]:
                     warnings.simplefilter("ignore")
                     (export_dynamo if name == "dynamo" else export_legacy)(model, spec, raw)
             except Exception as exc:  # noqa: BLE001 - recorded, then the next exporter is tried
+                stop_if_work_folder_refused(exc, dest.parent)
                 attempts[name] = " ".join(str(exc).split())[:300] or type(exc).__name__
                 continue
             return name, finalize_onnx(raw, [o.name for o in spec.outputs], rename=True, dest=dest)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from builder.onnx_tools import copy_with_external_data
 from builder.stages.base import BuildContext, StageResult, Variant
-from builder.stages.common import export_dynamo, export_legacy, finalize_onnx
+from builder.stages.common import export_dynamo, export_legacy, finalize_onnx, stop_if_work_folder_refused
 from builder.variants import register_variant
 
 STAGE = "export_onnx"
@@ -51,6 +51,7 @@ def make_onnx(ctx: BuildContext) -> StageResult:
             exporter = name
             break
         except Exception as exc:  # noqa: BLE001 - exporter failures are recorded, then we fall back
+            stop_if_work_folder_refused(exc, ctx.workdir)  # a full $TMPDIR fails every exporter alike
             text = " ".join(str(exc).split())
             # torch.export's message opens with generic next steps; the cause follows "Exception summary"
             text = text.split("## Exception summary", 1)[-1].strip()
