@@ -9,8 +9,9 @@ Usage::
     instances, threads = size_serving(usable_cores=4, batch_seconds=0.004, overhead_seconds=0.0005)
 
 Usable cores are the cores this process may run on: the affinity mask (os.sched_getaffinity) bounded by
-the cgroup CPU quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us / cpu.cfs_period_us``), never the host's
-count: a container on a 64-core host with a 2-CPU quota has 2.
+the cgroup CPU quota of its own group and every group above it (v2 ``cpu.max``, v1
+``cpu.cfs_quota_us / cpu.cfs_period_us``), never the host's count: a container on a 64-core host with a
+2-CPU quota has 2.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from __future__ import annotations
 import math
 import os
 import platform
+import posixpath
+import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "avx_vnni", "neon", "asimd")
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -51,23 +54,105 @@ def isa_class(flags: list[str]) -> str:
     return "other"
 
 
-def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:
-    """CPUs the cgroup quota allows (v2 cpu.max, else v1 cfs quota), None where there is no quota."""
-    try:
-        parts = (root / "cpu.max").read_text().split()
-        if parts[0] != "max":
-            return int(parts[0]) / int(parts[1] if len(parts) > 1 else 100000)
-        return None
-    except (OSError, ValueError):
-        pass
-    for folder in (root / "cpu", root / "cpu,cpuacct", root):
-        try:
-            quota = int((folder / "cpu.cfs_quota_us").read_text())
-            period = int((folder / "cpu.cfs_period_us").read_text())
-        except (OSError, ValueError):
+def _read_text(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        return handle.read()
+
+
+def _unescape(field: str) -> str:
+    """mountinfo writes a space in a path as \\040 (and tab, newline, backslash likewise)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def _cgroup_mounts(mountinfo: str) -> list[tuple[str, str, str]]:
+    """(kind, mount root inside the hierarchy, mount point): kind "v2" for cgroup2, "v1" for a v1
+    hierarchy with the cpu controller; other mounts are left out."""
+    mounts = []
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if "-" not in fields[6:]:
             continue
-        return quota / period if quota > 0 and period > 0 else None
-    return None
+        dash = fields.index("-", 6)
+        if len(fields) < dash + 4:
+            continue
+        fstype, options = fields[dash + 1], set(fields[dash + 3].split(","))
+        kind = "v2" if fstype == "cgroup2" else "v1" if fstype == "cgroup" and "cpu" in options else None
+        if kind:
+            mounts.append((kind, _unescape(fields[3]), _unescape(fields[4])))
+    return mounts
+
+
+def _group_folders(group: str, mounts: list[tuple[str, str]]) -> list[str]:
+    """The folders from the process's group up to the top of what is mounted, for one hierarchy.
+
+    The group path in /proc/self/cgroup is relative to the hierarchy's root (or the cgroup namespace's);
+    a mount shows the hierarchy from its own root (a container's bind mount of its group shows that group
+    at the mount point), so the group's folder is the mount point plus the group path past the mount root.
+    A group outside every mount root (a namespace's "/.." paths) can only be seen at the mount point."""
+    holding = [(root.rstrip("/"), point) for root, point in mounts
+               if group == root.rstrip("/") or group.startswith(root.rstrip("/") + "/")]
+    if not holding:
+        return [point for _, point in mounts[:1]]
+    deepest = max(len(root) for root, _ in holding)  # the mount nearest the group shows the most of its path
+    folders = []
+    for root, point in (m for m in holding if len(m[0]) == deepest):
+        parts = [p for p in group[len(root):].split("/") if p and p != "."]
+        parts = [] if ".." in parts else parts
+        folders += [posixpath.join(point, *parts[:depth]) for depth in range(len(parts), -1, -1)]
+    return folders
+
+
+def _quota_at(kind: str, folder: str, read: Callable[[str], str]) -> float | None:
+    """CPUs one group's own quota allows; None where it sets none ("max", -1) or has no such file."""
+    try:
+        if kind == "v2":
+            parts = read(posixpath.join(folder, "cpu.max")).split()
+            if not parts or parts[0] == "max":
+                return None
+            quota, period = int(parts[0]), int(parts[1]) if len(parts) > 1 else 100000
+        else:
+            quota = int(read(posixpath.join(folder, "cpu.cfs_quota_us")))
+            period = int(read(posixpath.join(folder, "cpu.cfs_period_us")))
+    except (OSError, ValueError):
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+# where the hierarchies are mounted when /proc/self/mountinfo cannot be read (not Linux, a locked-down /proc)
+_DEFAULT_MOUNTS = [("v2", "/", "/sys/fs/cgroup"), ("v1", "/", "/sys/fs/cgroup/cpu"),
+                   ("v1", "/", "/sys/fs/cgroup/cpu,cpuacct")]
+
+
+def cgroup_cpu_limit(read: Callable[[str], str] = _read_text) -> float | None:
+    """CPUs the cgroup CPU quota allows THIS process, None where there is no quota.
+
+    The process's own group comes from /proc/self/cgroup (the v2 line "0::PATH", the v1 line whose
+    controllers include cpu), found under its hierarchy's mount from /proc/self/mountinfo; every group
+    from it up to the mounted top is read (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us / cpu.cfs_period_us``),
+    since a parent's quota binds its children too, and the smallest wins. Reading only the top of the
+    tree saw no quota for a systemd slice, a nested group or a container run without a cgroup namespace.
+    ``read`` (an absolute path -> its text, OSError where absent) is injectable for tests."""
+    try:
+        groups = {}
+        for line in read("/proc/self/cgroup").splitlines():
+            number, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+            if number == "0" and not controllers:
+                groups.setdefault("v2", path.strip() or "/")
+            elif "cpu" in controllers.split(","):
+                groups.setdefault("v1", path.strip() or "/")
+    except OSError:
+        groups = {"v2": "/", "v1": "/"}  # no /proc: the tops of the usual mounts, as before
+    try:
+        mounts = _cgroup_mounts(read("/proc/self/mountinfo"))
+    except OSError:
+        mounts = _DEFAULT_MOUNTS
+    limits = []
+    for kind, group in groups.items():
+        for folder in _group_folders(group, [(root, point) for k, root, point in mounts if k == kind]):
+            limit = _quota_at(kind, folder, read)
+            if limit is not None:
+                limits.append(limit)
+    return min(limits) if limits else None
 
 
 def usable_cores(affinity: int | None = None, quota: float | None = None) -> int:
@@ -118,14 +203,14 @@ def _cuda_version() -> str | None:
     return torch.version.cuda
 
 
-def host_profile(cpuinfo: Path = Path("/proc/cpuinfo"), cgroup_root: Path = Path("/sys/fs/cgroup"),
+def host_profile(cpuinfo: Path = Path("/proc/cpuinfo"), cgroup_read: Callable[[str], str] = _read_text,
                  with_gpu: bool = True) -> dict[str, Any]:
-    """This host as metadata.yaml records it (plain types only)."""
+    """This host as metadata.yaml records it (plain types only); ``cgroup_read``: cgroup_cpu_limit's."""
     try:
         model, flags = cpu_info(cpuinfo.read_text())
     except OSError:
         model, flags = platform.processor() or platform.machine(), []
-    quota = cgroup_cpu_limit(cgroup_root)
+    quota = cgroup_cpu_limit(cgroup_read)
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     profile: dict[str, Any] = {
         "cpu_model": model, "machine": platform.machine(), "isa_flags": flags, "isa_class": isa_class(flags),

@@ -32,28 +32,34 @@ def test_cpuinfo_gives_model_flags_and_isa_class():
     assert isa_class([]) == "other"
 
 
+def _fake_root(tmp_path):
+    """A reader of absolute paths under tmp_path; no /proc there, so the usual mounts' tops are read."""
+    return lambda path: (tmp_path / path.lstrip("/")).read_text()
+
+
 def test_usable_cores_follow_the_cgroup_quota_not_the_host(tmp_path):
-    (tmp_path / "cpu.max").write_text("150000 100000\n")  # v2: 1.5 CPUs
-    assert cgroup_cpu_limit(tmp_path) == 1.5
+    cgroup = tmp_path / "sys" / "fs" / "cgroup"
+    (cgroup / "cpu").mkdir(parents=True)
+    (cgroup / "cpu.max").write_text("150000 100000\n")  # v2: 1.5 CPUs
+    assert cgroup_cpu_limit(_fake_root(tmp_path)) == 1.5
     assert usable_cores(affinity=64, quota=1.5) == 2
-    (tmp_path / "cpu.max").write_text("max 100000\n")
-    assert cgroup_cpu_limit(tmp_path) is None
+    (cgroup / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpu_limit(_fake_root(tmp_path)) is None
     assert usable_cores(affinity=64, quota=None) == 64
-    v1 = tmp_path / "v1"
-    (v1 / "cpu").mkdir(parents=True)
-    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("400000\n")
-    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
-    assert cgroup_cpu_limit(v1) == 4.0
-    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
-    assert cgroup_cpu_limit(v1) is None
+    (cgroup / "cpu" / "cpu.cfs_quota_us").write_text("400000\n")
+    (cgroup / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cgroup_cpu_limit(_fake_root(tmp_path)) == 4.0
+    (cgroup / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cgroup_cpu_limit(_fake_root(tmp_path)) is None
     assert usable_cores(affinity=2, quota=8.0) == 2
 
 
 def test_profile_of_this_host_is_plain_yaml(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("model name : Test CPU\nflags : avx2 avx512f\n")
-    (tmp_path / "cpu.max").write_text("100000 100000\n")
-    profile = host_profile(cpuinfo, tmp_path, with_gpu=False)
+    (tmp_path / "sys" / "fs" / "cgroup").mkdir(parents=True)
+    (tmp_path / "sys" / "fs" / "cgroup" / "cpu.max").write_text("100000 100000\n")
+    profile = host_profile(cpuinfo, _fake_root(tmp_path), with_gpu=False)
     assert profile["cpu_model"] == "Test CPU" and profile["isa_class"] == "avx512"
     assert profile["usable_cores"] == 1 and profile["cgroup_cpu_quota"] == 1.0
     assert yaml.safe_load(yaml.safe_dump(profile)) == profile
