@@ -168,6 +168,23 @@ def _readable_by_all(folder: Path) -> None:
         path.chmod(0o755 if path.is_dir() else 0o644)
 
 
+def make_folders(folder: Path) -> None:
+    """``mkdir -p`` whose new folders are 0755 whatever the umask: under umask 077 a repository root
+    (or a parent) made 0700 hides the 0644 files inside from Triton running as another user. Folders
+    that already existed keep their modes: they are the user's."""
+    missing = []
+    current = Path(folder)
+    while not current.exists() and current != current.parent:
+        missing.append(current)
+        current = current.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir()
+        except FileExistsError:  # another build made it meanwhile: its mode is that build's to set
+            continue
+        path.chmod(0o755)
+
+
 @dataclass
 class Reservation:
     """A version number held for one publish: its owned staging folder records it, so concurrent
@@ -200,7 +217,7 @@ def reserve_version(repository: Path, name: str, requested: int | None = None) -
     root = Path(repository).resolve()
     model_dir(root, name)
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        make_folders(root)
     except OSError as exc:
         raise not_writable(root, exc.strerror or str(exc)) from None
     with _repository_lock(root):

@@ -135,16 +135,22 @@ def test_published_files_are_readable_by_the_serving_user(tmp_path):
     import os
     import stat
 
+    (tmp_path / "mine").mkdir(mode=0o700)  # the user's own folder keeps its mode
+    repo = tmp_path / "mine" / "srv" / "models" / "repo"
     previous = os.umask(0o077)  # a builder whose own files are private
     try:
-        with publish_version(tmp_path / "repo", "m") as draft:
+        with publish_version(repo, "m") as draft:
             (draft.folder / "model.onnx").write_text("x")
             (draft.folder / "sub").mkdir()
             (draft.folder / "sub" / "data").write_text("y")
             draft.config_text = 'name: "m"\n'
     finally:
         os.umask(previous)
-    for path in [tmp_path / "repo" / "m", *(tmp_path / "repo" / "m").rglob("*")]:
+    # the root and the parents the build created: 0755, or the serving user cannot reach the 0644 files
+    for folder in (repo, repo.parent, repo.parent.parent):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o755, f"{folder}: {stat.filemode(folder.stat().st_mode)}"
+    assert stat.S_IMODE((tmp_path / "mine").stat().st_mode) == 0o700
+    for path in [repo / "m", *(repo / "m").rglob("*")]:
         mode = path.stat().st_mode
         if "__pycache__" in path.parts:
             continue
