@@ -13,6 +13,7 @@ import errno
 import os
 import re
 import sys
+from pathlib import Path
 
 from builder.errors import BuilderError
 from builder.progress import Reporter
@@ -59,18 +60,51 @@ _FILE_SYSTEM_FIXES = {
     errno.ENOSPC: "no space left on the device: free some space or write elsewhere",
     errno.EDQUOT: "disk quota exceeded: free some space or write elsewhere",
 }
+# verbs that only read the repository: "write elsewhere" is no advice for them
+READ_ONLY_VERBS = ("validate", "check", "serve")
 
 
-def file_system_error(exc: OSError) -> str | None:
+def _closed_folder(path: Path) -> Path | None:
+    """The first folder on the way to ``path`` this user may not enter: a stat of a file below it fails
+    with EACCES although that file may not even exist, so the folder is what to name."""
+    for folder in reversed(path.absolute().parents):
+        if folder.is_dir() and not os.access(folder, os.X_OK):
+            return folder
+    return None
+
+
+def file_system_error(exc: OSError, reading: bool = False) -> str | None:
     """The one-line message for an OSError the user can fix (a read-only mount, permissions, a full
-    disk), naming the file; None for any other OSError (a bug: it keeps its traceback)."""
+    disk), naming the file; None for any other OSError (a bug: it keeps its traceback). ``reading``:
+    the verb only reads, so permission advice is about reading, not writing."""
     fix = _FILE_SYSTEM_FIXES.get(exc.errno or 0)
     if fix is None:
         return None
     where = f"{exc.filename}: " if exc.filename is not None else ""
     if exc.filename2 is not None:  # a rename's target
         where = f"{exc.filename} -> {exc.filename2}: "
+    closed = _closed_folder(Path(os.fsdecode(exc.filename))) if exc.errno == errno.EACCES and exc.filename else None
+    if closed is not None:
+        owner = _owner(closed)
+        return (f"{closed}: permission denied: this user may not enter that folder ({owner}), so nothing below it "
+                f"can be {'read' if reading else 'reached'}; make it readable and enterable (chmod 755 {closed}; "
+                "builds now create their folders 0755) or run as a user who may")
+    if exc.errno in (errno.EACCES, errno.EPERM) and reading:
+        fix = (f"{'permission denied' if exc.errno == errno.EACCES else 'operation not permitted'}: this user may "
+               "not read it: make it readable (chmod a+r for files, a+rx for folders) or run as a user who may")
     return f"{where}{exc.strerror or os.strerror(exc.errno)}; {fix}"
+
+
+def _owner(folder: Path) -> str:
+    import pwd
+    import stat
+
+    info = folder.stat()
+    try:
+        name = pwd.getpwuid(info.st_uid).pw_name
+    except KeyError:
+        name = str(info.st_uid)
+    return f"{stat.filemode(info.st_mode)}, owner {name}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {text}", file=sys.stderr, flush=True)
         return exc.exit_code
     except OSError as exc:
-        text = file_system_error(exc)
+        text = file_system_error(exc, reading=args.command in READ_ONLY_VERBS)
         if text is None:
             raise
         print(f"error: {text}", file=sys.stderr, flush=True)
