@@ -26,8 +26,8 @@ Usage::
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -36,9 +36,10 @@ import urllib.error
 import urllib.request
 import time
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from builder.errors import UserInputError  # standard library only as well
+from builder.interrupts import stop_signals, terminate_as_interrupt  # noqa: F401 (re-exported)
 
 
 # local services on 127.0.0.1: a proxy from the environment must not intercept readiness probes
@@ -156,7 +157,8 @@ def pid_alive(pid: int) -> bool:
 
 def die_with_parent():
     """A ``preexec_fn`` giving the child SIGTERM when the thread that started it dies (Linux
-    ``PR_SET_PDEATHSIG``), so a parent killed without cleanup leaves nothing behind; None elsewhere."""
+    ``PR_SET_PDEATHSIG``), so a parent killed without cleanup leaves nothing behind; None elsewhere.
+    Fork through ``from_lasting_thread``: a child forked by a short-lived thread dies with it."""
     import ctypes
     import sys
 
@@ -173,45 +175,38 @@ def die_with_parent():
     return preexec
 
 
-@contextlib.contextmanager
-def stop_signals() -> Iterator[list[int]]:
-    """Record SIGINT/SIGTERM instead of dying, for foreground loops that must stop their services
-    cleanly; yields the list of signals received and restores the previous handlers on exit.
-    Outside the main thread (where handlers cannot be installed) it records nothing.
-
-    Usage::
-
-        with stop_signals() as received:
-            while not received:
-                time.sleep(0.2)
-    """
-    received: list[int] = []
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, lambda signum, _frame: received.append(signum))
-    try:
-        yield received
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+_FORKS: "queue.Queue[tuple[Callable, list, threading.Event]]" = queue.Queue()
+_FORKER: threading.Thread | None = None
+_FORKER_LOCK = threading.Lock()
 
 
-@contextlib.contextmanager
-def terminate_as_interrupt() -> Iterator[None]:
-    """Inside, SIGTERM raises KeyboardInterrupt (as Ctrl-C does), so ``finally`` blocks that put a server
-    back as it was run when a job is killed politely (``kill``, a CI timeout); the previous handler after.
-    Outside the main thread (where handlers cannot be installed) it changes nothing."""
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        def interrupt(signum, _frame):
-            raise KeyboardInterrupt(f"signal {signum}")
-        previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+def _forker() -> None:
+    while True:
+        fn, result, done = _FORKS.get()
+        try:
+            result.append((True, fn()))
+        except BaseException as err:  # handed to the caller's thread, raised there
+            result.append((False, err))
+        done.set()
+
+
+def from_lasting_thread(fn: Callable):
+    """``fn()`` run on one daemon thread that lasts as long as this process. PR_SET_PDEATHSIG fires
+    when the forking *thread* ends, so children forked from pool threads (replicas start side by
+    side) were killed with the pool, and services were left without the signal at all."""
+    global _FORKER
+    with _FORKER_LOCK:
+        if _FORKER is None or not _FORKER.is_alive():  # also after os.fork(): threads do not survive it
+            _FORKER = threading.Thread(target=_forker, name="builder-forker", daemon=True)
+            _FORKER.start()
+    result: list = []
+    done = threading.Event()
+    _FORKS.put((fn, result, done))
+    done.wait()
+    ok, value = result[0]
+    if not ok:
+        raise value
+    return value
 
 
 # -- One-shot commands --
@@ -303,7 +298,7 @@ class LocalService:
     attribute or property naming the file that gets stdout and stderr.
 
     ``start()`` runs the command in a new session (its own process group; with ``die_with_parent``
-    it gets SIGTERM when the starting thread dies), waits until ``_ready()`` with the process still
+    it gets SIGTERM when this process dies, whichever thread started it), waits until ``_ready()`` with the process still
     alive (a port answering for a process that died is not ours) within
     ``ready_timeout`` s and registers ``stop`` with atexit; on any error it stops what it started.
     ``stop()`` sends SIGTERM to the group, SIGKILL after ``timeout`` s; it is idempotent and never
@@ -421,10 +416,12 @@ class LocalService:
             if self.log_header:
                 log.write(("# triton-builder: " + " ".join(cmd) + "\n").encode())
                 log.flush()
-            self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                          env=None if env is None else dict(env),
-                                          cwd=None if cwd is None else str(cwd), start_new_session=True,
-                                          preexec_fn=die_with_parent() if self.die_with_parent else None)
+            spawn = lambda preexec: subprocess.Popen(  # noqa: E731
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=None if env is None else dict(env), cwd=None if cwd is None else str(cwd),
+                start_new_session=True, preexec_fn=preexec)
+            self._proc = from_lasting_thread(lambda: spawn(die_with_parent())) if self.die_with_parent \
+                else spawn(None)
 
     def _wait_ready(self) -> None:
         """Poll ``_ready()`` until it is true; ``AddressInUse`` / ``_exit_error`` if the process ends,

@@ -38,8 +38,8 @@ How it runs the binary (nvidia-pytriton 0.7.0; the backend directory, environmen
 
 The server runs in its own process group (it does not get the terminal's Ctrl-C); ``stop()`` ends
 the whole group, python-backend stub processes included. ``stop()`` is registered with ``atexit``,
-which runs on normal interpreter exit and on KeyboardInterrupt, not on SIGKILL or an unhandled
-SIGTERM: callers that must survive those install handlers, as ``serve.serve_forever`` does.
+which runs on normal interpreter exit and on KeyboardInterrupt; if this process is killed (SIGKILL),
+the server gets SIGTERM (``die_with_parent``, whichever thread started it) and takes its stubs along.
 """
 
 from __future__ import annotations
@@ -99,7 +99,6 @@ class EmbeddedServer(LocalService):
     stop_timeout = _STOP_TIMEOUT_S
     port_attempts = _PORT_ATTEMPTS
     leftover_grace = 3.0  # python-backend stubs left behind (e.g. the server was SIGKILLed)
-    die_with_parent = False  # replicas start servers from short-lived pool threads
     log_header = True
 
     def __init__(

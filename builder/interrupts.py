@@ -1,0 +1,52 @@
+"""Signal handling for foreground loops that own local services (``triton-builder serve``, tune, the
+main job): stop them cleanly on SIGINT/SIGTERM. Standard library only, like builder/processes.py,
+which re-exports both functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[list[int]]:
+    """Record SIGINT/SIGTERM instead of dying, for foreground loops that must stop their services
+    cleanly; yields the list of signals received and restores the previous handlers on exit.
+    Outside the main thread (where handlers cannot be installed) it records nothing.
+
+    Usage::
+
+        with stop_signals() as received:
+            while not received:
+                time.sleep(0.2)
+    """
+    received: list[int] = []
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, lambda signum, _frame: received.append(signum))
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Inside, SIGTERM raises KeyboardInterrupt (as Ctrl-C does), so ``finally`` blocks that put a server
+    back as it was run when a job is killed politely (``kill``, a CI timeout); the previous handler after.
+    Outside the main thread (where handlers cannot be installed) it changes nothing."""
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        def interrupt(signum, _frame):
+            raise KeyboardInterrupt(f"signal {signum}")
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
