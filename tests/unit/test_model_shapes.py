@@ -114,6 +114,19 @@ def test_nan_everywhere_in_the_reference_is_not_a_pass():
     assert "NaN/Inf where the reference has them differ" in tolerance_failures(wrong, {"rel_l2": 1e-5})[0]
 
 
+def test_a_sign_flipped_output_fails_by_rel_l2_without_a_min_cosine_set():
+    # its cosine rounds to just below -1: a missing min_cosine must not be looked up (it was a KeyError)
+    from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures
+    flipped = []
+    for seed in range(200):
+        ref = {"y": np.random.RandomState(seed).rand(8, 3).astype(np.float32) - 0.3}
+        metrics = merge_case_metrics([compare_outputs(ref, {"y": -ref["y"]})])
+        if metrics["y"]["cosine"] < -1.0:
+            flipped.append(tolerance_failures(metrics, {"rel_l2": 1e-5}))
+    assert flipped, "no seed rounded the cosine below -1"
+    assert all(len(f) == 1 and re.match(r"y: rel L2 2\.0e\+00 > 1e-05", f[0]) for f in flipped)
+
+
 def test_a_model_factory_that_raises_is_a_user_error_naming_the_module(tmp_path, quiet):
     spec = write_model(tmp_path, "embed")
     (spec.parent / "model.py").write_text("def build():\n    raise IndexError('list index out of range')\n")
