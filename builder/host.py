@@ -227,13 +227,46 @@ def host_profile(cpuinfo: Path = Path("/proc/cpuinfo"), cgroup_read: Callable[[s
     return profile
 
 
-def compare_hosts(recorded: dict[str, Any] | None, current: dict[str, Any], *, model: str = "this model") -> list[str]:
+# the fields compare_hosts reads, each with the type every build writes
+_RECORD_FIELDS = (("cpu_model", str, "a string"), ("isa_flags", list, "a list"), ("isa_class", str, "a string"),
+                  ("usable_cores", int, "a whole number"))
+
+
+def host_record_problem(recorded: Any) -> str | None:
+    """What is wrong with a metadata.yaml ``host`` record (hand-edited, damaged, another tool's), None
+    where compare_hosts can read it."""
+    if not isinstance(recorded, dict):
+        return f"host is not a mapping (it is {type(recorded).__name__} {str(recorded)[:40]!r})"
+    for key, kind, words in _RECORD_FIELDS:
+        if key not in recorded:
+            return f"host.{key} is missing"
+        value = recorded[key]
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return f"host.{key} is not {words} (it is {type(value).__name__} {str(value)[:40]!r})"
+    if not all(isinstance(flag, str) for flag in recorded["isa_flags"]):
+        return "host.isa_flags is not a list of flag names"
+    if recorded["usable_cores"] < 1:
+        return f"host.usable_cores is {recorded['usable_cores']}, below 1"
+    gpus = recorded.get("gpus")
+    if gpus is not None and not (isinstance(gpus, list) and all(isinstance(g, dict) for g in gpus)):
+        return "host.gpus is not a list of mappings"
+    return None
+
+
+def compare_hosts(recorded: dict[str, Any] | None, current: dict[str, Any], *, model: str = "this model",
+                  source: str | Path | None = None) -> list[str]:
     """Plain warnings where the current host differs from the one the build measured on (ISA class,
     usable cores, GPU): what was measured where, and what to run. [] where they match or nothing was
-    recorded (a version built before host profiles: one line saying so)."""
-    if not recorded:
+    recorded (a version built before host profiles: one line saying so). A malformed record is one
+    warning naming ``source`` (the metadata.yaml) and the field, and is otherwise ignored: the profile
+    is advice, and a hand-edited one must not take serving down."""
+    if recorded is None or recorded == {}:
         return [f"{model}: metadata.yaml records no host profile (built before host profiles); "
                 f"run `triton-builder select {model}` here to measure it on this host"]
+    problem = host_record_problem(recorded)
+    if problem:
+        return [f"{model}: {source or 'metadata.yaml'}: {problem}: rebuild, or run `triton-builder select {model}` "
+                "here to record this host (the host profile is ignored until then)"]
     out = []
     was, now = recorded.get("isa_class"), current.get("isa_class")
     if was != now:
@@ -246,8 +279,8 @@ def compare_hosts(recorded: dict[str, Any] | None, current: dict[str, Any], *, m
         out.append(f"{model}: serving was sized for {cores_was} usable cores where it was built; this process "
                    f"may use {cores_now}. Run `triton-builder select {model}` here (or `triton-builder tune`) "
                    f"to size instances x threads for this host")
-    gpus_was = [g.get("name") for g in recorded.get("gpus") or []]
-    gpus_now = [g.get("name") for g in current.get("gpus") or []]
+    gpus_was = [str(g.get("name")) for g in recorded.get("gpus") or []]
+    gpus_now = [str(g.get("name")) for g in current.get("gpus") or []]
     if gpus_was and gpus_was != gpus_now:
         out.append(f"{model}: built on GPU {', '.join(gpus_was)}; this host has "
                    f"{', '.join(gpus_now) or 'no GPU'}: TensorRT plans are GPU-specific "
@@ -343,8 +376,12 @@ def size_queue_delay(batch_seconds: float | None, throughput_by_batch: dict[Any,
                    f"per-request overhead: wait up to {share:g} of a batch-1 inference for requests to batch with")
 
 
-def host_warnings(metadata: dict[str, Any], model: str, current: dict[str, Any] | None = None) -> list[str]:
-    """compare_hosts for a version's metadata.yaml record against this host (``current`` injectable)."""
+def host_warnings(metadata: dict[str, Any], model: str, current: dict[str, Any] | None = None, *,
+                  source: str | Path | None = None) -> list[str]:
+    """compare_hosts for a version's metadata.yaml record (``source``: its path, for the warnings) against
+    this host (``current`` injectable)."""
+    recorded = metadata.get("host") if isinstance(metadata, dict) else metadata
     if current is None:
-        current = host_profile(with_gpu=bool((metadata.get("host") or {}).get("gpus")))
-    return compare_hosts(metadata.get("host"), current, model=model)
+        gpus = isinstance(recorded, dict) and isinstance(recorded.get("gpus"), list) and bool(recorded["gpus"])
+        current = host_profile(with_gpu=gpus)
+    return compare_hosts(recorded, current, model=model, source=source)

@@ -121,8 +121,8 @@ def validate_model(model_path: str | Path, version: int | None = None, *, gpu: s
     signed_ok = not any(line.startswith(f"version {versions[-1]}: ") for line in signature_failures) if versions \
         else True  # a version whose signature failed is not read further (its metadata.yaml may be anything)
     if versions and signed_ok and (folder / str(versions[-1]) / "metadata.yaml").is_file():
-        meta = read_metadata(folder / str(versions[-1]) / "metadata.yaml")
-        report.host_warnings = host_warnings(meta, folder.name, current_host)
+        meta_path = folder / str(versions[-1]) / "metadata.yaml"
+        report.host_warnings = host_warnings(read_metadata(meta_path), folder.name, current_host, source=meta_path)
     if versions and not report.versions[-1].failures and not report.versions[-1].skipped:
         report.regression = regression_vs_previous(folder, versions[-1], limits, regression_seconds)
     return report

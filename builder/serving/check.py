@@ -76,11 +76,12 @@ def check_served(name: str, *, repository: str | Path = "model_repository", url:
     number = version if version is not None else latest_version(folder)
     if number is None or not (folder / str(number)).is_dir():
         raise UserInputError(f"model '{name}' has no version {version if version is not None else '(none at all)'}")
-    meta = read_metadata(folder / str(number) / "metadata.yaml")
+    meta_path = folder / str(number) / "metadata.yaml"
+    meta = read_metadata(meta_path)
     cases, outputs = read_reference(folder / str(number) / "reference.npz")
     tolerance = (meta.get("verification") or {}).get("tolerance") or {"rel_l2": 1e-5}
     output_names = [o["name"] for o in meta["spec"]["outputs"]]
-    report = CheckReport(name, number, cases=len(cases), host_warnings=host_warnings(meta, name, current_host))
+    report = CheckReport(name, number, cases=len(cases), host_warnings=host_warnings(meta, name, current_host, source=meta_path))
     if meta.get("verified_by") == "task_accuracy":
         report.basis = _task_accuracy_basis(meta)
 
