@@ -107,7 +107,40 @@ def _owner(folder: Path) -> str:
     return f"{stat.filemode(info.st_mode)}, owner {name}"
 
 
+def _creatable(folder: Path) -> bool:
+    """Whether ``folder`` is, or could be made, a writable folder (its nearest existing ancestor)."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)
+
+
+def quiet_environment() -> None:
+    """Before any library is imported: onnxruntime 1.31 (its 1DS telemetry, read from
+    ORT_DISABLE_TELEMETRY) otherwise queues events and a device id under ~/.cache/Microsoft on every
+    build, validate or serve, and warns in colour under -q when HOME is read-only; matplotlib warns
+    under -q when its config/cache folder in HOME cannot be written, so it gets a private temp folder.
+    A value the user set is kept."""
+    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+    if "MPLCONFIGDIR" in os.environ:
+        return
+    home = Path(os.path.expanduser("~"))
+    config = Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config") / "matplotlib"
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or home / ".cache") / "matplotlib"
+    if _creatable(config) and _creatable(cache):
+        return
+    import tempfile
+
+    private = Path(tempfile.gettempdir()) / f"triton-builder-matplotlib-{os.getuid()}"
+    try:
+        private.mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        return  # no writable temp folder either: matplotlib says so itself
+    if private.is_dir() and not private.is_symlink() and private.stat().st_uid == os.getuid():
+        os.environ["MPLCONFIGDIR"] = str(private)
+
+
 def main(argv: list[str] | None = None) -> int:
+    quiet_environment()
     parser = make_parser()
     args = parser.parse_args(argv)
     reporter = Reporter(quiet=args.quiet, verbose=args.verbose)
