@@ -273,11 +273,14 @@ def top1_output(outputs: dict[str, np.ndarray], labels: np.ndarray) -> str | Non
 
 def label_classes(output: np.ndarray, labels: np.ndarray) -> int | None:
     """How many values ``output`` holds per label (its classes for scores, 1 for class ids); None
-    where its leading dims are not the labels' shape."""
+    where its leading dims are not the labels' shape, or more than one axis is left after them (a
+    map [C, H, W] against one label per sample: which axis holds the classes is not known, and an
+    argmax over the flattened map would score nonsense)."""
     shape, lead = np.shape(output), np.shape(labels)
     if tuple(shape[:len(lead)]) != tuple(lead):
         return None
-    return int(np.prod(shape[len(lead):], dtype=np.int64))
+    rest = [d for d in shape[len(lead):] if d != 1]
+    return None if len(rest) > 1 else int(np.prod(rest, dtype=np.int64))
 
 
 def top1_hits(output: np.ndarray, labels: np.ndarray) -> int:

@@ -65,6 +65,10 @@ def test_top1_scores_a_class_id_output_as_it_is_and_else_the_first_float_scores(
     tags[..., 1] = 1.0
     assert top1_output({"tags": tags}, np.ones((3, 4), np.int64)) == "tags"
     assert top1_accuracy(tags, np.ones((3, 4), np.int64)) == 100.0
+    # a map [C, H, W] per sample against one label per sample: no class axis to score (an argmax over
+    # the flattened map read accuracy 0.0); [N, 1, classes] still scores its classes
+    assert top1_output({"seg": np.zeros((3, 4, 8, 8), np.float32)}, labels) is None
+    assert top1_output({"seg": np.zeros((3, 4, 8, 8), np.float32), "logits": logits[:, None, :]}, labels) == "logits"
 
 
 def test_a_class_id_output_first_is_the_one_labels_score(tmp_path):
