@@ -12,6 +12,7 @@ import argparse
 import errno
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -144,8 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
     reporter = Reporter(quiet=args.quiet, verbose=args.verbose)
+    from builder.interrupts import terminate_as_interrupt
+
     try:
-        return int(args.func(args, reporter) or 0)
+        # SIGTERM (kill, a CI timeout) unwinds like Ctrl-C: a build's finally removes its work folder;
+        # serve's own stop_signals still turns it into a clean stop
+        with terminate_as_interrupt():
+            return int(args.func(args, reporter) or 0)
     except BuilderError as exc:
         # terminal escapes in texts quoted from other libraries (torch's unpickler bolds its own name)
         text = _ESCAPES.sub("", str(exc))
@@ -157,8 +163,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {text}", file=sys.stderr, flush=True)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr, flush=True)
+    except KeyboardInterrupt as exc:
+        by = " by SIGTERM" if str(exc) == f"signal {int(signal.SIGTERM)}" else ""
+        print(f"interrupted{by}; stopped after cleaning up", file=sys.stderr, flush=True)
         return 130
 
 

@@ -4,6 +4,7 @@ with ``register(subparsers)``. Each forwards to one library function."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from builder.cli.arguments import finite_float
@@ -75,10 +76,15 @@ def cmd_clean(args: argparse.Namespace, reporter: Reporter) -> int:
     repository = args.repository
     if repository is None:  # not named: the default one where there is one, else only the temp dir's work folders
         repository = DEFAULT_REPOSITORY if Path(DEFAULT_REPOSITORY).is_dir() else None
-    removed = clean(repository)
+    missing = repository is not None and not os.path.lexists(repository)
+    # a build killed before its first publish left work folders but never created its repository
+    removed = clean(None if missing else repository)
     for folder in removed:
         print(f"removed {folder}")
     print(f"{len(removed)} folder(s) left by dead builds removed" if removed else "nothing to clean")
+    if missing:
+        print(f"--repository {repository}: no such folder (nothing was published there yet, or a typo), so only the "
+              "temp folder's work folders were looked at")
     return 0
 
 
