@@ -254,9 +254,11 @@ def host_record_problem(recorded: Any) -> str | None:
 
 
 def compare_hosts(recorded: dict[str, Any] | None, current: dict[str, Any], *, model: str = "this model",
-                  source: str | Path | None = None) -> list[str]:
+                  source: str | Path | None = None, per_process: bool = True) -> list[str]:
     """Plain warnings where the current host differs from the one the build measured on (ISA class,
-    usable cores, GPU): what was measured where, and what to run. [] where they match or nothing was
+    usable cores, GPU): what was measured where, and what to run. ``per_process=False`` leaves out the
+    usable cores, which belong to the process (its affinity and cgroup), for a caller that is not the
+    process that serves (check). [] where they match or nothing was
     recorded (a version built before host profiles: one line saying so). A malformed record is one
     warning naming ``source`` (the metadata.yaml) and the field, and is otherwise ignored: the profile
     is advice, and a hand-edited one must not take serving down."""
@@ -275,7 +277,7 @@ def compare_hosts(recorded: dict[str, Any] | None, current: dict[str, Any], *, m
                    f"{current.get('cpu_model')} ({now}). The winner (e.g. INT8 vs FP32) may differ here: run "
                    f"`triton-builder select {model}` on this host to re-measure and republish")
     cores_was, cores_now = recorded.get("usable_cores"), current.get("usable_cores")
-    if cores_was != cores_now:
+    if per_process and cores_was != cores_now:
         out.append(f"{model}: serving was sized for {cores_was} usable cores where it was built; this process "
                    f"may use {cores_now}. Run `triton-builder select {model}` here (or `triton-builder tune`) "
                    f"to size instances x threads for this host")
@@ -377,11 +379,11 @@ def size_queue_delay(batch_seconds: float | None, throughput_by_batch: dict[Any,
 
 
 def host_warnings(metadata: dict[str, Any], model: str, current: dict[str, Any] | None = None, *,
-                  source: str | Path | None = None) -> list[str]:
+                  source: str | Path | None = None, per_process: bool = True) -> list[str]:
     """compare_hosts for a version's metadata.yaml record (``source``: its path, for the warnings) against
     this host (``current`` injectable)."""
     recorded = metadata.get("host") if isinstance(metadata, dict) else metadata
     if current is None:
         gpus = isinstance(recorded, dict) and isinstance(recorded.get("gpus"), list) and bool(recorded["gpus"])
         current = host_profile(with_gpu=gpus)
-    return compare_hosts(recorded, current, model=model, source=source)
+    return compare_hosts(recorded, current, model=model, source=source, per_process=per_process)

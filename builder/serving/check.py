@@ -16,6 +16,7 @@ Exit codes in the CLI: 0 all within tolerance, 1 a difference, 2 server unreacha
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,8 @@ class CheckReport:
     failures: list[str] = field(default_factory=list)
     config_differences: list[str] = field(default_factory=list)
     cases: int = 0
-    host_warnings: list[str] = field(default_factory=list)  # this host differs from the build's (not a failure)
+    # this machine differs from the build's, where the server runs here (not a failure; check_host_warnings)
+    host_warnings: list[str] = field(default_factory=list)
     basis: str = ""  # what the stored outputs are: a variant verified by task accuracy stores its own
 
     @property
@@ -81,16 +83,16 @@ def check_served(name: str, *, repository: str | Path = "model_repository", url:
     cases, outputs = read_reference(folder / str(number) / "reference.npz")
     tolerance = (meta.get("verification") or {}).get("tolerance") or {"rel_l2": 1e-5}
     output_names = [o["name"] for o in meta["spec"]["outputs"]]
-    report = CheckReport(name, number, cases=len(cases), host_warnings=host_warnings(meta, name, current_host, source=meta_path))
-    if meta.get("verified_by") == "task_accuracy":
-        report.basis = _task_accuracy_basis(meta)
-
     if protocol not in ("http", "grpc", "both"):
         raise UserInputError(f"--protocol {protocol!r}: use http, grpc or both")
     if grpc_url is None:
         host, port = _split_url(url)
         grpc_url = f"{host}:{port + 1}"
     protocols = ["http", "grpc"] if protocol == "both" else [protocol]
+    report = CheckReport(name, number, cases=len(cases), host_warnings=check_host_warnings(
+        meta, name, [url if p == "http" else grpc_url for p in protocols], current_host, source=meta_path))
+    if meta.get("verified_by") == "task_accuracy":
+        report.basis = _task_accuracy_basis(meta)
 
     # Only the protocols asked for are contacted: a gRPC-only endpoint (--protocol grpc) has no HTTP
     # port to ask for liveness or the loaded config, and the first protocol's answers serve for both.
@@ -123,6 +125,29 @@ def check_served(name: str, *, repository: str | Path = "model_repository", url:
         for client in clients.values():
             client.close()
     return report
+
+
+def on_this_machine(address: str) -> bool:
+    """Whether HOST:PORT (or a URL) names this machine by a loopback or unspecified address or localhost."""
+    host = address.split("://")[-1].rpartition(":")[0].strip("[]").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return ip.is_loopback or ip.is_unspecified
+
+
+def check_host_warnings(meta: dict[str, Any], name: str, addresses: list[str], current_host: dict | None = None,
+                        *, source: Path | str | None = None) -> list[str]:
+    """The host warnings check can honestly give. It cannot see the server's process, and usable cores
+    are per process (a server under taskset -c 0 serving a 1-core build is right, whatever cores check
+    may use), so never those; the CPU model, ISA class and GPUs are per machine, so those only where
+    every server address is this machine. A remote server's host is not known here: nothing is said."""
+    if not addresses or not all(on_this_machine(a) for a in addresses):
+        return []
+    return host_warnings(meta, name, current_host, source=source, per_process=False)
 
 
 def _task_accuracy_basis(meta: dict[str, Any]) -> str:

@@ -52,7 +52,7 @@ def test_check_warns_when_the_model_was_built_on_another_host(served, built_repo
     report = check_served("digits_cnn", repository=built_repository, url=served.http_url, grpc_url=served.grpc_url,
                           protocol="http", current_host=other)
     assert report.ok  # a warning, not a failure: the answers still match
-    assert len(report.host_warnings) == 2
+    assert len(report.host_warnings) == 1  # the machine's ISA; check's own cores say nothing about the server's
     assert any(line.startswith("- host: digits_cnn: variants were measured on") and "Elsewhere CPU" in line
                for line in report.lines())
 
