@@ -14,6 +14,7 @@ happen inside the functions.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Callable
 
@@ -143,15 +144,16 @@ def torch_runner(module, output_names: list[str], input_names: list[str] | None 
 
 def name_outputs(result, output_names: list[str]) -> dict[str, np.ndarray]:
     """The model's return value as {spec output name: array}, in spec order. Outputs are taken by
-    position (exporters number a graph's outputs the same way); a dict whose keys the spec also uses must
-    list them in the dict's order, or each name would label another key's values. A count that differs
-    is the spec's mistake, never truncated."""
-    if isinstance(result, dict) and not any(isinstance(v, (dict, list, tuple)) for v in result.values()):
-        keys = [str(k) for k in result if result[k] is not None]
+    position (exporters number a graph's outputs the same way); a dict, a mapping (HF ModelOutput) or a
+    namedtuple whose names the spec also uses must be listed in the model's order, or each name would
+    label another field's values. A count that differs is the spec's mistake, never truncated."""
+    named = _named_fields(result)
+    if named is not None:
+        kind, keys = named
         if set(keys) & set(output_names) and keys != list(output_names):
             raise UserInputError(
-                f"field 'outputs': the model returns a dict with keys {', '.join(keys)} (in this order), the spec "
-                f"lists {', '.join(output_names)}; outputs are taken in the dict's order, so list them as "
+                f"field 'outputs': the model returns {kind} {', '.join(keys)} (in this order), the spec "
+                f"lists {', '.join(output_names)}; outputs are taken in the model's order, so list them as "
                 f"outputs: [{', '.join('{name: ' + k + '}' for k in keys)}]")
     arrays = flatten_outputs(result)
     if len(arrays) != len(output_names):
@@ -162,13 +164,28 @@ def name_outputs(result, output_names: list[str]) -> dict[str, np.ndarray]:
     return dict(zip(output_names, arrays))
 
 
+def _named_fields(result) -> tuple[str, list[str]] | None:
+    """(what the model returns, its field names in order) for a flat dict, mapping or namedtuple whose
+    fields are one tensor each (None values dropped, as flattening does); None otherwise - nested
+    values flatten to more tensors than names, so the names cannot be matched one to one."""
+    if isinstance(result, Mapping):
+        kind, items = f"a {type(result).__name__} with keys", list(result.items())
+    elif isinstance(result, tuple) and isinstance(getattr(type(result), "_fields", None), tuple):
+        kind, items = f"a namedtuple {type(result).__name__} with fields", list(zip(type(result)._fields, result))
+    else:
+        return None
+    if any(isinstance(v, (Mapping, list, tuple)) for _, v in items):
+        return None
+    return kind, [str(k) for k, v in items if v is not None]
+
+
 def flatten_outputs(result) -> list[np.ndarray]:
     """A model's return value (tensor, tuple/list, dict, HF ModelOutput) as a list of arrays."""
     import torch
 
     if isinstance(result, torch.Tensor):
         return [result.detach().cpu().numpy()]
-    if isinstance(result, dict):
+    if isinstance(result, Mapping):
         items = list(result.values())
     elif isinstance(result, (list, tuple)):
         items = list(result)
