@@ -199,6 +199,43 @@ def check_deterministic(first: dict, second: dict, origin: str, kind: str = "mod
                              f"differ ({how}) - {fix}")
 
 
+# a sample's answer alone vs inside a batch: kernels for other batch sizes differ by ~1e-6 (fp16 ~1e-3);
+# a model that mixes samples (softmax over dim 0) differs by O(1)
+BATCH_INDEPENDENCE_REL_L2 = 1e-2
+
+
+def check_batch_independent(run, inputs: dict, outputs: dict, origin: str) -> None:
+    """Refuse a model whose answer for a sample depends on the other samples of its batch: with
+    max_batch_size > 0 Triton joins requests from different clients into one batch, so each client
+    would get an answer that depends on strangers' inputs (softmax or a normalisation over dim 0, the
+    batch, is the usual cause). The first, middle and last samples of ``inputs`` (a batch of 2 or
+    more; ``outputs`` its answers) run alone. A class id flipping on one sample can be a near tie, so
+    integer outputs count only when two samples disagree."""
+    from builder.tensors import compare_outputs
+
+    batch = len(next(iter(inputs.values())))
+    found: list[str] = []
+    integer_samples = 0
+    for i in sorted({0, batch // 2, batch - 1}) if batch > 1 else []:
+        alone = run({name: array[i:i + 1] for name, array in inputs.items()})
+        for name, m in compare_outputs({k: v[i:i + 1] for k, v in outputs.items()}, alone).items():
+            if "shape_mismatch" in m or "nonfinite_mismatch" in m:
+                found.append(f"output '{name}' of sample {i}: {'shape' if 'shape_mismatch' in m else 'NaN/Inf'} "
+                             "differs")
+            elif m.get("mismatched"):
+                integer_samples += 1
+                found.append(f"output '{name}' of sample {i}: {m['mismatched']:.0f} value(s) differ")
+            elif m.get("rel_l2", 0.0) > BATCH_INDEPENDENCE_REL_L2:
+                found.append(f"output '{name}' of sample {i}: rel L2 {m['rel_l2']:.1e}, max abs {m['max_abs']:.1e}")
+    if found and (integer_samples != len(found) or integer_samples >= 2):
+        raise UserInputError(
+            f"{origin}: field 'max_batch_size': the model's answer for a sample depends on the other samples of its "
+            f"batch (alone vs in a batch of {batch}: {'; '.join(found[:3])}). Triton batches requests from "
+            "different clients together, so each would get an answer that depends on the others. Compute each "
+            "sample on its own (e.g. softmax/normalise over dim=-1, not dim=0, the batch); if the first dimension "
+            "is a set the model needs whole, set max_batch_size: 0 and give that dimension in inputs[].shape (-1)")
+
+
 def check_onnx_external_data(model, path: Path) -> list[Path]:
     """The external data files an ONNX source refers to (each once, in order), checked now: every one
     must be a file inside the model's folder (onnx refuses any other, and the build copies them from

@@ -11,7 +11,9 @@ from builder.data_checks import (CHECK_BATCHES, calibration_warning, check_label
                                   spec_input)
 from builder.errors import UserInputError
 from builder.files import sha256_file
-from builder.model_source import check_deterministic, check_onnx_external_data, import_factory, load_weights
+from builder.model_source import (check_batch_independent, check_deterministic, check_onnx_external_data,
+                                  import_factory, load_weights)
+from builder.spec import TRITON_DTYPES
 from builder.stages.base import BuildContext, Reference, StageResult
 from builder.tensors import build_cases, run_batched, trace_example
 from builder.runtime import open_runner, torch_runner
@@ -49,6 +51,10 @@ def run(ctx: BuildContext) -> StageResult:
         ctx.reference_kind = "onnxruntime (source ONNX; no PyTorch model given)"
         ctx.source_hashes[source.path.name] = sha256_file(source.path)
 
+    if spec.data.validation and "labels" in (t.name for t in spec.inputs):
+        raise UserInputError(f"{_origin(ctx)}: field 'inputs': an input is named 'labels', the key data.validation "
+                             "keeps for the class ids that top-1 accuracy is scored on; rename the input (inputs are "
+                             "passed to forward() by position: only the spec and the data files' key change)")
     validation = _read_npz(spec.data.validation, "data.validation", ctx) if spec.data.validation else None
     calibration = _read_npz(spec.data.calibration, "data.calibration", ctx) if spec.data.calibration else None
 
@@ -60,6 +66,11 @@ def run(ctx: BuildContext) -> StageResult:
             f"{_origin(ctx)}: field 'outputs': the spec lists {len(spec.outputs)} output(s) "
             f"({', '.join(o.name for o in spec.outputs)}) but the model returns {len(outputs)}; list one name per output"
         )
+    for name, array in outputs.items():  # complex64, bfloat16 (as numpy sees it), strings: no Triton type
+        if str(array.dtype) not in TRITON_DTYPES:
+            raise UserInputError(f"{_origin(ctx)}: field 'outputs': '{name}' is {array.dtype} from the model, which "
+                                 f"Triton cannot serve (types: {', '.join(TRITON_DTYPES)}); return it as one of them "
+                                 "(complex: torch.view_as_real(x) -> a last axis of 2; bfloat16: .float())")
     # the model runs on generated inputs (above): a failure on the user's data is the data's, said now
     val_inputs = val_outputs = top1 = None
     if validation is not None:
@@ -73,6 +84,9 @@ def run(ctx: BuildContext) -> StageResult:
     # one more run of the first case: a random forward() would otherwise fail every variant at rel L2 ~1
     check_deterministic(reference_outputs[0], _call_checked(runner, cases[0]["inputs"], ctx), _origin(ctx), source.kind)
     _check_batch_dimension(ctx, cases, reference_outputs)
+    if spec.batching:  # the widest case's samples run alone too: an answer must not depend on its batch-mates
+        widest = max(range(len(cases)), key=lambda i: len(next(iter(cases[i]["inputs"].values()))))
+        check_batch_independent(runner, cases[widest]["inputs"], reference_outputs[widest], _origin(ctx))
     if validation is not None and val_outputs is None:  # batches whose outputs did not concatenate: say how
         val_outputs = run_batched(runner, val_inputs, spec.max_batch_size)
     if validation is not None and "labels" in validation:
@@ -280,11 +294,42 @@ def _call_checked(runner, inputs: dict[str, np.ndarray], ctx: BuildContext) -> d
         detail = " ".join(str(exc).split())[:400]
         raise UserInputError(
             f"{_origin(ctx)}: field 'inputs': the model rejected inputs built from the spec ({shapes}): {detail}. "
-            "Fix inputs[].shape / dtype (per-sample shape, no batch dimension) to match the model"
-            + ("; for integer ids, inputs[].value_range (or real inputs in data.validation)"
-               if any(np.issubdtype(v.dtype, np.integer) for v in inputs.values()) else "")
+            + (_narrower_fix(runner, inputs, ctx) or
+               "Fix inputs[].shape / dtype (per-sample shape, no batch dimension) to match the model"
+               + ("; for integer ids, inputs[].value_range (or real inputs in data.validation)"
+                  if any(np.issubdtype(v.dtype, np.integer) for v in inputs.values()) else ""))
         ) from None
     return outputs
+
+
+def _narrower_fix(runner, inputs: dict[str, np.ndarray], ctx: BuildContext) -> str | None:
+    """When the model runs on one sample, or at the opt size, but not on what the builder chose (a
+    batch > 1, a dynamic size between min and max), that choice is the fix - not inputs[].shape."""
+    from builder.tensors import random_tensor
+    spec = ctx.spec
+    batch = len(next(iter(inputs.values()))) if spec.batching else None
+    if batch and batch > 1 and _runs(runner, {k: v[:1] for k, v in inputs.items()}):
+        return (f"It runs on 1 sample but not on a batch of {batch}: if forward() takes one sample at a time, set "
+                "max_batch_size: 1 (or 0, with no batch dimension in inputs[].shape); else make it take any batch")
+    first = next((t for t in spec.inputs if t.dynamic), None)
+    if first is None:
+        return None
+    axis = first.shape.index(-1) + (1 if spec.batching else 0)
+    size, opt = inputs[first.name].shape[axis], first.profile_shapes()["opt"][first.shape.index(-1)]
+    rng = np.random.default_rng(0)
+    if size != opt and _runs(runner, {t.name: random_tensor(t, batch, opt, rng) for t in spec.inputs}):
+        return (f"It runs at size {opt} (opt_shape) but not at size {size}, which the builder picked between min_shape "
+                "and max_shape to test the dynamic dims: if only some sizes are valid (e.g. even, or multiples of 8), "
+                "list the sizes to test in verify.dynamic_sizes")
+    return None
+
+
+def _runs(runner, inputs: dict[str, np.ndarray]) -> bool:
+    try:
+        runner(inputs)
+    except Exception:  # noqa: BLE001 - only whether it runs matters here
+        return False
+    return True
 
 
 def _check_batch_dimension(ctx: BuildContext, cases: list[dict], outputs: list[dict[str, np.ndarray]]) -> None:
