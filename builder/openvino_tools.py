@@ -113,6 +113,23 @@ def ir_files(xml: Path) -> list[Path]:
     return [xml, *([xml.with_suffix(".bin")] if xml.with_suffix(".bin").exists() else [])]
 
 
+def float64_parts(onnx_path: Path) -> list[str]:
+    """Where an ONNX graph holds float64 (inputs, outputs, weights, casts to it), [] when nowhere. The
+    CPU plugin has no f64: it computes such a graph in f32, or refuses to compile it once NNCF has
+    quantised it ("CPU plugin does not support f64")."""
+    import onnx
+
+    double = onnx.TensorProto.DOUBLE
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    parts = [f"{kind} {v.name}" for kind, values in (("input", graph.input), ("output", graph.output))
+             for v in values if v.type.tensor_type.elem_type == double]
+    weights = sum(1 for t in graph.initializer if t.data_type == double)
+    casts = sum(1 for n in graph.node if n.op_type == "Cast" and any(a.name == "to" and a.i == double
+                                                                     for a in n.attribute))
+    parts += [f"{weights} float64 weight(s)"] * bool(weights) + [f"{casts} Cast(s) to float64"] * bool(casts)
+    return parts
+
+
 def compile_ir(path: Path, threads: int | None = None, hint: str = "LATENCY"):
     ov = import_openvino()
 

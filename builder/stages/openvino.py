@@ -28,7 +28,7 @@ import numpy as np
 
 from builder import openvino_tools
 from builder.stages.base import BuildContext, StageResult, Variant
-from builder.stages.common import accuracy_drop_failure, calibration_samples, make_each
+from builder.stages.common import accuracy_drop_failure, calibration_samples, make_each, not_made
 from builder.tensors import top1_accuracy, top1_hits
 from builder.variants import register_variant
 
@@ -178,6 +178,15 @@ def run(ctx: BuildContext) -> StageResult:
     wanted = [name for name in MAKERS if ctx.wants(name)]
     if not wanted:
         return StageResult.skipped(STAGE, "no OpenVINO variant requested (openvino, openvino_int8: opt-in)")
+    base = ctx.variant("onnx")
+    float64 = openvino_tools.float64_parts(base.path) if base is not None and base.path.exists() else []
+    if float64:
+        why = (f"OpenVINO's CPU plugin has no f64 and this is a float64 model ({', '.join(float64[:4])}): it would "
+               "compute in f32 or fail to compile; serve the onnx or torchscript variant, or cast the model to "
+               "float32 for OpenVINO")
+        for name in wanted:
+            not_made(ctx, name, why, skipped=True)
+        return StageResult.skipped(STAGE, "; ".join(f"{name} skipped: {why}" for name in wanted))
     made, failed, text = make_each(ctx, wanted, lambda name: MAKERS[name](ctx))
     if made:
         return StageResult.ok(STAGE, text, made=made, failed=failed)

@@ -32,7 +32,10 @@ def verify_variant(ctx: BuildContext, variant: Variant) -> list[str]:
     if too_new:
         return too_new
     outputs = [o.name for o in spec.outputs]
-    run = open_runner(variant.format, variant.path, outputs, [t.name for t in spec.inputs])
+    try:
+        run = open_runner(variant.format, variant.path, outputs, [t.name for t in spec.inputs])
+    except Exception as exc:  # noqa: BLE001 - a runtime that cannot load this one variant rejects only it
+        return [f"the variant could not be loaded to run: {' '.join(str(exc).split())[:300]}"]
     per_case, own = [], []
     for case, ref in zip(ctx.reference.cases, ctx.reference.outputs):
         try:
