@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from builder import assets
-from builder.errors import UserInputError
+from builder.errors import UserInputError, VerificationError
 from builder.repository.config import (DynamicBatching, InstanceGroup, ModelConfig, TensorConfig, Warmup,
                                        WarmupInput, backend_for, backend_info, render_config)
 from builder.tensorrt.gpu_config import gpu_optimization
@@ -28,6 +28,7 @@ from builder.repository.interface import interface_change
 from builder.repository.layout import Reservation, publish_version
 from builder.repository.metadata import write_metadata
 from builder.repository.signing import SIGNED_CONFIG, sign_version
+from builder.repository.warmup import warmup_failure
 from builder.files import sha256_file
 from builder.spec import TRITON_DTYPES, ModelSpec
 
@@ -104,6 +105,12 @@ def publish_model(repository: Path, description: VersionDescription,
     config = description.config
     config_text = description.config_text or render_config(config)
     interface_change(repository, description.name, config_text)  # raises UserInputError; a warning is the caller's
+    failure = warmup_failure(description)
+    if failure is not None:  # Triton would not load it, and serve of the whole repository would fail
+        raise VerificationError(f"'{description.name}' was not published: its warm-up (zeros, config.pbtxt's "
+                                f"model_warmup) fails in {description.model_format}, so Triton would not load it: "
+                                f"{failure}; models published before it in this run stay; build it without this "
+                                "variant (--variants) or set deploy.warmup: false")
     with publish_version(repository, description.name, description.version, reservation) as draft:
         model_files = description.model_files
         model_name = _model_file_for(description.model_format)

@@ -1,0 +1,49 @@
+"""Every model a build publishes (the --publish-variants companions too) runs its Triton warm-up
+in-process first: one Triton would fail to load is not published, and says why."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from builder.errors import VerificationError
+from builder.repository.config import ModelConfig, TensorConfig, Warmup, WarmupInput
+from builder.repository.description import VersionDescription
+from builder.repository.layout import existing_versions
+from builder.repository.publish import publish_model
+
+
+class RefusesZeros(torch.nn.Module):
+    """Like a dynamically quantized model fed an input it cannot quantize."""
+
+    def forward(self, x):
+        if bool((x == 0).all()):
+            raise RuntimeError("In ChooseQuantizationParams, min should be less than or equal to max")
+        return x * 2
+
+
+class Doubles(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+def _description(tmp_path, module, name):
+    path = tmp_path / f"{name}.pt"
+    torch.jit.script(module).save(str(path))
+    config = ModelConfig(name=name, backend="pytorch_libtorch", max_batch_size=8,
+                         inputs=[TensorConfig("x", "TYPE_FP32", [4])], outputs=[TensorConfig("y", "TYPE_FP32", [4])],
+                         warmups=[Warmup("warmup_batch1", 1, [WarmupInput("x", "TYPE_FP32", [4])])])
+    return VersionDescription(name=name, config=config, model_format="torchscript", model_files=[path], metadata={})
+
+
+def test_a_model_failing_its_warm_up_is_not_published_and_says_why(tmp_path):
+    repo = tmp_path / "repo"
+    assert publish_model(repo, _description(tmp_path, Doubles(), "m"))["version"] == 1
+    with pytest.raises(VerificationError, match=r"'m__torchscript_int8_dynamic' was not published: its warm-up "
+                                                r"\(zeros, config.pbtxt's model_warmup\) fails in torchscript, so "
+                                                r"Triton would not load it: .*min should be less than or equal to "
+                                                r"max.*; models published before it in this run stay"):
+        publish_model(repo, _description(tmp_path, RefusesZeros(), "m__torchscript_int8_dynamic"))
+    assert not (repo / "m__torchscript_int8_dynamic").exists()
+    assert existing_versions(repo / "m") == [1]
+    assert "zero_data: true" in (repo / "m" / "config.pbtxt").read_text()
