@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import shutil
 import warnings
 
 import numpy as np
@@ -34,6 +35,10 @@ from builder.variants import register_variant
 
 STAGE = "openvino"
 CALIBRATION_BATCH = 16
+
+
+class NotApplicable(Exception):
+    """The variant makes no sense for this model (recorded as skipped, not as a failure)."""
 
 
 def _base(ctx: BuildContext) -> Variant:
@@ -163,10 +168,13 @@ def make_openvino_int8(ctx: BuildContext) -> str:
         passes.append(f"nncf quantize_with_accuracy_control(max_drop={ctx.spec.verify.max_accuracy_drop} points, "
                       "absolute)")
         drop = _top1_drop(ctx, ir)
+    fake_quantize = openvino_tools.count_ops(ir, "FakeQuantize")
+    if not fake_quantize:
+        raise NotApplicable("nothing was quantized (would equal openvino): NNCF inserted no FakeQuantize (no op "
+                            "it quantizes, such as Convolution or MatMul, on float32 tensors)")
     variant = Variant("openvino_int8", "openvino", "int8", ir, exporter=f"{base.exporter}+openvino+nncf",
                       opset=base.opset, passes=passes, notes=notes)
     ctx.add_variant(variant)
-    fake_quantize = openvino_tools.count_ops(ir, "FakeQuantize")
     return (f"{fake_quantize} FakeQuantize ops; calibration: {where}"
             + (f"; top-1 drop {drop:+.2f} points" if drop is not None else ""))
 
@@ -187,7 +195,24 @@ def run(ctx: BuildContext) -> StageResult:
         for name in wanted:
             not_made(ctx, name, why, skipped=True)
         return StageResult.skipped(STAGE, "; ".join(f"{name} skipped: {why}" for name in wanted))
-    made, failed, text = make_each(ctx, wanted, lambda name: MAKERS[name](ctx))
+    skipped = {}
+
+    def make(name: str) -> str:
+        try:
+            return MAKERS[name](ctx)
+        except NotApplicable as exc:
+            skipped[name] = str(exc)
+            return ""
+
+    made, failed, _ = make_each(ctx, wanted, make)
+    for name, why in skipped.items():
+        made.pop(name, None)
+        not_made(ctx, name, why, skipped=True)
+        shutil.rmtree(ctx.workdir / name, ignore_errors=True)
+    text = "; ".join([f"{k}: {v}" for k, v in made.items()] + [f"{k} skipped: {v}" for k, v in skipped.items()]
+                     + [f"{k} FAILED: {v}" for k, v in failed.items()])
     if made:
-        return StageResult.ok(STAGE, text, made=made, failed=failed)
-    return StageResult.fail(STAGE, text, made=made, failed=failed)
+        return StageResult.ok(STAGE, text, made=made, skipped=skipped, failed=failed)
+    if failed:
+        return StageResult.fail(STAGE, text, made=made, skipped=skipped, failed=failed)
+    return StageResult.skipped(STAGE, text, made=made, skipped=skipped, failed=failed)

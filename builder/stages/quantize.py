@@ -113,8 +113,9 @@ def make_int8_static(ctx: BuildContext) -> str:
         _move_model(out_dir / "candidate.onnx", final)
     _remove(source, pre, out_dir / "candidate.onnx")
     passes.append(_recipe_text(chosen))
-    quantized = onnx_tools.load(final)
-    count = _quantized_ops(quantized)
+    count = _quantized_ops(_graph(final))
+    if not count:
+        raise _nothing_quantized(final, "quantize_static")
     variant = Variant("onnx_int8_static", "onnx", "int8", final, exporter=f"{base.exporter}+int8", opset=base.opset,
                       passes=passes, notes=[f"calibrated on {where}; method {chosen.calibration}", *notes])
     if rows:
@@ -135,11 +136,34 @@ def _recipe_text(cand) -> str:
     return text + "".join(f", {x}" for x in extra) + ")"
 
 
+def _quantized_op_types(model) -> dict[str, int]:
+    """{op type: count} of the INT8 nodes in a quantized graph (QDQ pairs, QLinear*, *Integer,
+    DynamicQuantize*): what a quantizer really did, whatever op types it was asked for."""
+    found: dict[str, int] = {}
+    for n in model.graph.node:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear") or n.op_type.startswith(
+                ("QLinear", "DynamicQuantize")) or n.op_type.endswith("Integer"):
+            found[n.op_type] = found.get(n.op_type, 0) + 1
+    return found
+
+
 def _quantized_ops(model) -> int:
-    return sum(1 for n in model.graph.node
-               if n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear") or n.op_type.startswith(("QLinear",
-                                                                                                   "DynamicQuantize"))
-               or n.op_type.endswith("Integer"))
+    found = _quantized_op_types(model)
+    return sum(found.values()) - found.get("DequantizeLinear", 0)  # a QDQ pair is one quantized value
+
+
+def _nothing_quantized(graph_file: Path, quantizer: str) -> NotApplicable:
+    """The variant would be the FP32 graph under an INT8 name; says why where the graph's dtype explains it."""
+    import onnx
+
+    graph = _graph(graph_file).graph
+    kinds = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16",
+             onnx.TensorProto.BFLOAT16: "bfloat16", onnx.TensorProto.DOUBLE: "float64"}
+    dtypes = sorted({kinds[t.data_type] for t in graph.initializer if t.data_type in kinds})
+    why = (f"; the graph's weights are {', '.join(dtypes)} and onnxruntime's {quantizer} quantizes float32 "
+           "tensors" if dtypes and "float32" not in dtypes else "")
+    return NotApplicable(f"nothing was quantized (would equal onnx): {quantizer} left every op in "
+                         f"floating point{why}")
 
 
 def _quantize_dynamic(prepared: Path, target: Path, cand, large: bool, only: list[str] | None = None) -> None:
@@ -204,9 +228,12 @@ def _search(ctx: BuildContext, base: Variant, prepared: Path, quantize, first, o
     fp32 = open_runner("onnx", base.path, *names)
     trial = out_dir / "trial.onnx"
 
+    nothing = []  # the first recipe (every op type it may take) quantized nothing: no recipe will
+
     def evaluate(cand, only=None) -> quant_search.Result:
         quantize(cand if only is None else replace(cand, exclude=()), trial, only)
         if not _quantized_ops(_graph(trial)):
+            nothing.extend([cand] if cand == first and only is None else [])
             return quant_search.Result(False, failures=["no node was quantised (no op of these types)"])
         return _evaluate_model(ctx, open_runner("onnx", trial, *names), fp32)
 
@@ -214,10 +241,14 @@ def _search(ctx: BuildContext, base: Variant, prepared: Path, quantize, first, o
                             if c != first]
     remeasure = _remeasurer(ctx, quantize, fp32, out_dir, names)
     # auto: search on only when the default recipe fails verification or is STABLY slower than FP32
-    stop = (lambda rows: len(rows) == 1 and rows[0].verdict == quant_search.PASS  # noqa: E731
-            and not quant_search.stably_slower(rows[0], remeasure)) if q.search == "auto" else None
+    stop = (lambda rows: bool(nothing) or (  # noqa: E731
+        q.search == "auto" and len(rows) == 1 and rows[0].verdict == quant_search.PASS
+        and not quant_search.stably_slower(rows[0], remeasure)))
     ctx.progress(f"  quantisation search ({q.search}, budget {q.search_seconds:g} s) ...")
     rows = quant_search.search(candidates, evaluate, q.search_seconds, clock, stop_when=stop)
+    if nothing:
+        _remove(trial)
+        raise _nothing_quantized(prepared, f"quantize_{'dynamic' if first.quant_format == 'dynamic' else 'static'}")
     if quant_search.best(rows) is None and clock() < deadline:
         start = quant_search.closest(rows)
         nodes = _sensitive_nodes(prepared, start)
@@ -358,7 +389,11 @@ def make_int8_dynamic(ctx: BuildContext) -> str:
     else:
         rows, chosen = _search(ctx, base, prepared, quantize, first, out_dir, quant_search.dynamic_candidates())
         _move_model(out_dir / "candidate.onnx", final)
+    done = _quantized_op_types(_graph(final))
+    if not done:
+        raise _nothing_quantized(final, "quantize_dynamic")
     _remove(source, out_dir / "preprocessed.onnx", out_dir / "candidate.onnx")
+    quantized = ", ".join(f"{op} x{n}" for op, n in sorted(done.items()))
     passes.append(f"quantize_dynamic(op_types {', '.join(chosen.op_types)}, weights "
                   f"{'QInt8' if chosen.weight_type == 'S8' else 'QUInt8'}"
                   + (", per_channel=True" if chosen.per_channel else "")
@@ -366,14 +401,14 @@ def make_int8_dynamic(ctx: BuildContext) -> str:
                   + (f", FP32 nodes {', '.join(chosen.exclude)}" if chosen.exclude else "") + ")")
     variant = Variant("onnx_int8_dynamic", "onnx", "int8", final, exporter=f"{base.exporter}+int8", opset=base.opset,
                       passes=passes,
-                      notes=[f"quantized ops: {', '.join(targets)}; everything else (Conv included) stays FP32",
-                             *notes])
+                      notes=[f"INT8 nodes: {quantized} (from {', '.join(targets)}); everything else (Conv "
+                             "included) stays FP32", *notes])
     if rows:
         variant.notes += [quant_search.summary(rows), "quantisation search (this host):\n"
                           + quant_search.format_table(rows)]
         variant.search = [r.to_dict() for r in rows]
     ctx.add_variant(variant)
-    return f"quantized {', '.join(targets)}"
+    return f"quantized {', '.join(targets)}: {quantized}"
 
 
 @register_variant("torchscript_int8_dynamic", format="torchscript", precision="int8", stage=STAGE,
@@ -386,14 +421,21 @@ def make_torchscript_int8_dynamic(ctx: BuildContext) -> str:
             ctx.model, torch.jit.ScriptModule):
         raise NotApplicable(f"the source is {ctx.spec.source.kind}, not a PyTorch module: torch dynamic "
                             "quantization needs the eager nn.Module")
-    linears = sum(1 for m in ctx.model.modules() if isinstance(m, torch.nn.Linear))
-    if not linears:
+    layers = {n: m.weight.dtype for n, m in ctx.model.named_modules() if isinstance(m, torch.nn.Linear)}
+    if not layers:
         raise NotApplicable("the model has no nn.Linear layers: nothing for dynamic INT8 to quantize")
+    # quantize_dynamic's Linear takes float32 in and out: a float16/float64 layer would fail at run time
+    names = {n for n, dtype in layers.items() if dtype == torch.float32}
+    if not names:
+        kinds = ", ".join(sorted({str(d).removeprefix("torch.") for d in layers.values()}))
+        raise NotApplicable(f"the model's nn.Linear layers are {kinds}, not float32: torch dynamic INT8 quantizes "
+                            "float32 nn.Linear only (it would fail on the first call)")
+    linears, which = len(names), {torch.nn.Linear} if len(names) == len(layers) else names
     base = ctx.variant("torchscript")
     order = ["trace", "script"] if base is None or base.exporter != "torch.jit.script" else ["script"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao.quantization is deprecated in torch 2.x; it still works
-        quantized = torch.ao.quantization.quantize_dynamic(copy.deepcopy(ctx.model), {torch.nn.Linear},
+        quantized = torch.ao.quantization.quantize_dynamic(copy.deepcopy(ctx.model), which,
                                                            dtype=torch.qint8).eval()
         example = trace_example(ctx.spec)
         args = tuple(torch.from_numpy(example[t.name]) for t in ctx.spec.inputs)
