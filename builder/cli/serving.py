@@ -14,19 +14,15 @@ DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 
 
 def _bindable(host: str, port: int) -> bool:
-    import socket
+    from builder.processes import port_in_use  # as the server binds: a port in TIME_WAIT is free
 
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
+    return not port_in_use(host, port)
 
 
 def _ports(args: argparse.Namespace, reporter: Reporter) -> dict[str, int | None]:
     """The ports asked for; unset ones get Triton's defaults when all three are free (so the other
-    verbs' defaults reach this server), else free ones, said plainly."""
+    verbs' defaults reach this server), else free ones, said plainly. Another server may still take a
+    default between this check and the bind: the server's start then fails naming the port and option."""
     asked = {"http": args.http_port, "grpc": args.grpc_port, "metrics": args.metrics_port}
     unset = [kind for kind, port in asked.items() if port is None]
     if not unset:

@@ -27,8 +27,11 @@ How it runs the binary (nvidia-pytriton 0.7.0; the backend directory, environmen
 
 - ``--exit-on-error=false`` is always passed, so a model that fails to load does not kill the
   server; ``start()`` then checks every model it asked for and raises ``ServerError`` with Triton's
-  own reason. In ``none``/``poll`` mode Triton tries every model, so ``--strict-readiness=false``
-  is added when some are left out (otherwise ``/v2/health/ready`` would never say ready).
+  own reason (with ``keep_going``: only if none loaded; the rest go to ``failed``). In ``none``/``poll``
+  mode Triton tries every model, so ``--strict-readiness=false`` is added when some are left out, and
+  with ``keep_going`` (otherwise ``/v2/health/ready`` would never say ready).
+- ``--id`` is a name unique to this process: the readiness probe (``GET /v2``) accepts only it, so
+  another server answering on our port (it won a race for the port) is never taken for ours.
 - Log lines about NVML, DCGM, CudaDriverHelper and pinned memory are expected without a GPU;
   they are dropped from the log excerpts quoted in errors.
 - A repository path with a space (or another shell character) is served through a symlink
@@ -56,7 +59,7 @@ from builder.serving.backends import EMBEDDED_BACKENDS, PLATFORM_BACKENDS, model
 from builder.serving.install import TritonInstall, build_backend_dir, find_tritonserver, make_workdir, \
     server_environment, stub_safe_repository
 from builder.serving.server_log import describe_exit as _describe_exit, readable as _readable
-from builder.serving import server_log
+from builder.serving import server_log, startup
 
 if TYPE_CHECKING:
     from builder.serving.client import TritonClient
@@ -89,9 +92,11 @@ class EmbeddedServer(LocalService):
         load_models: explicit mode only: the models to load at start.
         extra_args: more ``tritonserver`` arguments, passed last.
         ready_timeout: seconds to wait for the server (and its models) to be ready.
+        keep_going: a model that fails to load at start goes to ``failed`` (name -> Triton's reason)
+            and the others are served; the start fails only if none loads. Default: any failure does.
 
     After ``start()``: ``models`` lists the models it loaded at start, ``left_out`` maps each model
-    it cannot serve to the reason.
+    it cannot serve to the reason, ``failed`` each that failed to load (``keep_going``).
     """
 
     label = "tritonserver"
@@ -113,6 +118,7 @@ class EmbeddedServer(LocalService):
         load_models: Sequence[str] | None = None,
         extra_args: Sequence[str] = (),
         ready_timeout: float = 60.0,
+        keep_going: bool = False,
     ):
         if model_control not in _MODEL_CONTROL_MODES:
             raise UserInputError(f"model_control '{model_control}' is not one of: {', '.join(_MODEL_CONTROL_MODES)}")
@@ -135,6 +141,9 @@ class EmbeddedServer(LocalService):
         self.ready_timeout = float(ready_timeout)
         self.log_path: Path | None = Path(log_path).expanduser().resolve() if log_path is not None else None
         self.left_out: dict[str, str] = {}
+        self.failed: dict[str, str] = {}
+        self.keep_going = keep_going
+        self.server_id = startup.new_server_id()  # --id: the readiness probe accepts only this server
         self.models: list[str] = []
         self.install: TritonInstall | None = None
         self._requested_ports = (http_port, grpc_port, metrics_port)
@@ -227,7 +236,7 @@ class EmbeddedServer(LocalService):
         return list(zip(("--http-port", "--grpc-port", "--metrics-port"), self._requested_ports))
 
     def _ready(self) -> bool:
-        if http_get(f"http://{self.http_url}/v2/health/live", timeout=1.0)[0] == 200:
+        if startup.answers_as(self.http_url, self.server_id):
             return True
         crash = server_log.crash_lines(self.read_log())
         if crash:  # the server would wait for the crashed process forever: fail now, with the log's words
@@ -240,7 +249,8 @@ class EmbeddedServer(LocalService):
         return busy[0] if busy and self._port_was_chosen(busy[0]) else None
 
     def _exit_error(self, code: int) -> Exception:
-        return ServerError(
+        busy = startup.busy_port_error(self.read_log(), self.host, self._fixed_ports(), self.log_path)
+        return busy or ServerError(
             f"tritonserver {_describe_exit(code)} while starting:\n{self._startup_error_lines()}\nfull log: {self.log_path}"
         )
 
@@ -356,12 +366,13 @@ class EmbeddedServer(LocalService):
             f"--metrics-address={self.host}",
             f"--model-control-mode={self.model_control}",
             "--exit-on-error=false",
+            f"--id={self.server_id}",
         ]
+        if self.keep_going or (self.model_control != "explicit" and self.left_out):
+            cmd.append("--strict-readiness=false")  # strict, one model that cannot load keeps it unready forever
         if self.model_control == "explicit":
             cmd += [f"--load-model={name}" for name in self.models]
         else:
-            if self.left_out:
-                cmd.append("--strict-readiness=false")
             if self.model_control == "poll" and not any(a.startswith("--repository-poll-secs") for a in self.extra_args):
                 cmd.append("--repository-poll-secs=5")
         return cmd + list(self.extra_args)
@@ -369,36 +380,18 @@ class EmbeddedServer(LocalService):
     def _wait_ready(self) -> None:
         """Wait for live, check the start-up models, then wait for ready; all within ready_timeout."""
         super()._wait_ready()  # live (``_ready``), or the exit / address-in-use / timeout errors
-        deadline = self._ready_deadline
-
-        # Models loaded at start: Triton opens HTTP only after trying them all.
-        while True:
-            states = {entry.get("name"): entry for entry in self.repository_index()}
-            pending = [n for n in self.models if states.get(n, {}).get("state") in (None, "LOADING", "UNLOADING")]
-            failed = {n: states.get(n, {}) for n in self.models if n not in pending and states[n].get("state") != "READY"}
-            if failed:
-                parts = []
-                for name, entry in failed.items():
-                    reason = self._real_paths(entry.get("reason") or "") or "\n".join(self._model_log_lines(name)) \
-                        or "no reason given"
-                    parts.append(f"- {name}: {entry.get('state', 'UNKNOWN')}: {_readable(reason)}")
-                raise ServerError(
-                    "tritonserver could not load "
-                    + ("model " if len(parts) == 1 else "models ")
-                    + ", ".join(f"'{n}'" for n in failed)
-                    + ":\n"
-                    + "\n".join(parts)
-                    + f"\nfull log: {self.log_path}"
-                )
-            if not pending:
-                break
-            self.check_alive()
-            if time.monotonic() > deadline:
-                raise ServerError(
-                    f"models still loading after {self.ready_timeout:g} s: {', '.join(pending)}; full log: {self.log_path}"
-                )
-            time.sleep(0.1)
-        self.wait_until_ready(max(0.5, deadline - time.monotonic()))
+        try:
+            # Models loaded at start: Triton opens HTTP only after trying them all.
+            self.failed = startup.wait_for_start_models(self)
+            if self.failed and (not self.keep_going or len(self.failed) == len(self.models)):
+                raise startup.load_error(self.failed, self.log_path, every=self.keep_going and len(self.models) > 1)
+            self.models = [name for name in self.models if name not in self.failed]
+            self.wait_until_ready(max(0.5, self._ready_deadline - time.monotonic()))
+        except ServerDiedError:  # it bound HTTP, then failed on a port another process holds
+            busy = startup.busy_port_error(self.read_log(), self.host, self._fixed_ports(), self.log_path)
+            if busy is None:
+                raise
+            raise busy from None
 
     # -- talking to the server ---------------------------------------------------------------
 

@@ -48,7 +48,9 @@ def serve_forever(
 
     Returns 0 after a clean stop on a signal, and ``ServerDiedError.exit_code`` (2) if the server
     process ended on its own (after announcing its exit code and last log lines). Start-up failures
-    raise ``UserInputError``/``ServerError`` as ``EmbeddedServer.start`` does. ``announce`` gets one
+    raise ``UserInputError``/``ServerError`` as ``EmbeddedServer.start`` does. Serving the whole
+    repository (no ``load_models``), a model that fails to load is announced with Triton's reason and
+    the others are served; it fails (exit 2) only if none loads. Models asked for must all load. ``announce`` gets one
     line at a time (the default prints and flushes). Signal handlers are installed only when
     called from the main thread, and the previous ones are restored on return. Each served model
     whose build measured on a different host (ISA class, usable cores, GPU; builder/host.py) gets a
@@ -69,6 +71,7 @@ def serve_forever(
         load_models=load_models,
         extra_args=extra_args,
         ready_timeout=ready_timeout,
+        keep_going=load_models is None,  # one bad model (a published variant) must not take down the rest
     )
     with stop_signals() as received:
         try:
@@ -142,6 +145,9 @@ def _announce_started(server: EmbeddedServer, announce: Callable[[str], object],
     announce(f"  serving  {', '.join(server.models) if server.models else '(no models)'}")
     for name, reason in server.left_out.items():
         announce(f"  left out {name}: {reason}")
+    for name, reason in server.failed.items():
+        announce(f"  FAILED   {name} (not served; fix it and restart to serve it): "
+                 + reason.replace("\n", "\n           "))
     for line in warnings:
         announce(f"  warning  {line}")
     announce("Stop with Ctrl-C (SIGINT) or SIGTERM.")

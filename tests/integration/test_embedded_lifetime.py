@@ -6,6 +6,8 @@ the environment the server and its python stubs run in. Real tritonserver proces
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +17,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from builder.errors import ServerError
+from builder.processes import free_ports, http_get
+from builder.serving.embedded import EmbeddedServer
+from builder.serving.startup import answers_as
 
 pytestmark = pytest.mark.integration
 
@@ -118,3 +125,105 @@ def test_sigkilled_parent_leaves_no_server(repo, thread):
         for pid in pids:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------------------------------------
+# Another server on our port: never taken for ours
+
+
+class _LostTheRace(EmbeddedServer):
+    """Real server whose up-front port check saw its ports free: another server took them between
+    that check and the bind (two `serve` started together on the default ports)."""
+
+    def _fixed_ports(self):
+        if not getattr(self, "_checked", False):
+            self._checked = True
+            return []
+        return super()._fixed_ports()
+
+
+def test_a_server_that_loses_its_port_is_not_ready_on_the_winners(repo):
+    with EmbeddedServer(repo) as winner:
+        loser = _LostTheRace(repo, http_port=winner.http_port, grpc_port=winner.grpc_port,
+                             metrics_port=winner.metrics_port, ready_timeout=60)
+        with pytest.raises(ServerError, match=r"tritonserver could not bind 127\.0\.0\.1:(\d+): another process "
+                                              r"listens there \(another server started at the same time\?\); pass "
+                                              r"a free port with --(http|grpc|metrics)-port, or stop the other "
+                                              r"process") as info:
+            loser.start()
+        assert info.value.exit_code == 2
+        port, option = re.search(r":(\d+): .* with --(\w+)-port", str(info.value)).groups()
+        assert int(port) == {"http": winner.http_port, "grpc": winner.grpc_port, "metrics": winner.metrics_port}[option]
+        assert not loser.is_running()
+        assert winner.is_ready()  # the winner is untouched
+    assert answers_as(winner.http_url, winner.server_id) is False  # stopped: nothing answers as it
+    shutil.rmtree(loser.log_path.parent, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# A model that fails to load: the others are served
+
+
+BOOM = "boom-in-initialize-5309"
+BAD_PY = f"class TritonPythonModel:\n    def initialize(self, args):\n        raise RuntimeError('{BOOM}')\n"
+
+
+@pytest.fixture(scope="module")
+def mixed_repo(tmp_path_factory) -> Path:
+    repo = tmp_path_factory.mktemp("mixed_repo")
+    python_model(repo, "good")
+    python_model(repo, "good__variant", BAD_PY)
+    return repo
+
+
+def test_keep_going_serves_the_models_that_load(mixed_repo):
+    with EmbeddedServer(mixed_repo, keep_going=True, ready_timeout=60) as server:
+        assert server.models == ["good"]
+        assert list(server.failed) == ["good__variant"] and BOOM in server.failed["good__variant"]
+        assert server.is_ready()
+        with server.triton() as client:
+            assert client.model_ready("good")
+
+
+def test_keep_going_still_fails_when_nothing_loads(tmp_path):
+    python_model(tmp_path, "bad_a", BAD_PY)
+    python_model(tmp_path, "bad_b", BAD_PY)
+    server = EmbeddedServer(tmp_path, keep_going=True, ready_timeout=60)
+    with pytest.raises(ServerError, match=rf"could not load any model of the repository: 'bad_a', 'bad_b':\n"
+                                          rf"- bad_a: UNAVAILABLE: .*{BOOM}"):
+        server.start()
+    assert not server.is_running()
+    shutil.rmtree(server.log_path.parent, ignore_errors=True)
+
+
+def test_asked_for_model_that_fails_is_still_fatal(mixed_repo):
+    server = EmbeddedServer(mixed_repo, load_models=["good", "good__variant"], ready_timeout=60)
+    with pytest.raises(ServerError, match=rf"could not load model 'good__variant':\n- good__variant: .*{BOOM}"):
+        server.start()
+    assert not server.is_running()
+    shutil.rmtree(server.log_path.parent, ignore_errors=True)
+
+
+def test_serve_names_the_failed_model_and_serves_the_rest(mixed_repo):
+    http, grpc, metrics = free_ports("127.0.0.1", 3)
+    proc = subprocess.Popen([sys.executable, "-m", "builder", "serve", "--repository", str(mixed_repo),
+                             "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        seen = []
+        for line in proc.stdout:
+            seen.append(line)
+            if "Stop with" in line:
+                break
+        out = "".join(seen)
+        assert re.search(r"serving\s+good\n", out), out
+        assert re.search(rf"FAILED\s+good__variant \(not served; fix it and restart to serve it\): "
+                         rf"UNAVAILABLE: .*{BOOM}", out, re.S), out
+        status, _ = http_get(f"http://127.0.0.1:{http}/v2/models/good/ready")
+        assert status == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

@@ -1,0 +1,95 @@
+"""How an ``EmbeddedServer`` start is judged (builder/serving/embedded.py): whose server answers the
+readiness probe, which port another process took, which models loaded.
+
+Usage::
+
+    server_id = new_server_id()                       # passed as tritonserver --id=...
+    answers_as("127.0.0.1:8000", server_id)           # True only for OUR server on that port
+    failed = wait_for_start_models(server)            # {name: "STATE: reason"} once none is loading
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from builder.errors import ServerError
+from builder.processes import http_get
+from builder.serving.server_log import readable
+
+if TYPE_CHECKING:
+    from builder.serving.embedded import EmbeddedServer
+
+__all__ = ["new_server_id", "answers_as", "busy_port_error", "wait_for_start_models",
+           "load_error"]
+
+def new_server_id() -> str:
+    """A name for one tritonserver process (``--id``; ``GET /v2`` answers it as "name")."""
+    return f"triton-builder-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def answers_as(http_url: str, server_id: str) -> bool:
+    """Whether the server answering on ``http_url`` is the one started with ``--id=server_id``: a 200
+    from another server on the same port (two serves racing for 8000) is not ours."""
+    status, body = http_get(f"http://{http_url}/v2", timeout=1.0)
+    if status != 200:
+        return False
+    try:
+        return json.loads(body).get("name") == server_id
+    except (ValueError, AttributeError):
+        return False
+
+
+def busy_port_error(log: str, host: str, fixed_ports: Sequence[tuple[str, int | None]],
+                    log_path: Path | None) -> ServerError | None:
+    """The error for a server that could not bind a port asked for by number (None if the log says
+    nothing of the kind): the port was free when checked, and another process took it meanwhile."""
+    busy = next((line.strip() for line in log.splitlines() if "already in use" in line), None)
+    if busy is None:
+        return None
+    found = re.search(r":(\d+)'", busy)
+    port = int(found.group(1)) if found else None
+    option = next((opt for opt, asked in fixed_ports if asked is not None and asked == port), None)
+    where = f"{host}:{port}" if port is not None else "one of its ports"
+    fix = (f"pass a free port with {option}" if option else
+           "choose free ports with --http-port/--grpc-port/--metrics-port")
+    return ServerError(f"tritonserver could not bind {where}: another process listens there (another server "
+                       f"started at the same time?); {fix}, or stop the other process. Triton said: {busy}\n"
+                       f"full log: {log_path}")
+
+
+def wait_for_start_models(server: "EmbeddedServer") -> dict[str, str]:
+    """Wait (within the server's ready deadline) until none of ``server.models`` is loading; returns
+    ``{name: "STATE: reason"}`` for each that did not become READY, Triton's reason or its log lines."""
+    while True:
+        states = {entry.get("name"): entry for entry in server.repository_index()}
+        pending = [n for n in server.models if states.get(n, {}).get("state") in (None, "LOADING", "UNLOADING")]
+        if not pending:
+            break
+        server.check_alive()
+        if time.monotonic() > server._ready_deadline:
+            raise ServerError(f"models still loading after {server.ready_timeout:g} s: {', '.join(pending)}; "
+                              f"full log: {server.log_path}")
+        time.sleep(0.1)
+    failed = {}
+    for name in server.models:
+        entry = states[name]
+        if entry.get("state") != "READY":
+            reason = server._real_paths(entry.get("reason") or "") or "\n".join(server._model_log_lines(name)) \
+                or "no reason given"
+            failed[name] = f"{entry.get('state', 'UNKNOWN')}: {readable(reason)}"
+    return failed
+
+
+def load_error(failed: dict[str, str], log_path: Path | None, every: bool = False) -> ServerError:
+    """The error naming each model that failed to load, with Triton's reason."""
+    names = ", ".join(f"'{n}'" for n in failed)
+    head = ("tritonserver could not load any model of the repository: " if every else
+            "tritonserver could not load " + ("model " if len(failed) == 1 else "models "))
+    return ServerError(head + names + ":\n" + "\n".join(f"- {n}: {why}" for n, why in failed.items())
+                       + f"\nfull log: {log_path}")
