@@ -154,6 +154,7 @@ class EmbeddedServer(LocalService):
         self._backend_dir: Path | None = None
         self._environ: dict[str, str] | None = None
         self._link: Path | None = None  # <workdir>/repository -> a repository path the stub cannot take
+        self._bytecode: set[Path] = set()  # __pycache__ folders in the repository before the start
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -207,6 +208,7 @@ class EmbeddedServer(LocalService):
             return code
 
     def _prepare(self) -> None:
+        self._bytecode = startup.bytecode_dirs(self._local_repository)
         self._workdir = make_workdir()
         if self._log_in_workdir:
             self.log_path = self._workdir / "tritonserver.log"
@@ -217,9 +219,14 @@ class EmbeddedServer(LocalService):
                 log.write(f"# triton-builder: model repository {self.repository} is served as {self._link} "
                           "(the python backend's stub command line cannot take its path)\n")
         self._backend_dir = build_backend_dir(self.install, self._workdir / "backends")
-        self._environ = server_environment(self.install)
+        self._environ = {**server_environment(self.install), **startup.SERVER_ENVIRONMENT}
+
+    @property
+    def _local_repository(self) -> Path | None:
+        return None if self.remote is not None else self.repository
 
     def _cleanup(self) -> None:
+        startup.remove_new_bytecode(self._local_repository, self._bytecode)
         if self._workdir is not None:
             shutil.rmtree(self._workdir / "backends", ignore_errors=True)
 
@@ -386,6 +393,7 @@ class EmbeddedServer(LocalService):
             if self.failed and (not self.keep_going or len(self.failed) == len(self.models)):
                 raise startup.load_error(self.failed, self.log_path, every=self.keep_going and len(self.models) > 1)
             self.models = [name for name in self.models if name not in self.failed]
+            startup.remove_new_bytecode(self._local_repository, self._bytecode)
             self.wait_until_ready(max(0.5, self._ready_deadline - time.monotonic()))
         except ServerDiedError:  # it bound HTTP, then failed on a port another process holds
             busy = startup.busy_port_error(self.read_log(), self.host, self._fixed_ports(), self.log_path)
@@ -465,6 +473,7 @@ class EmbeddedServer(LocalService):
             if not reason:  # no reason in the answer: quote the log lines about the model
                 reason = "\n".join(self._model_log_lines(name, since)) or str(err)
             raise ServerError(f"tritonserver could not load model '{name}': {reason}\nfull log: {self.log_path}") from None
+        startup.remove_new_bytecode(self._local_repository, self._bytecode)
         if name not in self.models:
             self.models.append(name)
 

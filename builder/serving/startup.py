@@ -1,5 +1,6 @@
 """How an ``EmbeddedServer`` start is judged (builder/serving/embedded.py): whose server answers the
-readiness probe, which port another process took, which models loaded.
+readiness probe, which port another process took, which models loaded, and the extra environment the
+server and its python stubs run in.
 
 Usage::
 
@@ -14,6 +15,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -25,8 +27,34 @@ from builder.serving.server_log import readable
 if TYPE_CHECKING:
     from builder.serving.embedded import EmbeddedServer
 
-__all__ = ["new_server_id", "answers_as", "busy_port_error", "wait_for_start_models",
+__all__ = ["SERVER_ENVIRONMENT", "bytecode_dirs", "remove_new_bytecode", "new_server_id", "answers_as", "busy_port_error", "wait_for_start_models",
            "load_error"]
+
+SERVER_ENVIRONMENT = {
+    # no bytecode next to served files from any python the server starts (the stub's own interpreter
+    # ignores it: remove_new_bytecode)
+    "PYTHONDONTWRITEBYTECODE": "1",
+    # onnxruntime (1.31) in a stub otherwise writes a device id and a telemetry event queue under
+    # ~/.cache/Microsoft on every session
+    "ORT_DISABLE_TELEMETRY": "1",
+}
+
+
+def bytecode_dirs(repository: Path | None) -> set[Path]:
+    """Every ``__pycache__`` folder inside ``repository``'s version folders (none for None: s3://)."""
+    if repository is None or not repository.is_dir():
+        return set()
+    return {p for p in repository.glob("*/*/**/__pycache__") if p.is_dir()}
+
+
+def remove_new_bytecode(repository: Path | None, before: set[Path]) -> None:
+    """Remove the ``__pycache__`` folders that appeared since ``before``. The python backend's stub
+    imports model.py in an isolated interpreter (pybind11 ignores PYTHONDONTWRITEBYTECODE) and writes
+    its bytecode into the served version folder, changing a published version's contents; it does so
+    once, while the model loads. A folder that was there before the server started is left alone."""
+    for folder in bytecode_dirs(repository) - before:
+        shutil.rmtree(folder, ignore_errors=True)
+
 
 def new_server_id() -> str:
     """A name for one tritonserver process (``--id``; ``GET /v2`` answers it as "name")."""

@@ -15,8 +15,10 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
+from tritonclient.http import InferInput
 
 from builder.errors import ServerError
 from builder.processes import free_ports, http_get
@@ -227,3 +229,26 @@ def test_serve_names_the_failed_model_and_serves_the_rest(mixed_repo):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+# ---------------------------------------------------------------------------------------------
+# The environment of the server and its stubs
+
+
+def test_serving_writes_nothing_into_the_version_and_sends_no_telemetry(tmp_path):
+    version = python_model(tmp_path, "add_one")
+    with EmbeddedServer(tmp_path) as server:
+        stub = psutil.Process(server.pid).children(recursive=True)[0]
+        for proc in (psutil.Process(server.pid), stub):
+            env = proc.environ()
+            assert env.get("PYTHONDONTWRITEBYTECODE") == "1" and env.get("ORT_DISABLE_TELEMETRY") == "1", proc
+        x = np.arange(4, dtype=np.float32).reshape(1, 4)
+        with server.triton() as client:
+            inp = InferInput("INPUT0", [1, 4], "FP32")
+            inp.set_data_from_numpy(x)
+            np.testing.assert_allclose(client.raw.infer("add_one", [inp]).as_numpy("OUTPUT0"), x + 1)
+        assert sorted(p.name for p in version.iterdir()) == ["model.py"]  # the stub's __pycache__/ is gone
+        server.unload_model("add_one")
+        server.load_model("add_one")  # a reload imports model.py again
+        assert sorted(p.name for p in version.iterdir()) == ["model.py"]
+    assert sorted(p.name for p in version.iterdir()) == ["model.py"]
