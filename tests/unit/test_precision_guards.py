@@ -190,3 +190,25 @@ def test_quantized_op_types_are_read_from_the_quantized_graph():
                                                    "QuantizeLinear": 1, "DequantizeLinear": 1}
     assert quantize._quantized_ops(model) == 3  # a QDQ pair quantizes one value
     assert isinstance(model, onnx.ModelProto) and np.isfinite(1.0)
+
+
+MIXED_LINEARS = '''
+import torch
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__(); torch.manual_seed(0)
+        self.a = torch.nn.Linear(8, 8); self.b = torch.nn.Linear(8, 2).double()
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)).double()).float()
+def build():
+    return M().eval()
+'''
+
+
+def test_torch_dynamic_int8_quantizes_only_the_float32_linear_layers(tmp_path):
+    result = _build(tmp_path, "mixed", MIXED_LINEARS, "float32", 8, ["torchscript", "torchscript_int8_dynamic"])
+    made = next(r for r in result.results if r.stage == "quantize").outputs["made"]
+    assert made["torchscript_int8_dynamic"].startswith("1 Linear layer(s), torch.jit.")
+    variant = result.context.variant("torchscript_int8_dynamic")
+    assert variant.notes[0].startswith("1 nn.Linear layer(s) quantized")
+    assert not variant.rejected.startswith("failed verification:\n- case"), variant.rejected  # it runs
