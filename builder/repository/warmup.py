@@ -24,16 +24,20 @@ REPLAYED_FORMATS = ("onnx", "torchscript", "openvino")  # a TensorRT plan is bui
 
 
 def warmup_inputs(description: "VersionDescription") -> list[dict[str, np.ndarray]]:
-    """One feed per warm-up: zeros of each input's warm-up dims, with the batch dimension when batched."""
+    """One feed per warm-up: zeros of each input's warm-up dims, reshaped as Triton reshapes them for the
+    model (a scalar per sample: dims [1], reshape []), with the batch dimension when batched."""
     config = description.config
+    reshapes = {t.name: t.reshape for t in config.inputs}
     feeds = []
     for warmup in config.warmups:
         feed = {}
         for i in warmup.inputs:
             if i.data_type not in NUMPY_DTYPES:  # strings: Triton's zero_data is empty bytes, nothing to replay
                 return []
-            shape = ([warmup.batch_size] if config.max_batch_size > 0 else []) + list(i.dims)
-            feed[i.name] = np.zeros(shape, dtype=NUMPY_DTYPES[i.data_type])
+            sample = np.zeros(i.dims, dtype=NUMPY_DTYPES[i.data_type])
+            if reshapes.get(i.name) is not None:
+                sample = sample.reshape(reshapes[i.name])
+            feed[i.name] = (np.stack([sample] * warmup.batch_size) if config.max_batch_size > 0 else sample)
         feeds.append(feed)
     return feeds
 

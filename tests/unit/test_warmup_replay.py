@@ -47,3 +47,18 @@ def test_a_model_failing_its_warm_up_is_not_published_and_says_why(tmp_path):
     assert not (repo / "m__torchscript_int8_dynamic").exists()
     assert existing_versions(repo / "m") == [1]
     assert "zero_data: true" in (repo / "m" / "config.pbtxt").read_text()
+
+
+def test_the_warm_up_feed_is_what_triton_gives_the_model():
+    from builder.repository.warmup import warmup_inputs
+
+    config = ModelConfig(name="m", backend="onnxruntime_onnx", max_batch_size=8,
+                         inputs=[TensorConfig.per_sample("temperature", "TYPE_FP32", []),
+                                 TensorConfig("ids", "TYPE_INT64", [-1])],
+                         outputs=[TensorConfig("y", "TYPE_FP32", [4])],
+                         warmups=[Warmup("warmup_batch1", 1, [WarmupInput("temperature", "TYPE_FP32", [1]),
+                                                              WarmupInput("ids", "TYPE_INT64", [16])])])
+    feed, = warmup_inputs(VersionDescription(name="m", config=config, model_format="onnx", model_files=[]))
+    # a scalar per sample: dims [1] on the wire, reshape [] for the model, so [batch]
+    assert feed["temperature"].shape == (1,) and feed["ids"].shape == (1, 16)
+    assert feed["ids"].dtype == "int64" and not feed["temperature"].any()
