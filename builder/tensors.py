@@ -111,11 +111,14 @@ def build_cases(spec: ModelSpec, validation: dict[str, np.ndarray] | None) -> li
                 cases.append({"id": "val", "inputs": {t.name: validation[t.name] for t in spec.inputs}})
                 break
     if validation is None or spec.has_dynamic_dims:
+        # unbatched: three draws, not one - a trace frozen on its example's values (a loop's trip count,
+        # a branch) must meet other values to be caught, as batched cases meet them in their other rows
+        draws = batch_sizes if spec.batching else [0, 1, 2]
         for dyn in default_dynamic_sizes(spec):
-            for batch in batch_sizes:
-                b = batch if spec.batching else None
+            for draw in draws:
+                b = draw if spec.batching else None
                 inputs = {t.name: random_tensor(t, b, dyn, rng) for t in spec.inputs}
-                label = f"gen_b{batch}" + (f"_d{dyn}" if spec.has_dynamic_dims else "")
+                label = (f"gen_b{draw}" if spec.batching else f"gen{draw}") + (f"_d{dyn}" if spec.has_dynamic_dims else "")
                 cases.append({"id": label, "inputs": inputs})
     return cases
 
