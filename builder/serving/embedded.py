@@ -210,6 +210,7 @@ class EmbeddedServer(LocalService):
     def _prepare(self) -> None:
         self._bytecode = startup.bytecode_dirs(self._local_repository)
         self._workdir = make_workdir()
+        startup.sweep_killed_workdirs(self._workdir)
         if self._log_in_workdir:
             self.log_path = self._workdir / "tritonserver.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from builder.errors import ServerError
-from builder.processes import http_get
+from builder.processes import http_get, pid_alive
 from builder.serving.server_log import readable
 
 if TYPE_CHECKING:
     from builder.serving.embedded import EmbeddedServer
 
-__all__ = ["SERVER_ENVIRONMENT", "bytecode_dirs", "remove_new_bytecode", "new_server_id", "answers_as", "busy_port_error", "wait_for_start_models",
+__all__ = ["SERVER_ENVIRONMENT", "bytecode_dirs", "remove_new_bytecode", "sweep_killed_workdirs", "new_server_id", "answers_as", "busy_port_error", "wait_for_start_models",
            "load_error"]
 
 SERVER_ENVIRONMENT = {
@@ -54,6 +54,21 @@ def remove_new_bytecode(repository: Path | None, before: set[Path]) -> None:
     once, while the model loads. A folder that was there before the server started is left alone."""
     for folder in bytecode_dirs(repository) - before:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def sweep_killed_workdirs(workdir: Path) -> None:
+    """Mark ``workdir`` as this process's and remove the ``triton-embedded-*`` folders beside it whose
+    owner was killed: SIGKILL runs no clean-up, and those folders piled up in $TMPDIR. One that still
+    holds backends/ was never stopped (every stop removes it; a failed start keeps only its log, which
+    its error named); one whose owner is alive is in use."""
+    (workdir / "owner.pid").write_text(str(os.getpid()))
+    for other in workdir.parent.glob("triton-embedded-*"):
+        try:
+            owner = int((other / "owner.pid").read_text()) if (other / "backends").is_dir() else None
+        except (OSError, ValueError):  # another user's, or from before owner.pid was written
+            continue
+        if owner is not None and other != workdir and not pid_alive(owner):
+            shutil.rmtree(other, ignore_errors=True)
 
 
 def new_server_id() -> str:

@@ -120,6 +120,9 @@ def test_sigkilled_parent_leaves_no_server(repo, thread):
         child.kill()
         child.wait(10)
         assert _wait_gone(pids, 15) == [], "tritonserver or a stub outlived the SIGKILLed parent"
+        workdir = Path(line.split()[1])  # nobody could clean it up: the next server's start removes it
+        with EmbeddedServer(repo):       # (or another one's, started meanwhile)
+            assert not workdir.exists()
     finally:
         if child.poll() is None:
             child.kill()
