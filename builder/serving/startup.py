@@ -1,6 +1,6 @@
 """How an ``EmbeddedServer`` start is judged (builder/serving/embedded.py): whose server answers the
-readiness probe, which port another process took, which models loaded, and the extra environment the
-server and its python stubs run in.
+readiness probe, which port another process took, which models loaded, the extra environment the
+server and its python stubs run in, and what they leave behind (bytecode, a killed owner's temp folder).
 
 Usage::
 
@@ -27,8 +27,8 @@ from builder.serving.server_log import readable
 if TYPE_CHECKING:
     from builder.serving.embedded import EmbeddedServer
 
-__all__ = ["SERVER_ENVIRONMENT", "bytecode_dirs", "remove_new_bytecode", "sweep_killed_workdirs", "new_server_id", "answers_as", "busy_port_error", "wait_for_start_models",
-           "load_error"]
+__all__ = ["SERVER_ENVIRONMENT", "bytecode_dirs", "remove_new_bytecode", "sweep_killed_workdirs", "new_server_id",
+           "answers_as", "busy_port_error", "wait_for_start_models", "load_error"]
 
 SERVER_ENVIRONMENT = {
     # no bytecode next to served files from any python the server starts (the stub's own interpreter
