@@ -12,7 +12,8 @@ from pathlib import Path
 
 from builder.onnx_tools import copy_with_external_data
 from builder.stages.base import BuildContext, StageResult, Variant
-from builder.stages.common import export_dynamo, export_legacy, finalize_onnx, stop_if_work_folder_refused
+from builder.stages.common import (export_dynamo, export_legacy, finalize_onnx, not_made,
+                                   stop_if_work_folder_refused)
 from builder.variants import register_variant
 
 STAGE = "export_onnx"
@@ -57,8 +58,9 @@ def make_onnx(ctx: BuildContext) -> StageResult:
             text = text.split("## Exception summary", 1)[-1].strip()
             attempts[name] = re.sub(r"\x1b\[[0-9;]*m", "", text)[:400] or type(exc).__name__
     if exporter is None:
-        return StageResult.fail(STAGE, "every ONNX exporter failed: "
-                                + "; ".join(f"{k}: {v}" for k, v in attempts.items()), attempts=attempts)
+        why = "every ONNX exporter failed: " + "; ".join(f"{k}: {v}" for k, v in attempts.items())
+        not_made(ctx, "onnx", why)  # the summary table lists it, as it lists the variants derived from it
+        return StageResult.fail(STAGE, why, attempts=attempts)
     opset = finalize_onnx(raw, [o.name for o in spec.outputs], rename=True, dest=final)
     symbolic = mark_symbolic_output_dims(ctx, final)
     variant = Variant("onnx", "onnx", "fp32", final, exporter=exporter, opset=opset)
