@@ -157,6 +157,12 @@ def export_legacy(model, spec, path: Path) -> None:
                       opset_version=spec.onnx.opset or LEGACY_DEFAULT_OPSET)
 
 
+def finish_export(exporter: str, spec, raw: Path, dest: Path) -> int:
+    """Finalize an export (finalize_onnx) to ``dest``; the opset. Raises, naming the cause, when the
+    export is unusable, so that the caller records it and tries the next exporter."""
+    return finalize_onnx(raw, [o.name for o in spec.outputs], rename=True, dest=dest)
+
+
 def export_module_onnx(model, spec, dest: Path) -> tuple[str, int]:
     """Export ``model`` as export_onnx exports the user's model (the spec's exporter order: dynamo,
     legacy on failure; outputs renamed; checked) to ``dest``; (exporter, opset). Raises RuntimeError
@@ -171,18 +177,18 @@ def export_module_onnx(model, spec, dest: Path) -> tuple[str, int]:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     (export_dynamo if name == "dynamo" else export_legacy)(model, spec, raw)
+                return name, finish_export(name, spec, raw, dest)
             except Exception as exc:  # noqa: BLE001 - recorded, then the next exporter is tried
                 stop_if_work_folder_refused(exc, dest.parent)
-                attempts[name] = " ".join(str(exc).split())[:300] or type(exc).__name__
-                continue
-            return name, finalize_onnx(raw, [o.name for o in spec.outputs], rename=True, dest=dest)
+                attempts[name] = " ".join(str(exc).split())[:400] or type(exc).__name__
     finally:
         shutil.rmtree(raw_dir, ignore_errors=True)
     raise RuntimeError("every ONNX exporter failed: " + "; ".join(f"{k}: {v}" for k, v in attempts.items()))
 
 
 def rename_value(graph, old: str, new: str) -> None:
-    """Rename a value everywhere in the graph (producers, consumers, outputs, value_info)."""
+    """Rename a value everywhere in the graph (producers, consumers, outputs, value_info). Graph inputs
+    keep their names: they are the spec's input names, what clients send."""
     for node in graph.node:
         for i, name in enumerate(node.output):
             if name == old:
@@ -190,10 +196,40 @@ def rename_value(graph, old: str, new: str) -> None:
         for i, name in enumerate(node.input):
             if name == old:
                 node.input[i] = new
-    for collection in (graph.output, graph.value_info, graph.input):
+    for collection in (graph.output, graph.value_info):
         for value in collection:
             if value.name == old:
                 value.name = new
+
+
+def rename_outputs(graph, output_names: list[str]) -> None:
+    """Give the graph's outputs the spec's names. An output that is a graph input or a weight (a model
+    returning its input unchanged) or one already given another name (a value returned twice) gets an
+    Identity node: renaming it would rename the input too, or name two outputs alike (not SSA)."""
+    import onnx
+
+    if len(graph.output) != len(output_names):
+        raise ValueError(f"exported graph has {len(graph.output)} outputs, spec lists {len(output_names)}")
+    # the dynamo exporter echoes a returned input as Identity(x) -> x, a value defined twice
+    nodes = [n for n in graph.node if not (n.op_type == "Identity" and list(n.input) == list(n.output))]
+    if len(nodes) != len(graph.node):
+        del graph.node[:]
+        graph.node.extend(nodes)
+    sources = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    used = {n for node in graph.node for n in (*node.input, *node.output)} | {t.name for t in graph.initializer}
+    for wanted, have in zip(output_names, [o.name for o in graph.output]):
+        if wanted != have and wanted in used and wanted not in sources:
+            # an internal value already carries the name we want: move it aside first
+            rename_value(graph, wanted, f"{wanted}__internal")
+    named: set[str] = set()
+    for output, wanted in zip(graph.output, output_names):
+        have = output.name
+        if have in sources or (have in named and have != wanted):
+            graph.node.append(onnx.helper.make_node("Identity", [have], [wanted], name=f"{wanted}__identity"))
+            output.name = wanted
+        elif wanted != have:
+            rename_value(graph, have, wanted)
+        named.add(wanted)
 
 
 def finalize_onnx(path: Path, output_names: list[str], rename: bool, dest: Path | None = None) -> int:
@@ -204,17 +240,7 @@ def finalize_onnx(path: Path, output_names: list[str], rename: bool, dest: Path 
     model = onnx.load(str(path))
     graph = model.graph
     if rename:
-        if len(graph.output) != len(output_names):
-            raise ValueError(f"exported graph has {len(graph.output)} outputs, spec lists {len(output_names)}")
-        current = [o.name for o in graph.output]
-        used = {n for node in graph.node for n in (*node.input, *node.output)} | {i.name for i in graph.initializer}
-        for wanted, have in zip(output_names, current):
-            if wanted != have and wanted in used:
-                # an internal value already carries the name we want: move it aside first
-                rename_value(graph, wanted, f"{wanted}__internal")
-        for wanted, have in zip(output_names, [o.name for o in graph.output]):
-            if wanted != have:
-                rename_value(graph, have, wanted)
+        rename_outputs(graph, output_names)
     model = onnx.shape_inference.infer_shapes(model)
     target = dest or path
     weights = sum(len(t.raw_data) for t in graph.initializer)

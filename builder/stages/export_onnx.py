@@ -12,7 +12,7 @@ from pathlib import Path
 
 from builder.onnx_tools import copy_with_external_data
 from builder.stages.base import BuildContext, StageResult, Variant
-from builder.stages.common import (export_dynamo, export_legacy, finalize_onnx, not_made,
+from builder.stages.common import (export_dynamo, export_legacy, finalize_onnx, finish_export, not_made,
                                    stop_if_work_folder_refused)
 from builder.variants import register_variant
 
@@ -31,7 +31,13 @@ def make_onnx(ctx: BuildContext) -> StageResult:
     if spec.source.kind == "onnx":
         # its external data, wherever the source keeps it, becomes model.onnx.data: what publish carries
         copy_with_external_data(spec.source.path, final)
-        opset = finalize_onnx(final, [o.name for o in spec.outputs], rename=False)
+        try:
+            opset = finalize_onnx(final, [o.name for o in spec.outputs], rename=False)
+        except Exception as exc:  # noqa: BLE001 - a model onnx cannot check is a lost variant, not a crash
+            stop_if_work_folder_refused(exc, ctx.workdir)
+            why = f"the source ONNX {spec.source.path.name} fails onnx's checker or shape inference: {_clean(exc)}"
+            not_made(ctx, "onnx", why)
+            return StageResult.fail(STAGE, why)
         ctx.add_variant(Variant("onnx", "onnx", "fp32", final, exporter="given", opset=opset))
         return StageResult.ok(STAGE, "source is ONNX: taken as it is", exporter="given", opset=opset)
 
@@ -49,20 +55,19 @@ def make_onnx(ctx: BuildContext) -> StageResult:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 (export_dynamo if name == "dynamo" else export_legacy)(ctx.model, ctx.spec, raw)
+            # finalizing is part of the attempt: an export the checker or onnxruntime refuses is one more
+            # failed exporter (the next one is tried), never a crashed build
+            opset = finish_export(name, spec, raw, final)
+            symbolic = mark_symbolic_output_dims(ctx, final)
             exporter = name
             break
         except Exception as exc:  # noqa: BLE001 - exporter failures are recorded, then we fall back
             stop_if_work_folder_refused(exc, ctx.workdir)  # a full $TMPDIR fails every exporter alike
-            text = " ".join(str(exc).split())
-            # torch.export's message opens with generic next steps; the cause follows "Exception summary"
-            text = text.split("## Exception summary", 1)[-1].strip()
-            attempts[name] = re.sub(r"\x1b\[[0-9;]*m", "", text)[:400] or type(exc).__name__
+            attempts[name] = _clean(exc)
     if exporter is None:
         why = "every ONNX exporter failed: " + "; ".join(f"{k}: {v}" for k, v in attempts.items())
         not_made(ctx, "onnx", why)  # the summary table lists it, as it lists the variants derived from it
         return StageResult.fail(STAGE, why, attempts=attempts)
-    opset = finalize_onnx(raw, [o.name for o in spec.outputs], rename=True, dest=final)
-    symbolic = mark_symbolic_output_dims(ctx, final)
     variant = Variant("onnx", "onnx", "fp32", final, exporter=exporter, opset=opset)
     if "dynamo" in attempts and exporter == "legacy":
         variant.notes.append(f"dynamo exporter failed, used legacy: {attempts['dynamo']}")
@@ -74,6 +79,13 @@ def make_onnx(ctx: BuildContext) -> StageResult:
     shutil.rmtree(raw_dir, ignore_errors=True)
     return StageResult.ok(STAGE, f"exported with the {exporter} exporter, opset {opset}",
                           exporter=exporter, opset=opset, attempts=attempts, symbolic_output_dims=symbolic)
+
+
+def _clean(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    # torch.export's message opens with generic next steps; the cause follows "Exception summary"
+    text = text.split("## Exception summary", 1)[-1].strip()
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)[:400] or type(exc).__name__
 
 
 def mark_symbolic_output_dims(ctx: BuildContext, path: Path) -> dict[str, list[int]]:

@@ -1,9 +1,12 @@
-"""Stage export_onnx on a model no exporter takes: its onnx row must still be in the summary table."""
+"""Stage export_onnx on exports that used to crash the build or lose every ONNX variant: an input
+returned unchanged, an export the checker refuses, and a model no exporter takes (its onnx row
+must still be in the summary table)."""
 
 from __future__ import annotations
 
 import textwrap
 
+import numpy as np
 import yaml
 
 from builder.pipeline import build
@@ -31,6 +34,53 @@ def spec_folder(tmp_path, layers: str, forward: str, inputs: list[dict], outputs
 
 def run_build(spec, tmp_path, quiet, variants):
     return build(spec, tmp_path / "repo", variants=variants, benchmark_seconds=0, progress=quiet).context
+
+
+def test_an_input_returned_unchanged_gets_an_identity_node_and_keeps_its_input_name(tmp_path, quiet):
+    import onnx
+
+    spec = spec_folder(tmp_path, "self.l = torch.nn.Linear(4, 4)", "return x, self.l(x)",
+                       [{"name": "x", "dtype": "float32", "shape": [4]}], ["echo", "h"])
+    ctx = run_build(spec, tmp_path, quiet, ["onnx"])
+    onnx_variant = ctx.variant("onnx")
+    assert onnx_variant.verified is True
+    graph = onnx.load(str(tmp_path / "repo" / "m" / "1" / "model.onnx")).graph
+    assert [i.name for i in graph.input] == ["x"] and [o.name for o in graph.output] == ["echo", "h"]
+    assert any(n.op_type == "Identity" and list(n.input) == ["x"] and list(n.output) == ["echo"] for n in graph.node)
+
+
+def test_renaming_outputs_never_renames_an_input_and_names_a_value_returned_twice_apart():
+    from onnx import TensorProto, checker, helper
+
+    from builder.stages.common import rename_outputs
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["x"]), helper.make_node("Relu", ["x"], ["r"])], "g", [x],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in ("x", "r", "r")])
+    rename_outputs(graph, ["echo", "a", "b"])
+    model = helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)])
+    checker.check_model(model, full_check=True)
+    import onnxruntime as ort
+
+    got = ort.InferenceSession(model.SerializeToString()).run(None, {"x": np.array([-1.0, 2.0], np.float32)})
+    assert [i.name for i in graph.input] == ["x"] and [o.name for o in graph.output] == ["echo", "a", "b"]
+    assert [g.tolist() for g in got] == [[-1.0, 2.0], [0.0, 2.0], [0.0, 2.0]]
+
+
+def test_a_finalizing_failure_is_a_failed_exporter_not_a_crashed_build(tmp_path, quiet, monkeypatch):
+    from builder.stages import export_onnx
+
+    def refuse(*args, **kwargs):
+        raise ValueError("Graph must be in single static assignment (SSA) form")
+
+    monkeypatch.setattr(export_onnx, "finish_export", refuse)
+    spec = spec_folder(tmp_path, "self.l = torch.nn.Linear(4, 4)", "return self.l(x)",
+                       [{"name": "x", "dtype": "float32", "shape": [4]}], ["h"])
+    ctx = run_build(spec, tmp_path, quiet, ["torchscript", "onnx"])
+    assert ctx.variant("onnx") is None and ctx.selected.name == "torchscript"
+    kind, why = ctx.not_made["onnx"]
+    assert kind == "failed" and "dynamo: Graph must be in single static assignment" in why and "legacy: Graph" in why
 
 
 def test_when_every_exporter_fails_the_table_lists_onnx_as_failed_with_their_reasons(tmp_path, quiet):
