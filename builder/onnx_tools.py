@@ -171,6 +171,19 @@ def ort_optimize(src: Path, dst: Path, level: str, threads: int | None = None) -
         raise RuntimeError(f"onnxruntime did not write the optimised model to {dst}")
 
 
+def run_quietly(path: Path, feeds: dict[str, Any]) -> list:
+    """Run an ONNX model once on CPU with onnxruntime; its logging is off, so a failing run is only the
+    exception it raises (onnxruntime would also print each error in colour on stderr)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # fatal only: level 3 still prints the failing node's error
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    run_options = ort.RunOptions()
+    run_options.log_severity_level = 4
+    return session.run(None, feeds, run_options)
+
+
 def to_float16(model, keep_io_types: bool = True):
     """FP16 weights and compute; with ``keep_io_types`` the graph inputs/outputs stay FP32 (Casts at
     the boundaries). Uses onnxruntime's converter (onnxruntime.transformers.float16), which keeps

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -158,9 +159,42 @@ def export_legacy(model, spec, path: Path) -> None:
 
 
 def finish_export(exporter: str, spec, raw: Path, dest: Path) -> int:
-    """Finalize an export (finalize_onnx) to ``dest``; the opset. Raises, naming the cause, when the
-    export is unusable, so that the caller records it and tries the next exporter."""
-    return finalize_onnx(raw, [o.name for o in spec.outputs], rename=True, dest=dest)
+    """Finalize an export (finalize_onnx) to ``dest`` and, for the dynamo exporter with dynamic dims,
+    check that onnxruntime runs it away from the export example's sizes; the opset. Raises, naming the
+    cause, when the export is unusable, so that the caller records it and tries the next exporter."""
+    opset = finalize_onnx(raw, [o.name for o in spec.outputs], rename=True, dest=dest)
+    if exporter == "dynamo" and (spec.batching or spec.has_dynamic_dims):
+        # the dynamo exporter may fix a dynamic size it traced into the graph (a bidirectional GRU/LSTM
+        # reshapes to the example's sequence length): export succeeds, then every run at another size fails
+        check_runs_at_profile_sizes(spec, dest)
+    return opset
+
+
+def check_runs_at_profile_sizes(spec, path: Path) -> None:
+    """Run the ONNX model at the smallest and largest dynamic size (batch 1, and a batch > 1 when batching);
+    raises RuntimeError saying where it does not run."""
+    from builder import onnx_tools
+    from builder.tensors import default_dynamic_sizes
+
+    example = trace_example(spec)
+    first = next((t for t in spec.inputs if t.dynamic), None)
+    exported = ", ".join(([f"batch {len(next(iter(example.values())))}"] if spec.batching else []) +
+                         ([f"size {first.profile_shapes()['opt'][first.shape.index(-1)]}"] if first else []))
+    rng = np.random.default_rng(spec.verify.seed + 11)
+    sizes = default_dynamic_sizes(spec)
+    batches = [1, min(spec.max_batch_size, 3)] if spec.batching else [None, None]
+    for batch, size in zip(batches, (min(sizes), max(sizes))):
+        feeds = {t.name: random_tensor(t, batch, size, rng) for t in spec.inputs}
+        try:
+            onnx_tools.run_quietly(path, feeds)
+        except Exception as exc:  # noqa: BLE001 - onnxruntime's own error types; the text is the cause
+            where = ", ".join(([f"batch {batch}"] if batch else []) + ([f"dynamic size {size}"] if first else []))
+            cause = " ".join(str(exc).split())
+            # onnxruntime's status code and the C++ check that failed push the cause past any shortening
+            cause = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : |\S*onnxruntime_src/\S+ .*? was false\. ", "", cause)
+            forced = "; try onnx.exporter: legacy" if spec.onnx.exporter == "dynamo" else ""
+            raise RuntimeError(f"onnxruntime cannot run the dynamo export at {where} (exported at {exported}; "
+                               f"the exporter may have fixed that size into the graph): {cause}"[:360] + forced) from None
 
 
 def export_module_onnx(model, spec, dest: Path) -> tuple[str, int]:

@@ -1,14 +1,17 @@
 """Stage export_onnx on exports that used to crash the build or lose every ONNX variant: an input
-returned unchanged, an export the checker refuses, and a model no exporter takes (its onnx row
-must still be in the summary table)."""
+returned unchanged, an export the checker refuses, a dynamo export that fixed the example's sequence
+length into the graph, and a model no exporter takes (its onnx row must still be in the summary table)."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import numpy as np
+import pytest
 import yaml
 
+from builder.errors import VerificationError
 from builder.pipeline import build
 from builder.report import variant_rows
 
@@ -81,6 +84,60 @@ def test_a_finalizing_failure_is_a_failed_exporter_not_a_crashed_build(tmp_path,
     assert ctx.variant("onnx") is None and ctx.selected.name == "torchscript"
     kind, why = ctx.not_made["onnx"]
     assert kind == "failed" and "dynamo: Graph must be in single static assignment" in why and "legacy: Graph" in why
+
+
+# dynamo exports this pair with the example's length (5) fixed in a Reshape, or refuses it, depending on
+# what the process exported before; either way the legacy exporter must take over
+BIGRU = dict(layers="self.gru = torch.nn.GRU(4, 3, batch_first=True, bidirectional=True); "
+                    "self.lstm = torch.nn.LSTM(6, 2, batch_first=True, bidirectional=True)",
+             forward="return self.lstm(self.gru(x)[0])[0]",
+             inputs=[{"name": "x", "dtype": "float32", "shape": [-1, 4], "min_shape": [1, 4], "opt_shape": [5, 4],
+                      "max_shape": [9, 4]}],
+             outputs=["y"])
+
+
+def test_a_bidirectional_gru_lstm_over_a_dynamic_length_gets_a_working_onnx_variant(tmp_path, quiet, capfd):
+    ctx = run_build(spec_folder(tmp_path, **BIGRU), tmp_path, quiet, ["onnx"])
+    onnx_variant = ctx.variant("onnx")
+    assert onnx_variant.exporter == "legacy" and onnx_variant.verified is True
+    assert "[E:onnxruntime" not in capfd.readouterr().err
+
+
+def fixed_size_dynamo(monkeypatch):
+    """Stand in for the dynamo exporter: an export valid only at the example's sizes (batch 2, length 5),
+    as dynamo's export of the bidirectional GRU/LSTM above is when it does not refuse it."""
+    import torch
+
+    from builder.stages import common, export_onnx
+
+    def export(model, spec, path):
+        torch.onnx.export(model, common.example_args(spec), str(path), dynamo=False,
+                          input_names=[t.name for t in spec.inputs], opset_version=17)
+
+    monkeypatch.setattr(export_onnx, "export_dynamo", export)
+
+
+def test_a_dynamo_export_that_cannot_run_at_other_sizes_falls_back_to_legacy_saying_why(tmp_path, quiet, capfd,
+                                                                                         monkeypatch):
+    fixed_size_dynamo(monkeypatch)
+    ctx = run_build(spec_folder(tmp_path, **BIGRU), tmp_path, quiet, ["onnx"])
+    onnx_variant = ctx.variant("onnx")
+    assert onnx_variant.exporter == "legacy" and onnx_variant.verified is True
+    assert any(re.fullmatch(r"dynamo exporter failed, used legacy: onnxruntime cannot run the dynamo export at "
+                            r"batch 1, dynamic size 1 \(exported at batch 2, size 5; the exporter may have fixed that "
+                            r"size into the graph\): Got invalid dimensions for input: x .*", n) for n in onnx_variant.notes)
+    assert "[E:onnxruntime" not in capfd.readouterr().err  # the smoke runs are quiet
+
+
+def test_a_forced_dynamo_export_that_cannot_run_at_other_sizes_is_not_made_naming_legacy(tmp_path, quiet,
+                                                                                       monkeypatch):
+    fixed_size_dynamo(monkeypatch)
+    spec = spec_folder(tmp_path, **BIGRU, onnx={"exporter": "dynamo"})
+    with pytest.raises(VerificationError, match=r"- export_onnx: every ONNX exporter failed: dynamo: onnxruntime cannot "
+                                                r"run the dynamo export at batch 1, dynamic size 1 \(exported at batch 2, "
+                                                r"size 5; .*\): Got invalid dimensions for input: x .*"
+                                                r"; try onnx.exporter: legacy$"):
+        run_build(spec, tmp_path, quiet, ["onnx"])
 
 
 def test_when_every_exporter_fails_the_table_lists_onnx_as_failed_with_their_reasons(tmp_path, quiet):
