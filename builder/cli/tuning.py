@@ -22,14 +22,15 @@ def _url(args: argparse.Namespace) -> str:
 
 
 def _repository(args: argparse.Namespace) -> Path | None:
-    """--repository if given (it must exist), else ./model_repository when there is one."""
+    """--repository if given (it must exist), else ./model_repository when it holds the model (a
+    default that does not is no mistake of the user's: the payload is then generated)."""
     if args.repository is not None:
         path = Path(args.repository)
         if not path.is_dir():
             raise UserInputError(f"--repository {path}: not a directory; pass the folder the server serves")
         return path
     default = Path("model_repository")
-    return default if default.is_dir() else None
+    return default if (default / args.name / "config.pbtxt").is_file() else None
 
 
 def seconds(text: str) -> float:
@@ -116,7 +117,7 @@ def cmd_tune(args: argparse.Namespace, reporter: Reporter) -> int:
 def _common(p: argparse.ArgumentParser, default_protocol: str) -> None:
     p.add_argument("name", help="model name")
     p.add_argument("--repository", help="model repository (payload from the latest version's reference.npz; "
-                                        "default: ./model_repository if present)")
+                                        "default: ./model_repository if it holds the model)")
     p.add_argument("--url", help="Triton address HOST:PORT for --protocol (default 127.0.0.1:8000 http / 8001 grpc)")
     p.add_argument("--protocol", choices=("http", "grpc"), default=default_protocol,
                    help="default: %(default)s")

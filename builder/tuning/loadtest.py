@@ -71,11 +71,10 @@ def _locust_files(locustfile: str | Path | None) -> tuple[list[Path], Path]:
 
 class _Locust(LocalService):
     """One Locust process (master, local runner or worker) that runs to its own end: no readiness
-    wait, no death signal (as before), a fresh log file."""
+    wait, a fresh log file; it dies with us (a SIGKILLed loadtest or run must not leave load running)."""
 
     label = "locust"
     error = ServerError
-    die_with_parent = False
     log_mode = "wb"
     leftover_grace = 0.0  # whatever it left in its group gets SIGKILL
 
