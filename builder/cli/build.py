@@ -9,9 +9,11 @@ from pathlib import Path
 
 from builder.cli.arguments import finite_float
 from builder.cli.output import add_signature_arguments, print_json
+from builder.errors import UserInputError
 from builder.progress import Reporter
 
 DEFAULT_REPOSITORY = "model_repository"
+DEFAULT_RUN_SPEC = "examples/digits/spec.yaml"  # what `make demo` runs
 
 
 def cmd_build(args: argparse.Namespace, reporter: Reporter) -> int:
@@ -56,7 +58,10 @@ def cmd_validate(args: argparse.Namespace, reporter: Reporter) -> int:
 def cmd_run(args: argparse.Namespace, reporter: Reporter) -> int:
     from builder.main_job import run_main_job
 
-    return run_main_job(args.spec, args.repository, load_seconds=args.load_seconds, users=args.users,
+    if args.spec is None and not Path(DEFAULT_RUN_SPEC).is_file():
+        raise UserInputError(f"no SPEC given, and the default {DEFAULT_RUN_SPEC} is not here (it is in the project's "
+                             "checkout): run from the checkout, or pass the path of a YAML model spec")
+    return run_main_job(args.spec or DEFAULT_RUN_SPEC, args.repository, load_seconds=args.load_seconds, users=args.users,
                         keep_serving=args.keep_serving, progress=reporter)
 
 
@@ -143,7 +148,7 @@ def register(sub, common: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("run", parents=[common],
                        help="the main job: build, serve, check, load-test and report, then stop")
-    p.add_argument("spec", nargs="?", default="examples/digits/spec.yaml", help="model spec YAML (default: %(default)s)")
+    p.add_argument("spec", nargs="?", help=f"model spec YAML (default: {DEFAULT_RUN_SPEC}, in the project's checkout)")
     p.add_argument("--repository", default="runs/model_repository", help="where to publish (default: %(default)s)")
     p.add_argument("--load-seconds", type=finite_float, default=10.0, help="load test length (default: %(default)s)")
     p.add_argument("--users", type=int, default=8, help="load test users (default: %(default)s)")

@@ -203,3 +203,13 @@ def test_serve_refuses_a_model_folder_or_an_empty_repository(tmp_path):
     empty.mkdir()
     with pytest.raises(UserInputError, match=rf"--repository {empty}: no models in it; build one into it first"):
         serve_forever(empty)
+
+
+def test_run_without_a_spec_outside_the_checkout_says_where_the_default_lives(tmp_path, monkeypatch, capsys):
+    from builder import cli
+
+    monkeypatch.chdir(tmp_path)  # an installed triton-builder, run elsewhere: no examples/ here
+    assert cli.main(["run", "--repository", str(tmp_path / "repo")]) == 2
+    assert ("no SPEC given, and the default examples/digits/spec.yaml is not here (it is in the project's checkout)"
+            in capsys.readouterr().err)
+    assert not (tmp_path / "repo").exists()
