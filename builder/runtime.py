@@ -115,13 +115,18 @@ def _onnx_runner(path: Path, output_names: list[str], threads: int | None) -> Ru
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    # fatal only: a failing run raises with the node's error, which verify reports per variant; the
+    # [E:onnxruntime ...] lines ORT prints besides at level 3 only sprayed the build's stderr
+    options.log_severity_level = 4
     if threads:
         options.intra_op_num_threads = threads
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     feeds = [i.name for i in session.get_inputs()]
+    quiet = ort.RunOptions()
+    quiet.log_severity_level = 4
 
     def run(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        values = session.run(output_names, {k: inputs[k] for k in feeds})
+        values = session.run(output_names, {k: inputs[k] for k in feeds}, quiet)
         return dict(zip(output_names, values))
 
     run.session = session  # type: ignore[attr-defined]
