@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import UserInputError
+from builder.spec_checks import check_dynamic_sizes, check_input_ranges
 from builder.spec_compression import CompressionSpec, parse_compression, parse_training
 from builder.spec_fields import collect_unknown_keys, is_number, read_yaml, validate_tensor_name
 from builder.spec_fields import Fields as _Fields
@@ -84,12 +85,12 @@ class TensorSpec:
         return [dynamic_size if d == -1 else d for d in self.shape]
 
     def profile_shapes(self) -> dict[str, list[int]]:
-        """min/opt/max per-sample shapes (TensorRT profiles, warm-up, generated inputs)."""
-        return {
-            "min": self.min_shape or self.concrete_shape(1),
-            "opt": self.opt_shape or self.concrete_shape(16),
-            "max": self.max_shape or self.concrete_shape(64),
-        }
+        """min/opt/max per-sample shapes (TensorRT profiles, warm-up, generated inputs); one left out
+        defaults to 1 / 16 / 64 on the dynamic dims, within the ones given (max_shape [8] alone: opt 8)."""
+        low = self.min_shape or self.concrete_shape(1)
+        high = self.max_shape or [max(64, lo) if d == -1 else d for d, lo in zip(self.shape, low)]
+        opt = self.opt_shape or [min(max(16, lo), hi) if d == -1 else d for d, lo, hi in zip(self.shape, low, high)]
+        return {"min": low, "opt": opt, "max": high}
 
 
 @dataclass
@@ -268,7 +269,7 @@ def _parse_spec(data: Any, spec_path: Path | None) -> ModelSpec:
         raise top.error(f"must be a non-empty list of variant names, got {variants!r}", "variants")
 
     objective, tradeoff = _parse_objective(top, origin)
-    return ModelSpec(
+    spec = ModelSpec(
         name=name,
         version=version,
         source=source,
@@ -286,6 +287,8 @@ def _parse_spec(data: Any, spec_path: Path | None) -> ModelSpec:
         compression=parse_compression(top.get("compression"), origin),
         spec_path=spec_path,
     )
+    check_dynamic_sizes(spec, origin)
+    return spec
 
 
 def _parse_source(raw: Any, origin: str, base: Path) -> SourceSpec:
@@ -340,6 +343,7 @@ def _parse_inputs(raw: Any, origin: str) -> list[TensorSpec]:
                     or vr[0] >= vr[1]):
                 raise f.error(f"must be [low, high], finite numbers with low < high, got {vr!r}", "value_range")
             tensor.value_range = (vr[0], vr[1])
+        check_input_ranges(f, tensor)
         result.append(tensor)
     return result
 

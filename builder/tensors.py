@@ -3,7 +3,7 @@ verification cases and the equivalence metrics.
 
 Usage::
 
-    cases = build_cases(spec, validation=None)          # [{"id": "b1_d4", "inputs": {...}}, ...]
+    cases = build_cases(spec, validation=None)          # [{"id": "gen_b1_dopt", "inputs": {...}}, ...]
     metrics = compare_outputs(ref, got)                  # {"logits": {"rel_l2": ..., ...}}
     failures = tolerance_failures(metrics, {"rel_l2": 1e-5})
 """
@@ -23,9 +23,62 @@ def np_dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
-def random_tensor(tensor: TensorSpec, batch: int | None, dynamic_size: int, rng: np.random.Generator) -> np.ndarray:
-    """A random array for one input: never all zeros; integers within value_range."""
-    shape = tensor.concrete_shape(dynamic_size)
+# Where a generated case puts the dynamic (-1) dims: a number (verify.dynamic_sizes: every -1 dim takes
+# it), or a point of each axis's OWN min/opt/max_shape range ("mid": an odd size between opt and max,
+# which catches kernels that only work on round sizes). The skew points give neighbouring dynamic dims
+# opposite ends of their ranges (H high and W low, src long and tgt short): a trace or export frozen on
+# equal sizes is caught there. Inputs whose dynamic dims have the same ranges (ids and their mask) move
+# together; stage load keeps a skew case only where the model runs on it.
+SHARED_POINTS = ("min", "opt", "mid", "max")
+SKEW_POINTS = ("skew_hl", "skew_lh")
+
+
+def dims_at(tensor: TensorSpec, point: int | str, index: int = 0) -> list[int]:
+    """The per-sample shape of ``tensor`` with its dynamic dims at ``point``; at a skew point they
+    alternate high/low starting from ``index`` (skew_groups: inputs of other ranges start elsewhere)."""
+    if not isinstance(point, str):
+        return tensor.concrete_shape(int(point))
+    profile = tensor.profile_shapes()
+    dims, k = [], index
+    for axis, d in enumerate(tensor.shape):
+        if d != -1:
+            dims.append(d)
+            continue
+        low, opt, high = max(profile["min"][axis], 1), profile["opt"][axis], profile["max"][axis]
+        if point == "mid":
+            dims.append(min(high, max(low, (opt + high) // 2 | 1)))
+        elif point in SKEW_POINTS:
+            dims.append(high if (k % 2 == 0) == (point == "skew_hl") else low)
+            k += 1
+        else:
+            dims.append({"min": low, "opt": opt, "max": high}[point])
+    return dims
+
+
+def generated_inputs(spec: ModelSpec, batch: int | None, point: int | str, rng: np.random.Generator
+                     ) -> dict[str, np.ndarray]:
+    """One generated feed: every input at ``batch`` (None: unbatched) with its dynamic dims at ``point``."""
+    groups = skew_groups(spec)
+    return {t.name: random_tensor(t, batch, point, rng, groups[i]) for i, t in enumerate(spec.inputs)}
+
+
+def skew_groups(spec: ModelSpec) -> list[int]:
+    """Per input, the index of its group: inputs whose dynamic dims have the same min/opt/max ranges
+    share one (a mask is as long as its ids); another range is another group, so src and tgt differ."""
+    groups: dict[tuple, int] = {}
+    result = []
+    for t in spec.inputs:
+        profile = t.profile_shapes()
+        key = tuple((profile["min"][a], profile["opt"][a], profile["max"][a]) for a, d in enumerate(t.shape) if d == -1)
+        result.append(groups.setdefault(key, len(groups)))
+    return result
+
+
+def random_tensor(tensor: TensorSpec, batch: int | None, dynamic_size: int | str, rng: np.random.Generator,
+                  index: int = 0) -> np.ndarray:
+    """A random array for one input: never all zeros; integers within value_range; dynamic dims at
+    ``dynamic_size`` (a number or a point, see dims_at)."""
+    shape = dims_at(tensor, dynamic_size, index)
     if batch is not None:
         shape = [batch, *shape]
     dtype = np_dtype(tensor.dtype)
@@ -68,27 +121,40 @@ def default_batch_sizes(spec: ModelSpec) -> list[int]:
     return sorted({s for s in sizes if s <= spec.max_batch_size})
 
 
-def default_dynamic_sizes(spec: ModelSpec) -> list[int]:
+def _shapes_at(spec: ModelSpec, point: int | str) -> tuple:
+    groups = skew_groups(spec)
+    return tuple(tuple(dims_at(t, point, groups[i])) for i, t in enumerate(spec.inputs))
+
+
+def default_dynamic_sizes(spec: ModelSpec) -> list[int | str]:
+    """The points (see dims_at) every generated case size runs at: verify.dynamic_sizes when given,
+    else min, opt, mid and max of each axis's own range (those giving the same shapes once)."""
     if not spec.has_dynamic_dims:
         return [0]
     if spec.verify.dynamic_sizes:
         return list(spec.verify.dynamic_sizes)
-    # every -1 dim takes the same size in a case (dims such as a sequence length are shared)
-    first = next(t for t in spec.inputs if t.dynamic)
-    axis = first.shape.index(-1)
-    profile = first.profile_shapes()
-    low, opt, high = profile["min"][axis], profile["opt"][axis], profile["max"][axis]
-    # an odd size in between catches kernels that only work on round sizes
-    return sorted({max(low, 1), opt, high, max(low, (opt + high) // 2 | 1)})
+    seen: dict[tuple, str] = {}
+    for point in SHARED_POINTS:
+        seen.setdefault(_shapes_at(spec, point), point)
+    return list(seen.values())
+
+
+def skew_points(spec: ModelSpec) -> list[str]:
+    """The skew points whose shapes no shared point has (none with a single dynamic dim)."""
+    if not spec.has_dynamic_dims or spec.verify.dynamic_sizes:
+        return []
+    taken = {_shapes_at(spec, p) for p in SHARED_POINTS}
+    points: dict[tuple, str] = {}
+    for point in SKEW_POINTS:
+        if _shapes_at(spec, point) not in taken:
+            points.setdefault(_shapes_at(spec, point), point)
+    return list(points.values())
 
 
 def trace_example(spec: ModelSpec, seed: int = 12345) -> dict[str, np.ndarray]:
-    """The example used for tracing/export: batch 2 and the opt size, so neither specialises to 1."""
-    rng = np.random.default_rng(seed)
+    """The example used for tracing/export: batch 2 and each input's opt sizes, so neither specialises to 1."""
     batch = min(2, spec.max_batch_size) if spec.batching else None
-    first = next((t for t in spec.inputs if t.dynamic), None)
-    dyn = first.profile_shapes()["opt"][first.shape.index(-1)] if first else 0
-    return {t.name: random_tensor(t, batch, dyn, rng) for t in spec.inputs}
+    return generated_inputs(spec, batch, "opt" if spec.has_dynamic_dims else 0, np.random.default_rng(seed))
 
 
 def build_cases(spec: ModelSpec, validation: dict[str, np.ndarray] | None) -> list[dict[str, Any]]:
@@ -117,9 +183,14 @@ def build_cases(spec: ModelSpec, validation: dict[str, np.ndarray] | None) -> li
         for dyn in default_dynamic_sizes(spec):
             for draw in draws:
                 b = draw if spec.batching else None
-                inputs = {t.name: random_tensor(t, b, dyn, rng) for t in spec.inputs}
                 label = (f"gen_b{draw}" if spec.batching else f"gen{draw}") + (f"_d{dyn}" if spec.has_dynamic_dims else "")
-                cases.append({"id": label, "inputs": inputs})
+                # the odd in-between size is the builder's pick: a model that takes only even sizes drops it
+                cases.append({"id": label, "inputs": generated_inputs(spec, b, dyn, rng), "optional": dyn == "mid"})
+    # optional: stage load keeps them only where the model runs (dims it needs equal make it refuse)
+    batch = batch_sizes[len(batch_sizes) // 2] if spec.batching else None
+    for point in skew_points(spec):
+        cases.append({"id": f"gen_b{batch or 0}_d{point}", "inputs": generated_inputs(spec, batch, point, rng),
+                      "optional": True})
     return cases
 
 

@@ -32,7 +32,7 @@ from builder.measure import (STABLE_TOLERANCE, STABLE_WINDOWS, batch_sizes, cpu_
                              measure_round_robin, rss_mb)
 from builder.runtime import open_runner
 from builder.stages.base import BuildContext, StageResult, Variant
-from builder.tensors import random_tensor
+from builder.tensors import generated_inputs
 
 STAGE = "benchmark"
 DEFAULT_SECONDS = 2.0  # cap per variant: 6 digits variants measure in under ~15 s
@@ -53,9 +53,9 @@ def _inputs(ctx: BuildContext, batch: int) -> tuple[dict[str, np.ndarray], str]:
         return ({n: np.ascontiguousarray(v[index]) for n, v in ref.validation_inputs.items()},
                 "validation inputs")
     rng = np.random.default_rng(spec.verify.seed + 11)
-    dyn = next((t.profile_shapes()["opt"][t.shape.index(-1)] for t in spec.inputs if t.dynamic), 0)
-    where = "generated inputs" + (f" (dynamic dims at the opt size {dyn})" if dyn else "")
-    return {t.name: random_tensor(t, batch if spec.batching else None, dyn, rng) for t in spec.inputs}, where
+    dyn = "opt" if spec.has_dynamic_dims else 0
+    where = "generated inputs" + (" (dynamic dims at their opt_shape sizes)" if dyn else "")
+    return generated_inputs(spec, batch if spec.batching else None, dyn, rng), where
 
 
 def _order(sizes: list[int]) -> list[int]:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from builder.tensors import random_tensor, trace_example
+from builder.tensors import generated_inputs, trace_example
 
 if TYPE_CHECKING:
     from builder.stages.base import BuildContext
@@ -177,18 +177,20 @@ def check_runs_at_profile_sizes(spec, path: Path) -> None:
     from builder.tensors import default_dynamic_sizes
 
     example = trace_example(spec)
-    first = next((t for t in spec.inputs if t.dynamic), None)
+    dynamic = spec.has_dynamic_dims
     exported = ", ".join(([f"batch {len(next(iter(example.values())))}"] if spec.batching else []) +
-                         ([f"size {first.profile_shapes()['opt'][first.shape.index(-1)]}"] if first else []))
+                         (["the opt_shape sizes"] if dynamic else []))
     rng = np.random.default_rng(spec.verify.seed + 11)
     sizes = default_dynamic_sizes(spec)
+    ends = (min(sizes), max(sizes)) if spec.verify.dynamic_sizes else ("min", "max") if dynamic else (0, 0)
     batches = [1, min(spec.max_batch_size, 3)] if spec.batching else [None, None]
-    for batch, size in zip(batches, (min(sizes), max(sizes))):
-        feeds = {t.name: random_tensor(t, batch, size, rng) for t in spec.inputs}
+    for batch, size in zip(batches, ends):
+        feeds = generated_inputs(spec, batch, size, rng)
         try:
             onnx_tools.run_quietly(path, feeds)
         except Exception as exc:  # noqa: BLE001 - onnxruntime's own error types; the text is the cause
-            where = ", ".join(([f"batch {batch}"] if batch else []) + ([f"dynamic size {size}"] if first else []))
+            at = f"dynamic dims at their {size}_shape sizes" if isinstance(size, str) else f"dynamic size {size}"
+            where = ", ".join(([f"batch {batch}"] if batch else []) + ([at] if dynamic else []))
             cause = " ".join(str(exc).split())
             # onnxruntime's status code and the C++ check that failed push the cause past any shortening
             cause = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : |\S*onnxruntime_src/\S+ .*? was false\. ", "", cause)
@@ -314,16 +316,9 @@ def calibration_samples(ctx: BuildContext) -> tuple[dict[str, np.ndarray] | list
         count = min(wanted, len(next(iter(data.values()))))
         return {n: np.ascontiguousarray(v[:count]) for n, v in data.items()}, f"{where}, {count} samples"
     rng = np.random.default_rng(spec.verify.seed + 7)
-    dyn = _opt_size(spec)
+    dyn = "opt" if spec.has_dynamic_dims else 0
     where = (f"{wanted} generated samples (no data.calibration or data.validation: random inputs within each "
              "input's value_range; real data calibrates better)")
     if spec.batching:
-        return {t.name: random_tensor(t, wanted, dyn, rng) for t in spec.inputs}, where
-    return [{t.name: random_tensor(t, None, dyn, rng) for t in spec.inputs} for _ in range(wanted)], where
-
-
-def _opt_size(spec) -> int:
-    for t in spec.inputs:
-        if t.dynamic:
-            return t.profile_shapes()["opt"][t.shape.index(-1)]
-    return 0
+        return generated_inputs(spec, wanted, dyn, rng), where
+    return [generated_inputs(spec, None, dyn, rng) for _ in range(wanted)], where

@@ -124,8 +124,8 @@ def test_a_dynamo_export_that_cannot_run_at_other_sizes_falls_back_to_legacy_say
     onnx_variant = ctx.variant("onnx")
     assert onnx_variant.exporter == "legacy" and onnx_variant.verified is True
     assert any(re.fullmatch(r"dynamo exporter failed, used legacy: onnxruntime cannot run the dynamo export at "
-                            r"batch 1, dynamic size 1 \(exported at batch 2, size 5; the exporter may have fixed that "
-                            r"size into the graph\): Got invalid dimensions for input: x .*", n) for n in onnx_variant.notes)
+                            r"batch 1, dynamic dims at their min_shape sizes \(exported at batch 2, the opt_shape "
+                            r"sizes; the exporter may have fixed that size into the graph\): Got invalid dimensions for input: x .*", n) for n in onnx_variant.notes)
     assert "[E:onnxruntime" not in capfd.readouterr().err  # the smoke runs are quiet
 
 
@@ -134,8 +134,9 @@ def test_a_forced_dynamo_export_that_cannot_run_at_other_sizes_is_not_made_namin
     fixed_size_dynamo(monkeypatch)
     spec = spec_folder(tmp_path, **BIGRU, onnx={"exporter": "dynamo"})
     with pytest.raises(VerificationError, match=r"- export_onnx: every ONNX exporter failed: dynamo: onnxruntime cannot "
-                                                r"run the dynamo export at batch 1, dynamic size 1 \(exported at batch 2, "
-                                                r"size 5; .*\): Got invalid dimensions for input: x .*"
+                                                r"run the dynamo export at batch 1, dynamic dims at their min_shape sizes "
+                                                r"\(exported at batch 2, the opt_shape sizes; .*\): Got invalid "
+                                                r"dimensions for input: x .*"
                                                 r"; try onnx.exporter: legacy$"):
         run_build(spec, tmp_path, quiet, ["onnx"])
 
