@@ -150,7 +150,7 @@ class ReplicaSet:
         self.balancer = None
         self.prometheus = None
         self.prometheus_config: Path | None = None
-        self.failed_targets: dict[str, list[int]] = {}  # model -> versions whose rollout failed its check
+        self.failed_targets: dict[str, list[int]] = {}  # model -> versions that failed to load or their check
         self._lock = threading.RLock()
 
     @property
@@ -336,13 +336,19 @@ class ReplicaSet:
                 previous = triton.model_config(model)
             with self._out_of_rotation(index):
                 say(f"replica {index}: loading {model} versions {_fmt(target)} (serving {_fmt(before)})")
-                replica.load_model(model, timeout=timeout)
-                deadline = time.monotonic() + timeout
-                while newest not in self.ready_versions(index, model):
-                    if time.monotonic() > deadline:
-                        raise ServerError(f"replica {index}: {model} version {newest} not ready {timeout:g} s after "
-                                          f"the reload; log: {replica.log_path}")
-                    time.sleep(0.1)
+                try:
+                    replica.load_model(model, timeout=timeout)
+                    deadline = time.monotonic() + timeout
+                    while newest not in self.ready_versions(index, model):
+                        if time.monotonic() > deadline:
+                            raise ServerError(f"replica {index}: {model} version {newest} not ready {timeout:g} s "
+                                              f"after the reload; log: {replica.log_path}")
+                        time.sleep(0.1)
+                except ServerError:
+                    # a version that cannot load will not load on the next poll either; retrying it took
+                    # this replica out of rotation every --watch-seconds, leaving the others all the load
+                    self.failed_targets[model] = target
+                    raise
                 step = ReplicaUpdate(index, model, "updated", before, self.ready_versions(index, model))
                 if check:
                     report = check_served_at(model, self.repository_arg, url=replica.http_url,
@@ -392,8 +398,8 @@ class ReplicaSet:
     def roll_out_pending(self, progress: Callable[[str], object] | None = None) -> list[ReplicaUpdate]:
         """``roll_out`` every model with a pending update (what ``triton-builder replicas`` polls for).
 
-        A target whose rollout failed its check is not tried again until the repository serves
-        something else (publish a fixed version)."""
+        A target whose rollout failed (its check, or loading it) is not tried again until the
+        repository serves something else (publish a fixed version)."""
         steps = []
         for model, target in self.pending_updates().items():
             if self.failed_targets.get(model) == target:

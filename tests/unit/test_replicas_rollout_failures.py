@@ -1,0 +1,56 @@
+"""A rollout whose new version cannot load is not retried on every poll (each retry took a replica
+out of rotation), and ``clean`` removes the log folders of killed ``replicas`` sessions only."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+from builder.errors import ServerError
+from builder.scaleout import replicas as replicas_module
+from builder.scaleout.replicas import ReplicaSet
+
+
+class _Replica:
+    """Serves version 1; loading fails as Triton's load API does for a version without its model file."""
+
+    log_path = "replica.log"
+    pid = 1
+
+    def __init__(self):
+        self.loads = 0
+
+    def is_running(self):
+        return True
+
+    @contextlib.contextmanager
+    def triton(self):
+        class _Client:
+            def model_config(self, model):
+                return {"name": model}
+        yield _Client()
+
+    def repository_index(self):
+        return [{"name": "m", "version": "1", "state": "READY"}]
+
+    def load_model(self, model, timeout=120.0):
+        self.loads += 1
+        raise ServerError(f"tritonserver could not load model '{model}': model.onnx not found")
+
+
+def test_a_version_that_fails_to_load_is_not_retried_until_something_new_is_published(tmp_path, monkeypatch):
+    group = ReplicaSet(tmp_path, replicas=2, prometheus=False, log_dir=tmp_path / "logs")
+    group.replicas = [_Replica(), _Replica()]
+    target = [[2]]
+    monkeypatch.setattr(replicas_module, "target_versions", lambda repository, model: target[0])
+    monkeypatch.setattr(ReplicaSet, "models", property(lambda self: ["m"]))
+    with pytest.raises(ServerError, match="could not load model 'm'"):
+        group.roll_out_pending()
+    assert group.failed_targets == {"m": [2]}
+    assert group.roll_out_pending() == []  # the next poll leaves it alone
+    assert [r.loads for r in group.replicas] == [1, 0]
+    target[0] = [3]  # a fixed version was published: tried again
+    with pytest.raises(ServerError, match="could not load"):
+        group.roll_out_pending()
+    assert group.replicas[0].loads == 2
