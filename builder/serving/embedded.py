@@ -392,7 +392,8 @@ class EmbeddedServer(LocalService):
             # Models loaded at start: Triton opens HTTP only after trying them all.
             self.failed = startup.wait_for_start_models(self)
             if self.failed and (not self.keep_going or len(self.failed) == len(self.models)):
-                raise startup.load_error(self.failed, self.log_path, every=self.keep_going and len(self.models) > 1)
+                raise startup.load_error(self.failed, self.log_path, self.keep_going and len(self.models) > 1,
+                                         self.left_out if self.keep_going else None)
             self.models = [name for name in self.models if name not in self.failed]
             startup.remove_new_bytecode(self._local_repository, self._bytecode)
             self.wait_until_ready(max(0.5, self._ready_deadline - time.monotonic()))

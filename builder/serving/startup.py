@@ -129,10 +129,13 @@ def wait_for_start_models(server: "EmbeddedServer") -> dict[str, str]:
     return failed
 
 
-def load_error(failed: dict[str, str], log_path: Path | None, every: bool = False) -> ServerError:
-    """The error naming each model that failed to load, with Triton's reason."""
+def load_error(failed: dict[str, str], log_path: Path | None, every: bool = False,
+               left_out: dict[str, str] | None = None) -> ServerError:
+    """The error naming each model that failed to load, with Triton's reason, and each model in
+    ``left_out`` (not started, with our reason): when nothing loads, every cause is the user's to see."""
     names = ", ".join(f"'{n}'" for n in failed)
     head = ("tritonserver could not load any model of the repository: " if every else
             "tritonserver could not load " + ("model " if len(failed) == 1 else "models "))
-    return ServerError(head + names + ":\n" + "\n".join(f"- {n}: {why}" for n, why in failed.items())
+    skipped = [f"- {n}: left out, not started: {why}" for n, why in (left_out or {}).items()]
+    return ServerError(head + names + ":\n" + "\n".join([f"- {n}: {why}" for n, why in failed.items()] + skipped)
                        + f"\nfull log: {log_path}")

@@ -66,6 +66,14 @@ def fetch_model(url: str, protocol: str, model: str, timeout: float = 10.0) -> M
         except ServerError:
             ready = False
         if not ready:
+            try:  # a model the server tried and failed: its reason, not advice to load it
+                state, reason = client.model_state(model)
+            except ServerError:
+                state, reason = None, ""
+            if state is not None:
+                raise ServerError(f"model '{model}' is not ready on Triton at {url} (state {state}: "
+                                  f"{' '.join(reason.split())[:400] or 'no reason given'}); fix it and restart the "
+                                  "server (or load it again), then retry")
             raise ServerError(f"model '{model}' is not ready on Triton at {url}; load it first "
                               "(triton-builder serve loads every model of the repository)")
         meta, config = client.model_metadata(model), client.model_config(model)

@@ -201,6 +201,27 @@ def test_keep_going_still_fails_when_nothing_loads(tmp_path):
     shutil.rmtree(server.log_path.parent, ignore_errors=True)
 
 
+def test_when_nothing_loads_the_models_left_out_are_named_too(tmp_path):
+    python_model(tmp_path, "bad_a", BAD_PY)
+    (tmp_path / "no_config" / "1").mkdir(parents=True)  # left out before the start: every cause is listed
+    server = EmbeddedServer(tmp_path, keep_going=True, ready_timeout=60)
+    with pytest.raises(ServerError, match=rf"(?s)could not load model 'bad_a':\n- bad_a: UNAVAILABLE: .*{BOOM}.*\n"
+                                          r"- no_config: left out, not started: no config.pbtxt in "):
+        server.start()
+    shutil.rmtree(server.log_path.parent, ignore_errors=True)
+
+
+def test_load_tools_on_a_model_that_failed_quote_tritons_reason(mixed_repo):
+    from builder.tuning.payload import fetch_model
+
+    with EmbeddedServer(mixed_repo, keep_going=True, ready_timeout=60) as server:
+        with pytest.raises(ServerError, match=rf"model 'good__variant' is not ready on Triton at .* \(state "
+                                              rf"UNAVAILABLE: .*{BOOM}.*\); fix it and restart the server"):
+            fetch_model(server.http_url, "http", "good__variant")
+        with pytest.raises(ServerError, match=r"model 'nosuch' is not ready .*; load it first"):
+            fetch_model(server.http_url, "http", "nosuch")
+
+
 def test_asked_for_model_that_fails_is_still_fatal(mixed_repo):
     server = EmbeddedServer(mixed_repo, load_models=["good", "good__variant"], ready_timeout=60)
     with pytest.raises(ServerError, match=rf"could not load model 'good__variant':\n- good__variant: .*{BOOM}"):
