@@ -19,33 +19,59 @@ from typing import Callable, Iterator
 
 from builder.errors import BuilderError, UserInputError
 
-JOB_LOCK = ".main-job.lock"  # beside the job's repository: held from the build to the server's stop
+JOB_LOCK = ".main-job.lock"  # suffix of ``.<repository name>.main-job.lock`` beside the job's repository
+
+
+def job_lock_path(repository: Path) -> Path:
+    """The lock of a job on ``repository``: beside it (Triton reads the repository) and named after it, so
+    runs into sibling repositories (one parent folder) do not refuse each other."""
+    repository = Path(repository).resolve()
+    return repository.parent / f".{repository.name}{JOB_LOCK}"
+
+
+def job_outputs(repository: Path) -> Path:
+    """Where a job on ``repository`` writes its server log, load-test and perf_analyzer reports: beside it
+    and named after it, so sibling repositories' jobs never write over each other's."""
+    repository = Path(repository).resolve()
+    return repository.parent / f"{repository.name}-run"
 
 
 @contextlib.contextmanager
 def job_lock(repository: Path) -> Iterator[None]:
-    """Hold the main job's lock on ``repository``'s folder: a second job there (which would empty the
-    repository and the log of a server still serving them, ``run --keep-serving``) is refused, naming the
-    first one's pid."""
-    repository.parent.mkdir(parents=True, exist_ok=True)
-    path = repository.parent / JOB_LOCK
-    with open(path, "a+") as handle:
+    """Hold the main job's lock on ``repository``: a second job there (which would empty the repository and
+    the log of a server still serving them, ``run --keep-serving``) is refused, naming the first one's pid.
+    The lock file goes when the job ends."""
+    path = job_lock_path(repository)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        handle = open(path, "a+")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
             holder = handle.read().strip() or "unknown"
-            raise UserInputError(f"another `triton-builder run` (pid {holder}) is using {repository} (its server may "
-                                 "still be serving it, run --keep-serving): stop it (Ctrl-C), or give this run "
-                                 "another --repository") from None
+            handle.close()
+            raise UserInputError(f"another `triton-builder run` (pid {holder}) is using {Path(repository).resolve()} "
+                                 "(its server may still be serving it, run --keep-serving): stop it (Ctrl-C), or give "
+                                 "this run another --repository") from None
+        try:
+            same = os.fstat(handle.fileno()).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        # the job before us removed this file as it ended: locking it would not exclude a job that opens the new one
+        handle.close()
+    try:
         handle.seek(0)
         handle.truncate()
         handle.write(f"{os.getpid()}\n")
         handle.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # while still locked: a job waiting on this file retries on a fresh one
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
 
 
 def run_main_job(spec: str | Path, repository: str | Path = "runs/model_repository", *, load_seconds: float = 10.0,
@@ -86,7 +112,7 @@ def _run(spec, repository: Path, load_seconds: float, users: int, keep_serving: 
     announce("\n== 2/4 serve (embedded tritonserver)")
     code = 0 if gate.ok else 1
     # beside the job's other outputs, so the path printed below still holds the log after the job
-    server_log = repository.parent / "tritonserver" / f"{name}.log"
+    server_log = job_outputs(repository) / "tritonserver" / f"{name}.log"
     server_log.unlink(missing_ok=True)
     with EmbeddedServer(repository, log_path=server_log, extra_args=["--metrics-config=summary_latencies=true"]) as server:
         announce(f"  HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}")
@@ -144,7 +170,7 @@ def _load(name, server, users, seconds, repository, announce):
     except ImportError:
         announce("  (load testing is not available in this build)")
         return None
-    out = Path(repository).parent / "loadtest" / name
+    out = job_outputs(repository) / "loadtest" / name
     try:
         summary = run_loadtest(name, server.http_url, "http", users, seconds, out,
                                payload=_payload(repository, name), timeout_s=seconds + 60)
@@ -172,7 +198,7 @@ def _perf_analyzer(name, server, concurrency, repository, announce) -> tuple[str
         interface = fetch_model(server.grpc_url, "grpc", name)
         samples, _ = load_samples(interface, None, repository)
         engine.prepare(server.grpc_url, "grpc", interface, samples, samples,
-                       work_dir=Path(repository).parent / "perf_analyzer" / name)
+                       work_dir=job_outputs(repository) / "perf_analyzer" / name)
         stats = StatsReader(server.grpc_url, "grpc")
         try:
             level = engine.measure(concurrency, window_s=0.5, max_s=5.0, stats=stats)

@@ -112,7 +112,7 @@ def test_the_main_job_reports_perf_analyzers_figure(served, perf_analyzer, tmp_p
     line, rps = _perf_analyzer("digits_cnn", served, 2, repo, said.append)
     assert " req/s at concurrency 2 over gRPC, p50 " in line and rps > 0, said
     assert said == [f"  perf_analyzer 2.51.0: {line}"]
-    assert (tmp_path / "perf_analyzer" / "digits_cnn" / "digits_cnn_input_data.json").is_file()
+    assert (tmp_path / "model_repository-run" / "perf_analyzer" / "digits_cnn" / "digits_cnn_input_data.json").is_file()
 
 
 def test_the_main_jobs_load_row_is_client_side_with_its_ratio_to_perf_analyzer():
