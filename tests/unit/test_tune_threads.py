@@ -201,6 +201,18 @@ def test_read_config_takes_no_max_batch_sizes_as_derive_them(tmp_path):
         _read_config(tmp_path, "m", [4, 16], 1)
 
 
+def test_a_corrupt_served_config_is_named_with_the_fix(tmp_path):
+    from builder.tuning.tune import _read_config
+
+    (tmp_path / "m").mkdir()
+    config = tmp_path / "m" / "config.pbtxt"
+    config.write_text('name: "m"\nthis is not a config\n')
+    with pytest.raises(UserInputError, match=rf"^{config} does not parse with Triton's schema: .*; fix that file or "
+                                             r"rebuild the model \(triton-builder build\) before tuning it") as caught:
+        _read_config(tmp_path, "m", None, 1)
+    assert caught.value.exit_code == 2
+
+
 def test_a_candidate_keeps_the_bases_other_batching_settings():
     base = dict(PYTHON_BASE, dynamic_batching={"max_queue_delay_microseconds": "0", "preferred_batch_size": [8],
                                                "default_queue_policy": {"timeout_action": "REJECT"}})
