@@ -75,6 +75,17 @@ def cmd_select(args: argparse.Namespace, reporter: Reporter) -> int:
     return 0
 
 
+def _dead_replicas_logs() -> list[Path]:
+    """The temp log folders of `replicas` sessions that ended without their clean-up (SIGKILL), or that kept
+    them after a failure; a live session holds its folder's lock, so its folder stays."""
+    import tempfile
+
+    from builder.scaleout.replicas import REPLICAS_PREFIX
+    from builder.scratch import sweep
+
+    return sweep(Path(tempfile.gettempdir()), REPLICAS_PREFIX)
+
+
 def cmd_clean(args: argparse.Namespace, reporter: Reporter) -> int:
     from builder.scratch import clean
 
@@ -84,6 +95,7 @@ def cmd_clean(args: argparse.Namespace, reporter: Reporter) -> int:
     missing = repository is not None and not os.path.lexists(repository)
     # a build killed before its first publish left work folders but never created its repository
     removed = clean(None if missing else repository)
+    removed += _dead_replicas_logs()
     for folder in removed:
         print(f"removed {folder}")
     print(f"{len(removed)} folder(s) left by dead builds removed" if removed else "nothing to clean")
@@ -140,7 +152,8 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_select)
 
     p = sub.add_parser("clean", parents=[common],
-                       help="remove the work and staging folders that killed builds left (never a live build's)")
+                       help="remove the work and staging folders that killed builds left, and the log folders of killed "
+                            "replicas sessions (never a live one's)")
     p.add_argument("--repository",
                    help=f"also its staging folders, which sit beside it (default: {DEFAULT_REPOSITORY} where "
                         "it exists)")

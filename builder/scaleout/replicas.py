@@ -48,8 +48,11 @@ from typing import Any, Callable, Iterator, Sequence
 
 from builder.errors import ServerError, UserInputError, VerificationError
 from builder.processes import refuse_taken_ports, stop_signals
+from builder.scratch import OwnedFolder
 
-__all__ = ["ReplicaSet", "ReplicaUpdate", "RolloutError", "run_replicas", "target_versions"]
+REPLICAS_PREFIX = "triton-builder-replicas-"  # the temp log folder of a `replicas` session
+
+__all__ = ["REPLICAS_PREFIX", "ReplicaSet", "ReplicaUpdate", "RolloutError", "run_replicas", "target_versions"]
 
 _METRICS_ARGS = ("--metrics-config=summary_latencies=true",)
 
@@ -139,7 +142,9 @@ class ReplicaSet:
         self.host = host
         self.ports = (http_port, grpc_port)
         self.want_prometheus = prometheus
-        self.log_dir = Path(log_dir).resolve() if log_dir else Path(tempfile.mkdtemp(prefix="triton-builder-replicas-"))
+        # owned (a flock held while this process lives): what a SIGKILLed session leaves, `clean` removes
+        self._owned = None if log_dir else OwnedFolder.create(Path(tempfile.gettempdir()), REPLICAS_PREFIX)
+        self.log_dir = Path(log_dir).resolve() if log_dir else self._owned.path
         self._own_log_dir = not log_dir
         self.failed = False  # a start, a replica or a rollout failed: its logs are the evidence
         self.kept_logs: Path | None = None  # after stop(): where the logs are, if they were kept
@@ -234,7 +239,7 @@ class ReplicaSet:
             for replica in self.replicas:
                 replica.stop()
             if self._own_log_dir and not self.failed:
-                shutil.rmtree(self.log_dir, ignore_errors=True)
+                self._owned.release()
                 self.kept_logs = None
             elif self.log_dir.is_dir():
                 self.kept_logs = self.log_dir

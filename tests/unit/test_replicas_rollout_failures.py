@@ -4,6 +4,7 @@ out of rotation), and ``clean`` removes the log folders of killed ``replicas`` s
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +55,37 @@ def test_a_version_that_fails_to_load_is_not_retried_until_something_new_is_publ
     with pytest.raises(ServerError, match="could not load"):
         group.roll_out_pending()
     assert group.replicas[0].loads == 2
+
+
+def test_clean_removes_the_log_folder_of_a_killed_replicas_session_never_a_live_one(tmp_path, monkeypatch, capsys):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    from builder import cli
+    from builder.scaleout.replicas import REPLICAS_PREFIX
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "repo").mkdir()
+    # a session SIGKILLed: no clean-up ran, its folder (and the replica logs in it) stays
+    child = subprocess.Popen([sys.executable, "-c", "import sys, tempfile, time; tempfile.tempdir = sys.argv[1]\n"
+                              "from builder.scaleout.replicas import ReplicaSet\n"
+                              "group = ReplicaSet(sys.argv[1] + '/repo', prometheus=False)\n"
+                              "(group.log_dir / 'replica-0.log').write_text('x'); print(group.log_dir, flush=True)\n"
+                              "time.sleep(60)", str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                             cwd=Path(__file__).resolve().parents[2])
+    try:
+        killed = child.stdout.readline().strip()
+        live = ReplicaSet(tmp_path / "repo", prometheus=False)  # this process's: in use
+        assert cli.main(["clean"]) == 0  # while the session lives, its folder stays
+        assert os.path.isdir(killed) and "nothing to clean" in capsys.readouterr().out
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    assert cli.main(["clean"]) == 0
+    assert f"removed {killed}" in capsys.readouterr().out and not os.path.exists(killed)
+    assert live.log_dir.is_dir() and live.log_dir.name.startswith(REPLICAS_PREFIX)
+    assert live.stop() is None and not live.log_dir.exists()  # nothing failed: removed at stop
