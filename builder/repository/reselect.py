@@ -162,6 +162,8 @@ def select_for_host(repository: str | Path, name: str, *, measure: Measure | Non
     if number is None:
         raise UserInputError(f"model '{name}' has no version in {repository.resolve()}; build it first "
                              "(triton-builder build)")
+    if not dry_run:
+        require_key_if_signed(repository, name, key)
     served = read_metadata(main / str(number) / "metadata.yaml")
     cases, outputs = read_reference(main / str(number) / "reference.npz")
     host = current_host if current_host is not None else host_profile()
@@ -385,6 +387,20 @@ def resolve_signing_key(value, repository: Path):
     return value if isinstance(value, SigningKey) else signing_key(value, repository)
 
 
+def require_key_if_signed(repository: Path, name: str, key) -> None:
+    """Refuse to publish an unsigned version on top of a signed latest one: the new version would be the
+    served one, and `serve --require-signature` would then refuse the whole repository."""
+    from builder.repository.signing import KEY_ENV, SIGNATURE_FILE
+
+    main = model_dir(repository, name)
+    number = latest_version(main) if main.is_dir() else None
+    if key is not None or number is None or not (main / str(number) / SIGNATURE_FILE).is_file():
+        return
+    raise UserInputError(f"{main / str(number) / SIGNATURE_FILE}: {name} version {number} is signed, but no signing "
+                         f"key was given, so the new version would be published unsigned (validate and serve "
+                         f"--require-signature refuse it); pass --signing-key PEM or set ${KEY_ENV}")
+
+
 def _republish(repository, name, model_format, model_files, runtime, extra, record, text, config,
                key=None) -> dict[str, Any]:
     """A new version of ``name`` from these parts, signed while staged when ``key`` is given (as build does)."""
@@ -418,6 +434,7 @@ def publish_tuned(repository: str | Path, name: str, config_text: str, tuning: d
     number = latest_version(main)
     if number is None:
         raise UserInputError(f"model '{name}' has no version in {repository.resolve()}; build it first")
+    require_key_if_signed(repository, name, signer)
     folder = main / str(number)
     new, old = config_as_dict(config_text), config_as_dict((main / "config.pbtxt").read_text())
     for key in ("backend", "platform", "input", "output"):

@@ -133,8 +133,9 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
         refuse_if_signed(repository, model)
     key = None
     if publish:  # a bad key fails before the search; $TRITON_BUILDER_SIGNING_KEY when none is given
-        from builder.repository.reselect import resolve_signing_key
+        from builder.repository.reselect import require_key_if_signed, resolve_signing_key
         key = resolve_signing_key(signing_key, Path(repository))
+        require_key_if_signed(Path(repository), model, key)
     default = built_candidate(base)
     thread_counts = _thread_counts(base, thread_counts)
     layouts = _layouts(base, default, instance_counts, usable_cores)

@@ -163,8 +163,41 @@ def test_select_and_tune_publish_sign_their_versions(signed, tmp_path, monkeypat
     assert not validate_model(repo / "digits_cnn", 3, public_key=other, require_signature=True,
                               current_host=elsewhere).ok  # really checked against the key
     monkeypatch.delenv(signing.KEY_ENV)
-    assert publish_tuned(repo, "digits_cnn", config, {"winner": "default"})["version"] == 4
-    assert not (repo / "digits_cnn" / "4" / signing.SIGNATURE_FILE).exists()  # no key: unsigned, as before
+    with pytest.raises(UserInputError, match=r"3/model.sig: digits_cnn version 3 is signed, but no signing key was "
+                                             r"given, .* pass --signing-key PEM or set \$TRITON_BUILDER_SIGNING_KEY"):
+        publish_tuned(repo, "digits_cnn", config, {"winner": "default"})
+    assert not (repo / "digits_cnn" / "4").exists()
+
+
+def test_select_without_a_key_over_a_signed_version_is_refused_before_measuring(signed, tmp_path, monkeypatch):
+    from builder.repository.reselect import select_for_host
+
+    monkeypatch.delenv(signing.KEY_ENV, raising=False)
+    repo = _copy(signed[0], tmp_path)
+    elsewhere = {"cpu_model": "Another CPU", "isa_flags": ["avx2"], "isa_class": "avx2", "usable_cores": 4}
+
+    def measure(label, run, inputs, threads):
+        raise AssertionError("measured before the refusal")
+    with pytest.raises(UserInputError, match=r"digits_cnn version 1 is signed, but no signing key was given, so the "
+                                             r"new version would be published unsigned .*--signing-key PEM or set "
+                                             r"\$TRITON_BUILDER_SIGNING_KEY"):
+        select_for_host(repo, "digits_cnn", measure=measure, current_host=elsewhere)
+    assert not (repo / "digits_cnn" / "2").exists()
+    # --dry-run publishes nothing: it still measures and says what it would do
+    report = select_for_host(repo, "digits_cnn", measure=lambda label, run, inputs, threads: {
+        "throughput": 1000.0, "p50_ms": 0.5}, current_host=elsewhere, dry_run=True)
+    assert report.published is None and "--dry-run" in report.why
+
+
+def test_tune_publish_without_a_key_over_a_signed_version_is_refused_before_any_measuring(signed, tmp_path,
+                                                                                           monkeypatch):
+    from builder.tuning.tune import run_tune
+
+    monkeypatch.delenv(signing.KEY_ENV, raising=False)
+    repo = _copy(signed[0], tmp_path)
+    # no server at this URL: the refusal must come before tune contacts one
+    with pytest.raises(UserInputError, match=r"digits_cnn version 1 is signed, but no signing key was given"):
+        run_tune("digits_cnn", repo, "grpc://127.0.0.1:1", p99_budget_ms=10, publish=True)
 
 
 def test_tune_write_on_a_signed_version_is_refused_before_any_measuring(signed, tmp_path):
