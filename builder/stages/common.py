@@ -10,7 +10,9 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import io
 import os
 import re
 import shutil
@@ -139,13 +141,17 @@ def export_dynamo(model, spec, path: Path) -> None:
 
     # the exporter logs one warning per torchvision op it cannot register; torchvision is not needed
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+    # a failed symbolic trace logs a warning and torch.export prints the partial FX graph to stderr (~240
+    # lines for a small Transformer); the failure itself reaches the variant's notes, and legacy is tried next
+    logging.getLogger("torch.fx.experimental.symbolic_shapes").setLevel(logging.ERROR)
     from torch.export import Dim
 
     dynamic_shapes = tuple({axis: Dim.DYNAMIC for axis in dims} or None for dims in dynamic_axes(spec))
     kwargs = {"opset_version": spec.onnx.opset} if spec.onnx.opset else {}
-    torch.onnx.export(model, example_args(spec), str(path), dynamo=True,
-                      input_names=[t.name for t in spec.inputs], dynamic_shapes=dynamic_shapes,
-                      external_data=True, report=False, verbose=False, **kwargs)
+    with contextlib.redirect_stderr(io.StringIO()):
+        torch.onnx.export(model, example_args(spec), str(path), dynamo=True,
+                          input_names=[t.name for t in spec.inputs], dynamic_shapes=dynamic_shapes,
+                          external_data=True, report=False, verbose=False, **kwargs)
 
 
 def export_legacy(model, spec, path: Path) -> None:
