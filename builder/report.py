@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,7 @@ def variant_rows(ctx) -> list[dict[str, Any]]:
 
 def _not_made_row(name: str, kind: str, why: str) -> dict[str, Any]:
     """A requested variant no stage could make: in the table, so nothing asked for goes missing silently."""
-    status = ("skipped: " if kind == "skipped" else "FAILED to make: ") + " ".join(why.split())[:160]
+    status = ("skipped: " if kind == "skipped" else "FAILED to make: ") + textwrap.shorten(why, 160, placeholder=" ...")
     return {"variant": name, "format": None, "precision": None, "size MB": None, "exporter": "-", "rel L2": None,
             "max abs": None, "acc drop": None, "p50 ms (b=1)": None, "throughput": None, "x onnx": None,
             "status": status, "precision_tolerance": None, "throughput_by_batch": {}, "best_batch": None,

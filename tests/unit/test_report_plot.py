@@ -52,3 +52,12 @@ def test_with_labels_the_drop_is_linear_and_the_limit_is_in_the_legend():
 def test_nothing_measured_draws_nothing():
     assert plot_png([dict(r, throughput_by_batch={}) for r in ROWS]) is None
     assert plot_png(ROWS)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_long_not_made_reason_is_shortened_at_a_word_with_a_mark():
+    from builder.report import _not_made_row
+
+    why = "onnxruntime cannot run the dynamo export at batch 1 " + "because the exporter may have fixed that size " * 5
+    status = _not_made_row("onnx", "failed", why)["status"]
+    assert status.startswith("FAILED to make: onnxruntime cannot run") and status.endswith(" ...")
+    assert len(status) <= len("FAILED to make: ") + 160 and " fix ..." not in status.replace("fixed", "")
