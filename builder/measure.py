@@ -12,6 +12,7 @@ Usage::
     m = measure(lambda: session.run(None, feed), items_per_call=8, window_seconds=0.1, max_seconds=2)
     m.stable, m.throughput, m.percentiles_ms()        # True, 5312.0, {"p50": 1.5, "p95": ..., "p99": ...}
     both = measure_round_robin({"a": call_a, "b": call_b}, 8, window_seconds=0.1, max_seconds=2)
+    warm_up(lambda: run(feed))                         # before timing: WARMUP_CALLS calls, per input shape
     is_stable([100, 104, 98])                          # True: 104 / 98 = 1.06 <= 1.10
 """
 
@@ -27,6 +28,12 @@ import numpy as np
 STABLE_WINDOWS = 3
 STABLE_TOLERANCE = 0.10
 MIN_CALLS_PER_WINDOW = 3
+# calls per input shape before any timed window (the benchmark stage's rule): TorchScript's profiling
+# executor specialises per shape, and its first calls ran 100-1000x slower than the rest
+WARMUP_CALLS = 3
+# windows before a time cap may stop a measurement that compares with another: one more than the
+# fastest-windows rule keeps, so a slow start that outlasted the warm-up falls out of the figure
+AFTER_SLOW_START = STABLE_WINDOWS + 1
 
 
 def within(values: Sequence[float], tolerance: float = STABLE_TOLERANCE) -> bool:
@@ -95,6 +102,12 @@ def least_disturbed(windows: list[Window], count: int = STABLE_WINDOWS) -> list[
     return [windows[i] for i in sorted(chosen)]
 
 
+def warm_up(call: Callable[[], object], calls: int = WARMUP_CALLS) -> None:
+    """Call ``call`` ``calls`` times untimed; once per input shape the measurement will use."""
+    for _ in range(calls):
+        call()
+
+
 def run_window(call: Callable[[], object], items_per_call: int, window_seconds: float,
                min_calls: int = MIN_CALLS_PER_WINDOW, clock: Callable[[], float] = time.perf_counter) -> Window:
     latencies = []
@@ -110,26 +123,28 @@ def run_window(call: Callable[[], object], items_per_call: int, window_seconds: 
 
 def measure(call: Callable[[], object], items_per_call: int = 1, *, window_seconds: float, max_seconds: float,
             windows: int = STABLE_WINDOWS, tolerance: float = STABLE_TOLERANCE,
-            min_calls: int = MIN_CALLS_PER_WINDOW, clock: Callable[[], float] = time.perf_counter) -> Measurement:
+            min_calls: int = MIN_CALLS_PER_WINDOW, min_windows: int = 1,
+            clock: Callable[[], float] = time.perf_counter) -> Measurement:
     """Repeat windows until the last ``windows`` are stable or ``max_seconds`` have passed (the
-    window under way is finished; at least one window always runs)."""
+    window under way is finished; at least ``min_windows`` windows always run)."""
     done: list[Window] = []
     start = clock()
     while True:
         done.append(run_window(call, items_per_call, window_seconds, min_calls, clock))
         if is_stable([w.throughput for w in done], [w.p50_ms for w in done], windows=windows, tolerance=tolerance):
             return Measurement(done, True, done[-windows:])
-        if clock() - start >= max_seconds:
+        if clock() - start >= max_seconds and len(done) >= min_windows:
             return Measurement(done, False, least_disturbed(done, windows))
 
 
 def measure_round_robin(calls: dict[str, Callable[[], object]], items_per_call: int = 1, *, window_seconds: float,
                         max_seconds: dict[str, float] | float, windows: int = STABLE_WINDOWS,
                         tolerance: float = STABLE_TOLERANCE, min_calls: int = MIN_CALLS_PER_WINDOW,
+                        min_windows: int = 1,
                         clock: Callable[[], float] = time.perf_counter) -> dict[str, Measurement]:
     """``measure`` for several candidates at once, one window each in turn, so that a burst of
     load from other processes falls on all of them alike. Each stops on its own when stable or when
-    its windows add up to its ``max_seconds``."""
+    its windows (at least ``min_windows``) add up to its ``max_seconds``."""
     caps = max_seconds if isinstance(max_seconds, dict) else {name: max_seconds for name in calls}
     done: dict[str, list[Window]] = {name: [] for name in calls}
     stable: dict[str, bool] = {}
@@ -142,7 +157,7 @@ def measure_round_robin(calls: dict[str, Callable[[], object]], items_per_call: 
             if is_stable([w.throughput for w in series], [w.p50_ms for w in series], windows=windows,
                          tolerance=tolerance):
                 stable[name] = True
-            elif sum(w.seconds for w in series) >= caps[name]:
+            elif sum(w.seconds for w in series) >= caps[name] and len(series) >= min_windows:
                 stable[name] = False
     return {name: Measurement(done[name], stable[name],
                               done[name][-windows:] if stable[name] else least_disturbed(done[name], windows))

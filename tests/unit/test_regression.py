@@ -65,3 +65,50 @@ def test_limits_and_gate_lines():
     assert check.failures == [
         "accuracy top1: -1.50 pp vs version 2 (lost more than accuracy=1 pp)",
         "latency p50 1.500 ms vs 1.000 ms in version 2: +50.0 % > latency=20 % on this host"]
+
+
+class _Clock:
+    """A fake clock that only the fake runners move: the figures do not depend on this host's speed."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _timed_runners(monkeypatch, clock, seconds_per_call: dict[str, float], slow_format: str, slow_calls: int):
+    """open_runner whose runners really run, but take ``seconds_per_call[format]`` on the fake clock, and
+    ``slow_calls`` first calls of 0.13 s for ``slow_format`` (a TorchScript module's profiling executor: the
+    probe read ~390 ms per round of the three reference cases for ~6 rounds, then ~2 ms)."""
+    import builder.runtime
+
+    real = builder.runtime.open_runner
+
+    def open_runner(fmt, path, *args, **kwargs):
+        run, calls = real(fmt, path, *args, **kwargs), [0]
+
+        def timed(inputs):
+            calls[0] += 1
+            clock.now += 0.13 if fmt == slow_format and calls[0] <= slow_calls else seconds_per_call[fmt]
+            return run(inputs)
+        return timed
+    monkeypatch.setattr(builder.runtime, "open_runner", open_runner)
+
+
+# version 1 is TorchScript, version 2 ONNX; 18 slow calls = 6 rounds over the 3 stored cases
+@pytest.mark.parametrize("slow_format, torchscript_s, onnx_s, fails", [
+    ("torchscript", 0.001, 0.0015, True),    # the previous version's slow start no longer waves a slower new one through
+    ("onnx", 0.001, 0.001, False),           # the new version's slow start no longer fails it against an equal one
+])
+def test_latency_leaves_out_a_slow_start(two_versions, monkeypatch, slow_format, torchscript_s, onnx_s, fails):
+    from builder.repository.regression import compare_with_previous
+
+    clock = _Clock()
+    _timed_runners(monkeypatch, clock, {"torchscript": torchscript_s, "onnx": onnx_s}, slow_format, 18)
+    check = compare_with_previous(two_versions, 2, {"latency": 20.0}, seconds=1.0, clock=clock)
+    assert check.latency_ms["previous"] == pytest.approx(torchscript_s * 1e3)
+    assert check.latency_ms["new"] == pytest.approx(onnx_s * 1e3)
+    assert bool(check.failures) is fails
+    if fails:
+        assert check.failures == ["latency p50 1.500 ms vs 1.000 ms in version 1: +50.0 % > latency=20 % on this host"]
