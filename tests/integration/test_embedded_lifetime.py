@@ -24,44 +24,11 @@ from builder.errors import ServerError
 from builder.processes import free_ports, http_get
 from builder.serving.embedded import EmbeddedServer
 from builder.serving.startup import answers_as
+from tests.integration.python_models import python_model
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-
-ADD_ONE_PY = textwrap.dedent(
-    """
-    import numpy as np
-    import triton_python_backend_utils as pb_utils
-
-
-    class TritonPythonModel:
-        def execute(self, requests):
-            responses = []
-            for request in requests:
-                x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
-                out = pb_utils.Tensor("OUTPUT0", (x + 1).astype(np.float32))
-                responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
-            return responses
-    """
-)
-
-
-def python_model(repo: Path, name: str, code: str = ADD_ONE_PY) -> Path:
-    version = repo / name / "1"
-    version.mkdir(parents=True)
-    (repo / name / "config.pbtxt").write_text(textwrap.dedent(
-        f"""
-        name: "{name}"
-        backend: "python"
-        max_batch_size: 8
-        input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
-        output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
-        instance_group [ {{ kind: KIND_CPU count: 1 }} ]
-        """))
-    (version / "model.py").write_text(code)
-    return version
-
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:

@@ -28,28 +28,12 @@ from builder.errors import ServerDiedError, ServerError, UserInputError
 from builder.serving.backends import unsupported_models
 from builder.serving.embedded import EmbeddedServer
 from builder.serving.install import find_tritonserver
+from tests.integration.python_models import ADD_ONE_PY, python_model
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 BOOM = "boom-in-initialize-4711"
-
-ADD_ONE_PY = textwrap.dedent(
-    """
-    import numpy as np
-    import triton_python_backend_utils as pb_utils
-
-
-    class TritonPythonModel:
-        def execute(self, requests):
-            responses = []
-            for request in requests:
-                x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
-                out = pb_utils.Tensor("OUTPUT0", (x + 1).astype(np.float32))
-                responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
-            return responses
-    """
-)
 
 BAD_PY = textwrap.dedent(
     f"""
@@ -78,14 +62,6 @@ def _config(name: str, kind: str) -> str:
     )
 
 
-def _python_model(repo: Path, name: str, code: str) -> None:
-    (repo / name / "1").mkdir(parents=True)
-    (repo / name / "config.pbtxt").write_text(
-        _config(name, 'backend: "python"') + 'instance_group [ { kind: KIND_CPU count: 1 } ]\n'
-    )
-    (repo / name / "1" / "model.py").write_text(code)
-
-
 def _onnx_model(repo: Path, name: str) -> None:
     (repo / name / "1").mkdir(parents=True)
     (repo / name / "config.pbtxt").write_text(_config(name, 'platform: "onnxruntime_onnx"'))
@@ -95,9 +71,9 @@ def _onnx_model(repo: Path, name: str) -> None:
 def repo(tmp_path_factory) -> Path:
     """add_one, add_one_b (same code), broken (raises in initialize), onnx_model (no backend here)."""
     repo = tmp_path_factory.mktemp("repo")
-    _python_model(repo, "add_one", ADD_ONE_PY)
-    _python_model(repo, "add_one_b", ADD_ONE_PY)
-    _python_model(repo, "broken", BAD_PY)
+    python_model(repo, "add_one", ADD_ONE_PY)
+    python_model(repo, "add_one_b", ADD_ONE_PY)
+    python_model(repo, "broken", BAD_PY)
     _onnx_model(repo, "onnx_model")
     return repo
 
@@ -106,7 +82,7 @@ def repo(tmp_path_factory) -> Path:
 def small_repo(tmp_path_factory) -> Path:
     """Every supported model in it loads: add_one and onnx_model (left out)."""
     repo = tmp_path_factory.mktemp("small_repo")
-    _python_model(repo, "add_one", ADD_ONE_PY)
+    python_model(repo, "add_one", ADD_ONE_PY)
     _onnx_model(repo, "onnx_model")
     return repo
 
@@ -177,7 +153,7 @@ def test_find_tritonserver():
 
 
 def test_unsupported_models_reasons(tmp_path):
-    _python_model(tmp_path, "py", ADD_ONE_PY)
+    python_model(tmp_path, "py", ADD_ONE_PY)
     _onnx_model(tmp_path, "onnx")
     (tmp_path / "trt").mkdir()
     (tmp_path / "trt" / "config.pbtxt").write_text('name: "trt"\nplatform: "tensorrt_plan"\n')
