@@ -114,11 +114,20 @@ def _run(spec, repository: Path, load_seconds: float, users: int, keep_serving: 
     # beside the job's other outputs, so the path printed below still holds the log after the job
     server_log = job_outputs(repository) / "tritonserver" / f"{name}.log"
     server_log.unlink(missing_ok=True)
-    with EmbeddedServer(repository, log_path=server_log, extra_args=["--metrics-config=summary_latencies=true"]) as server:
+    # as `serve`: a broken companion beside the job's model (another published variant, an older model)
+    # must not end a job whose own model loads; only the job's own model failing does
+    with EmbeddedServer(repository, log_path=server_log, extra_args=["--metrics-config=summary_latencies=true"],
+                        keep_going=True) as server:
         announce(f"  HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}")
         announce(f"  log  {server.log_path}")
         for left, why in server.left_out.items():
             announce(f"  left out {left}: {why}")
+        for failed, why in server.failed.items():
+            announce(f"  FAILED   {failed} (not served; fix it and restart to serve it): "
+                     + why.replace("\n", "\n           "))
+        if name in server.failed:
+            from builder.serving.startup import load_error
+            raise load_error({name: server.failed[name]}, server.log_path)
 
         announce("\n== 3/4 check (served answers vs reference.npz, HTTP and gRPC)")
         report = check_served(name, repository=repository, url=server.http_url, grpc_url=server.grpc_url)

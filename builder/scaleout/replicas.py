@@ -177,7 +177,9 @@ class ReplicaSet:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         return EmbeddedServer(self.repository_arg, host=self.host, log_path=self.log_dir / f"replica-{index}.log",
                               extra_args=self.extra_args, ready_timeout=self.ready_timeout,
-                              load_models=self.load_models)
+                              load_models=self.load_models,
+                              # as `serve`: one bad model of the repository must not take down the rest
+                              keep_going=self.load_models is None)
 
     def start(self) -> "ReplicaSet":
         """Start the replicas (in parallel), then the balancer, then Prometheus; nothing left running on error."""
@@ -448,6 +450,10 @@ def run_replicas(repository: str | Path, replicas: int = 2, *, http_port: int | 
             announce(f"  serving  {', '.join(group.models) or '(no models)'}")
             for name, reason in group.replicas[0].left_out.items():
                 announce(f"  left out {name}: {reason}")
+            for name in sorted(set().union(*(r.failed for r in group.replicas))):
+                reason = next(r.failed[name] for r in group.replicas if name in r.failed)
+                announce(f"  FAILED   {name} (not served; fix it and restart to serve it): "
+                         + reason.replace("\n", "\n           "))
             announce(f"New versions are rolled out every {watch_seconds:g} s, one replica at a time, each gated by "
                      "the served check. Stop with Ctrl-C.")
             next_poll = time.monotonic() + watch_seconds
