@@ -163,14 +163,27 @@ def _run(spec, repository: Path, load_seconds: float, users: int, keep_serving: 
         if summary and summary.get("failures", 0):
             code = code or 1
         if keep_serving:
-            announce("\nserving until Ctrl-C ...")
-            try:
-                while server.is_running():
-                    time.sleep(0.5)
-            except KeyboardInterrupt:
-                pass
+            _serve_until_stopped(server, announce)
     announce("server stopped")
     return code
+
+
+def _serve_until_stopped(server, announce) -> None:
+    """From here the job is a serving session, as `serve` is: Ctrl-C or SIGTERM is the stop it waits for, so
+    the job keeps its own verdict as exit code (not 130). Its own handlers, as `serve`'s: Python's Ctrl-C
+    default is not installed where SIGINT came in ignored (a job started with `&` from a script)."""
+    import signal
+
+    from builder.processes import stop_signals
+
+    announce("\nserving until Ctrl-C or SIGTERM ...")
+    with stop_signals() as received:
+        while server.is_running() and not received:
+            time.sleep(0.2)
+    if received:
+        announce(f"received {signal.Signals(received[0]).name}; stopping tritonserver (pid {server.pid})")
+    else:
+        announce(f"tritonserver exited on its own (code {server.returncode}); its log: {server.log_path}")
 
 
 def _load(name, server, users, seconds, repository, announce):

@@ -165,5 +165,6 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--repository", default="runs/model_repository", help="where to publish (default: %(default)s)")
     p.add_argument("--load-seconds", type=finite_float, default=10.0, help="load test length (default: %(default)s)")
     p.add_argument("--users", type=int, default=8, help="load test users (default: %(default)s)")
-    p.add_argument("--keep-serving", action="store_true", help="keep the server up until Ctrl-C at the end")
+    p.add_argument("--keep-serving", action="store_true",
+                   help="keep the server up at the end until Ctrl-C or SIGTERM, its normal stop (exit: the job's verdict)")
     p.set_defaults(func=cmd_run)

@@ -1,6 +1,7 @@
 """`replicas` and `run` keep serving a repository where an unrelated model fails to load, as `serve` does:
 each failed model is announced with Triton's reason, the rest is served. `run` still fails when the model
-the job is about fails. Real tritonserver (and nginx for `replicas`)."""
+the job is about fails, and `run --keep-serving` stops on a signal as `serve` does. Real tritonserver (and
+nginx for `replicas`)."""
 
 from __future__ import annotations
 
@@ -123,3 +124,25 @@ def test_run_still_fails_when_its_own_model_fails_though_a_companion_loads(job, 
                                           r"full log: .*repo-run/tritonserver/job\.log"):
         run_main_job("spec.yaml", tmp_path / "repo")
 
+
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
+def test_run_keep_serving_stops_on_a_signal_as_serve_does_even_with_sigint_ignored(job, tmp_path, stop):
+    """A serving session: the signal is the stop it waits for, so the job's own verdict is its exit code
+    (0), not 130; SIGINT inherited as ignored (started with `&` from a script) stops it too."""
+    from builder.main_job import run_main_job
+
+    job(ADD_ONE_PY)
+    said: list[str] = []
+
+    def progress(text: str) -> None:
+        said.append(text)
+        if "serving until Ctrl-C or SIGTERM" in text:
+            threading.Timer(0.5, os.kill, (os.getpid(), getattr(signal, stop))).start()
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert run_main_job("spec.yaml", tmp_path / "repo", keep_serving=True, progress=progress) == 0, said
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert said[-2:] == [f"received {stop}; stopping tritonserver (pid {said[-2].split('pid ')[-1][:-1]})",
+                         "server stopped"], said
