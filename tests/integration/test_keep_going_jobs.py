@@ -146,3 +146,34 @@ def test_run_keep_serving_stops_on_a_signal_as_serve_does_even_with_sigint_ignor
         signal.signal(signal.SIGINT, previous)
     assert said[-2:] == [f"received {stop}; stopping tritonserver (pid {said[-2].split('pid ')[-1][:-1]})",
                          "server stopped"], said
+
+
+def test_a_version_that_fails_to_load_in_a_rollout_is_tried_once(nginx, tmp_path):
+    """Was: retried every --watch-seconds, each try taking replica 0 out of rotation (the other one took
+    73 % of the load); as a version that fails its check, it waits for something new to be published."""
+    import time
+
+    from builder.scaleout.replicas import run_replicas
+
+    python_model(tmp_path, "good", ADD_ONE_PY)
+    said: list[str] = []
+
+    def publish_broken_then_stop() -> None:
+        (tmp_path / "good" / "2").mkdir()
+        (tmp_path / "good" / "2" / "model.py").write_text(BAD_PY)
+        deadline = time.monotonic() + 120
+        while not any(line.startswith("rollout stopped") for line in said) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(5)  # five more polls
+        os.kill(os.getpid(), signal.SIGINT)
+
+    def announce(text: str) -> None:
+        said.append(text)
+        if text.startswith("New versions are rolled out"):
+            threading.Thread(target=publish_broken_then_stop, daemon=True).start()
+
+    code = run_replicas(tmp_path, 2, prometheus=False, watch_seconds=1, announce=announce)
+    out = "\n".join(said)
+    assert code == 2, out
+    assert len([line for line in said if "loading good versions 2" in line]) == 1, out
+    assert re.search(rf"rollout stopped: .*good.*{BOOM}", out, re.S), out
