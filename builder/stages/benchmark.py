@@ -29,14 +29,13 @@ from typing import Callable
 import numpy as np
 
 from builder.measure import (STABLE_TOLERANCE, STABLE_WINDOWS, batch_sizes, cpu_cores, human, load_average,
-                             measure_round_robin, rss_mb)
+                             measure_round_robin, rss_mb, warm_up)
 from builder.runtime import open_runner
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.tensors import generated_inputs
 
 STAGE = "benchmark"
 DEFAULT_SECONDS = 2.0  # cap per variant: 6 digits variants measure in under ~15 s
-WARMUP_CALLS = 3
 MIN_WINDOW_SECONDS = 0.02
 MAX_WINDOW_SECONDS = 1.0
 INTERLEAVE_LIMIT_MB = 1000.0  # above this (all variants' files together) measure one variant at a time
@@ -86,8 +85,7 @@ def _open(ctx: BuildContext, variant: Variant, feeds: dict, sizes: list[int], th
                       [t.name for t in ctx.spec.inputs], threads=threads)
     loaded = time.perf_counter() - start
     for b in (sizes[0], sizes[-1]):
-        for _ in range(WARMUP_CALLS):
-            run(feeds[b][0])
+        warm_up(lambda: run(feeds[b][0]))
     return run, {"load_seconds": round(loaded, 3), "peak_memory_mb": round(max(rss_mb() - before, 0.0), 1)}
 
 
@@ -114,8 +112,7 @@ def benchmark_group(ctx: BuildContext, group: list[Variant], cap: float, threads
         for name, run in list(runners.items()):
             feed = feeds[b][0]
             try:
-                for _ in range(WARMUP_CALLS):  # a JIT (TorchScript profiling executor) specialises per shape
-                    run(feed)
+                warm_up(lambda: run(feed))  # a JIT (TorchScript profiling executor) specialises per shape
             except Exception as exc:  # noqa: BLE001
                 failed[name] = " ".join(str(exc).split())[:300] or type(exc).__name__
                 del runners[name]
