@@ -17,7 +17,9 @@ import pytest
 
 from builder.scaleout.balancer import find_nginx, render_config
 from tests.conftest import ROOT
-from tests.integration.test_embedded_server import ADD_ONE_PY, _python_model, _read_until
+from tests.integration.python_models import ADD_ONE_PY
+from tests.integration.python_models import python_model as _python_model
+from tests.integration.test_embedded_server import _read_until
 
 pytestmark = pytest.mark.integration
 
