@@ -14,7 +14,8 @@ from builder.errors import ServerError, UserInputError
 from builder.serving import embedded
 from builder.serving.embedded import EmbeddedServer
 from builder.serving.server_log import crash_lines
-from tests.integration.test_embedded_server import ADD_ONE_PY, BAD_PY, BOOM, _python_model
+from tests.integration.python_models import ADD_ONE_PY, python_model
+from tests.integration.test_embedded_server import BAD_PY, BOOM
 
 pytestmark = pytest.mark.integration
 
@@ -22,8 +23,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def spaced_repo(tmp_path):
     repo = tmp_path / "sp ace" / "repo x"
-    _python_model(repo, "add_one", ADD_ONE_PY)
-    _python_model(repo, "broken", BAD_PY)
+    python_model(repo, "add_one", ADD_ONE_PY)
+    python_model(repo, "broken", BAD_PY)
     return repo
 
 

@@ -196,6 +196,9 @@ def test_clean_refuses_what_is_not_a_model_repository(tmp_path, monkeypatch, cap
     from builder.scratch import clean
 
     shape = r"a model repository is a folder of model folders, each holding config.pbtxt and numbered version"
+    import tempfile
+    (tmp_path / "tmp").mkdir()  # clean also sweeps the temp dir: its own, not the machine's (dead runs' folders)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "file").write_text("x")
     unrelated = tmp_path / "unrelated"
     (unrelated / "sub").mkdir(parents=True)
