@@ -34,7 +34,9 @@ def test_sigterm_during_a_build_removes_its_work_folder_and_says_so(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, (out, err)
+    # 130, or (seen once on a loaded host) CPython ending itself by SIGINT after the handled interrupt: a shell
+    # reads both as 130; what the user relies on is the cleanup and the message, asserted below
+    assert proc.returncode in (130, -signal.SIGINT), (proc.returncode, out, err)
     assert err.strip().splitlines()[-1] == "interrupted by SIGTERM; stopped after cleaning up", err
     assert "Traceback" not in err
     assert list(tmp.iterdir()) == []

@@ -28,8 +28,9 @@ SESSION = textwrap.dedent("""
 
 
 def _env(home: Path, tmp: Path, **more: str) -> dict[str, str]:
+    # CI=true switches onnxruntime's telemetry off by itself: the control run must look like a user's shell
     env = {k: v for k, v in os.environ.items()
-           if k not in ("ORT_DISABLE_TELEMETRY", "MPLCONFIGDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME")}
+           if k not in ("ORT_DISABLE_TELEMETRY", "MPLCONFIGDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "CI")}
     return {**env, "HOME": str(home), "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT), **more}
 
 
