@@ -176,8 +176,8 @@ def _serve_until_stopped(server, announce) -> None:
 
     from builder.processes import stop_signals
 
-    announce("\nserving until Ctrl-C or SIGTERM ...")
     with stop_signals() as received:
+        announce("\nserving until Ctrl-C or SIGTERM ...")  # once the handlers are in: a signal right after it is a stop
         while server.is_running() and not received:
             time.sleep(0.2)
     if received:
