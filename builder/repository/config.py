@@ -218,6 +218,7 @@ def parse_config(text: str, where: str | None = None):
     return message
 
 
-def config_as_dict(text: str) -> dict[str, Any]:
+def config_as_dict(text: str, where: str | None = None) -> dict[str, Any]:
+    """The config as JSON-like dict; ``where`` as parse_config's (a user's file is named when it fails)."""
     from google.protobuf import json_format
-    return json_format.MessageToDict(parse_config(text), preserving_proto_field_name=True)
+    return json_format.MessageToDict(parse_config(text, where), preserving_proto_field_name=True)

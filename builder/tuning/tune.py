@@ -296,21 +296,18 @@ def _layouts(base: dict, default: Candidate, instance_counts, usable_cores: int 
 
 def _read_config(repository, model: str, max_batch_sizes: list[int], batch_size: int) -> tuple[Path, str, dict]:
     """``(config path, its text, its JSON form)``; ``UserInputError`` if the model cannot be tuned so."""
-    from google.protobuf import json_format
-
-    from builder.repository.config import parse_config
+    from builder.repository.config import config_as_dict
     from builder.repository.layout import model_dir, not_in_repository
 
     config_path = model_dir(Path(repository), model) / "config.pbtxt"
     if not config_path.is_file():  # the folder the server serves
         raise not_in_repository(model, Path(repository))
     base_text = config_path.read_text(encoding="utf-8")
-    try:  # the served file is the user's (edited, damaged): name it, not "config" (config_as_dict's text is ours)
-        message = parse_config(base_text, str(config_path))
+    try:  # the served file is the user's (edited, damaged): named, not "config" as the text we render is
+        base = config_as_dict(base_text, str(config_path))
     except UserInputError as err:
         raise UserInputError(f"{err}; fix that file or rebuild the model (triton-builder build) before tuning it") \
             from None
-    base = json_format.MessageToDict(message, preserving_proto_field_name=True)
     if base.get("platform") == "ensemble":
         raise UserInputError(f"model '{model}' is an ensemble: tune its step models instead")
     built_max = int(base.get("max_batch_size", 0))
