@@ -32,7 +32,7 @@ def open_runner(fmt: str, path: Path, output_names: list[str], input_names: list
     if fmt == "torchscript":
         import torch
         module = torch.jit.load(str(path), map_location="cpu").eval()
-        return torch_runner(module, output_names, input_names)
+        return torch_runner(module, output_names, input_names, threads)
     if fmt == "plan":
         return plan_runner(path, output_names)
     if fmt == "openvino":
@@ -133,15 +133,27 @@ def _onnx_runner(path: Path, output_names: list[str], threads: int | None) -> Ru
     return run
 
 
-def torch_runner(module, output_names: list[str], input_names: list[str] | None = None) -> Runner:
-    """Call a torch module (eager or TorchScript) with keyword-free positional inputs in spec order."""
+def torch_runner(module, output_names: list[str], input_names: list[str] | None = None,
+                 threads: int | None = None) -> Runner:
+    """Call a torch module (eager or TorchScript) with keyword-free positional inputs in spec order.
+    ``threads``: torch's intra-op threads for each call (None: torch's own setting), set per call and
+    restored, as torch's count is process-wide - so a TorchScript version and an ONNX one opened with
+    the same count are timed on the same cores."""
     import torch
 
     def run(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         names = input_names or list(inputs)
         args = [torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in names]
-        with torch.inference_mode():
-            result = module(*args)
+        before = torch.get_num_threads()
+        switch = bool(threads) and threads != before  # no cost per call where the pool is already sized
+        if switch:
+            torch.set_num_threads(threads)
+        try:
+            with torch.inference_mode():
+                result = module(*args)
+        finally:
+            if switch:
+                torch.set_num_threads(before)
         return name_outputs(result, output_names)
 
     return run

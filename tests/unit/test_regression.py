@@ -112,3 +112,49 @@ def test_latency_leaves_out_a_slow_start(two_versions, monkeypatch, slow_format,
     assert bool(check.failures) is fails
     if fails:
         assert check.failures == ["latency p50 1.500 ms vs 1.000 ms in version 1: +50.0 % > latency=20 % on this host"]
+
+
+def test_both_versions_run_on_the_same_thread_count(two_versions, monkeypatch):
+    """The regression check times ONNX on 1 intra-op thread; the TorchScript version ran on torch's
+    whole pool, so a TorchScript -> ONNX change read as a regression that was only the thread count."""
+    import torch
+
+    import builder.runtime
+    from builder.repository.regression import compare_with_previous
+
+    seen, real = [], builder.runtime.torch_runner
+
+    def recording_runner(module, outputs, inputs=None, threads=None):
+        run = real(module, outputs, inputs, threads)
+
+        def recorded(feed):
+            result = run(feed)
+            seen.append(threads)
+            return result
+        return recorded
+    monkeypatch.setattr(builder.runtime, "torch_runner", recording_runner)
+    before = torch.get_num_threads()
+    compare_with_previous(two_versions, 2, seconds=0.2)
+    assert seen and set(seen) == {1}
+    assert torch.get_num_threads() == before
+
+
+def test_torch_runner_runs_on_its_threads_and_restores_the_pool():
+    import torch
+
+    from builder.runtime import torch_runner
+
+    class ThreadCount(torch.nn.Module):
+        def forward(self, x):
+            return x * 0 + torch.get_num_threads()
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        import numpy as np
+        feed = {"x": np.zeros((1, 2), np.float32)}
+        assert torch_runner(ThreadCount(), ["y"], ["x"], threads=1)(feed)["y"][0, 0] == 1
+        assert torch.get_num_threads() == 3
+        assert torch_runner(ThreadCount(), ["y"], ["x"])(feed)["y"][0, 0] == 3
+    finally:
+        torch.set_num_threads(before)
