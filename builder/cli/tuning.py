@@ -25,6 +25,10 @@ def _repository(args: argparse.Namespace) -> Path | None:
     """--repository if given (it must exist), else ./model_repository when it holds the model (a
     default that does not is no mistake of the user's: the payload is then generated)."""
     if args.repository is not None:
+        if "://" in args.repository:  # Path() would fold s3://b/p into s3:/b/p in the message
+            raise UserInputError(f"--repository {args.repository}: loadtest, sweep and tune read the repository "
+                                 "from a local folder; pass a local copy (loadtest and sweep also take --payload "
+                                 "FILE.npz instead)")
         path = Path(args.repository)
         if not path.is_dir():
             raise UserInputError(f"--repository {path}: not a directory; pass the folder the server serves")

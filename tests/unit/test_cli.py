@@ -213,3 +213,13 @@ def test_run_without_a_spec_outside_the_checkout_says_where_the_default_lives(tm
     assert ("no SPEC given, and the default examples/digits/spec.yaml is not here (it is in the project's checkout)"
             in capsys.readouterr().err)
     assert not (tmp_path / "repo").exists()
+
+
+@pytest.mark.parametrize("verb", [["loadtest"], ["sweep"], ["tune", "--p99-budget-ms", "50"]])
+def test_load_verbs_name_an_s3_repository_as_given_and_say_what_to_pass(verb, capsys):
+    from builder import cli
+
+    assert cli.main([*verb, "m", "--repository", "s3://models/prod"]) == 2
+    err = capsys.readouterr().err
+    assert "--repository s3://models/prod: loadtest, sweep and tune read the repository from a local folder" in err
+    assert "s3:/models" not in err
