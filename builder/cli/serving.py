@@ -51,6 +51,13 @@ def cmd_serve(args: argparse.Namespace, reporter: Reporter) -> int:
 def cmd_check(args: argparse.Namespace, reporter: Reporter) -> int:
     from builder.storage.served import check_served_at  # check_served, for a folder or an s3:// repository
 
+    if args.repository.startswith("models:/"):  # the registry version's reference, as serve materialises it
+        from builder.repository.layout import existing_versions
+        from builder.storage.mlflow_registry import materialise
+        folder = materialise(args.repository, args.registry)
+        args.repository = str(folder.parent)
+        if args.version is None:  # that version, not whatever the server serves as its latest
+            args.version = existing_versions(folder)[-1]
     report = check_served_at(args.name, args.repository, url=args.url, grpc_url=args.grpc_url,
                              protocol=args.protocol, version=args.version)
     if args.json:
@@ -81,11 +88,13 @@ def register(sub, common: argparse.ArgumentParser) -> None:
                        help="served accuracy gate: compare a running server's answers with reference.npz")
     p.add_argument("name", help="model name")
     p.add_argument("--repository", default="model_repository",
-                   help="model repository folder or s3:// URL (default: %(default)s)")
+                   help="model repository folder, s3:// URL or models:/NAME/VERSION (default: %(default)s)")
     p.add_argument("--url", default="127.0.0.1:8000", help="Triton HTTP address (default: %(default)s)")
     p.add_argument("--grpc-url", help="Triton gRPC address (default: HTTP port + 1)")
     p.add_argument("--protocol", choices=("http", "grpc", "both"), default="both",
                    help="which protocols to check (default: %(default)s)")
     p.add_argument("--version", type=int, help="the version to check (default: the latest)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object (for CI pipelines)")
+    p.add_argument("--registry", help="MLflow server URL when --repository is models:/NAME/VERSION or "
+                   "models:/NAME@ALIAS (default: $MLFLOW_TRACKING_URI)")
     p.set_defaults(func=cmd_check)

@@ -70,10 +70,15 @@ def test_register_then_validate_and_serve_by_uri(server, built_repository, tmp_p
             seen.append(line)
             if "is ready" in line:
                 break
+        # the served accuracy gate against the registry version's own reference (was: a local path "models:")
+        check = run_cli("check", "digits_cnn", "--repository", "models:/digits_cnn@prod", "--registry", server.url,
+                        "--url", f"127.0.0.1:{ports[0]}", "--grpc-url", f"127.0.0.1:{ports[1]}")
     finally:
         serve.send_signal(signal.SIGTERM)
         out, _ = serve.communicate(timeout=60)
     assert any("is ready" in line for line in seen), "".join(seen) + out
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "version 1" in check.stdout and "OK" in check.stdout, check.stdout
 
 
 def test_build_registers_what_it_publishes(server, digits_copy, tmp_path):
