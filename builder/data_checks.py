@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 
 from builder.errors import UserInputError
-from builder.tensors import label_classes, top1_output
+from builder.tensors import label_classes, score_outputs, top1_accuracy, top1_output
 
 # fewer calibration samples than this give unreliable INT8 ranges (one batch of outliers decides them)
 MIN_CALIBRATION = 32
@@ -122,8 +122,14 @@ def check_labels(ctx, path: Path, labels: np.ndarray, outputs: dict[str, np.ndar
         ctx.progress(f"  warning: {text}")
         ctx.notes.append(f"warning: {text}")
         return None
-    scores = next((n for n, a in outputs.items() if np.issubdtype(a.dtype, np.floating)
-                   and (label_classes(a, labels) or 0) > 1), None)
+    candidates = score_outputs(outputs, labels)
+    scores = name if name in candidates else (candidates[0] if candidates else None)
+    if len(candidates) > 1 and name in candidates:  # which one is scored decides what the gate guards: say it
+        shares = ", ".join(f"'{n}' {top1_accuracy(outputs[n], labels):.1f} %" for n in candidates)
+        text = (f"top-1 accuracy is scored on output '{name}': of the outputs that could hold class scores "
+                f"({shares} top-1 in the reference), the labels fit its argmax best")
+        ctx.progress(f"  {text}")
+        ctx.notes.append(text)
     classes = label_classes(outputs[scores], labels) if scores else None
     outside = classes_outside(labels, classes)
     if outside:

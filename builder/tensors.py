@@ -213,6 +213,11 @@ def compare_outputs(reference: dict[str, np.ndarray], got: dict[str, np.ndarray]
         if np.asarray(ref).dtype.kind in "biu":
             exact = {"integer": 1.0, "mismatched": float(np.count_nonzero(np.asarray(ref).ravel() != np.asarray(out).ravel()))}
         finite = np.isfinite(r)
+        broken = finite & ~np.isfinite(o)
+        if broken.any():  # NaN/Inf where the reference is finite: NaN metrics would pass every "> tol" test
+            metrics[name] = {"nonfinite_in_variant": float(broken.sum()), "compared": float(np.size(ref)),
+                             "finite": float(finite.sum())}
+            continue
         if finite.any() and not finite.all():  # NaN/Inf where the reference has them must match, not poison
             if not np.array_equal(r[~finite], o[~finite], equal_nan=True):
                 metrics[name] = {"nonfinite_mismatch": 1.0, "compared": float(r.size), "finite": float(finite.sum())}
@@ -231,8 +236,37 @@ def compare_outputs(reference: dict[str, np.ndarray], got: dict[str, np.ndarray]
             "ref_min": float(r.min()) if r.size else 0.0,  # equal over every case: the output ignores its input
             "ref_max": float(r.max()) if r.size else 0.0,
             **exact,
+            **({} if exact else _lost_column(np.asarray(ref, dtype=np.float64), np.asarray(out, dtype=np.float64))),
         }
     return metrics
+
+
+LOST_COLUMN_REL_L2 = 0.5     # a column off by half its own size has lost what it held, at any precision
+SMALL_COLUMN_RATIO = 1e-2    # columns 100x smaller than the largest: a mixed-scale output ([boxes | probs])
+COLUMN_NOISE_FLOOR = 1e-6    # below this share of the largest column: numerical residue, not a signal
+COLUMN_MIN_ROWS = 8          # a column's scale read from fewer values is chance (one near-zero logit)
+
+
+def _lost_column(ref: np.ndarray, out: np.ndarray) -> dict:
+    """The worst small-scale column of a mixed-scale output, judged by its own size: one rel L2 over
+    the whole tensor is ruled by its large columns, so an INT8 variant that rounded every probability
+    of a [boxes 0..640 | probs 0..1] output to 0 read 3.9e-3 and passed. Columns are the last axis;
+    only those far smaller than the largest are judged ({} otherwise, and for outputs too small to tell)."""
+    if ref.ndim < 2 or ref.shape[-1] < 2 or ref.size // ref.shape[-1] < COLUMN_MIN_ROWS:
+        return {}
+    r, o = ref.reshape(-1, ref.shape[-1]), out.reshape(-1, ref.shape[-1])
+    if not np.isfinite(r).all():
+        return {}
+    scale = np.sqrt((r ** 2).mean(axis=0))
+    top = float(scale.max())
+    small = np.flatnonzero((scale <= top * SMALL_COLUMN_RATIO) & (scale >= top * COLUMN_NOISE_FLOOR) & (scale > 0))
+    if not small.size:
+        return {}
+    errors = np.linalg.norm(r[:, small] - o[:, small], axis=0) / np.linalg.norm(r[:, small], axis=0)
+    worst = int(np.argmax(errors))
+    return {"lost_column_rel_l2": float(errors[worst]),
+            "lost_column": f"column {int(small[worst])} of the last axis (values ~{scale[small[worst]]:.2g}, "
+                           f"beside ~{top:.2g} in its largest column)"}
 
 
 def merge_case_metrics(per_case: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
@@ -242,11 +276,14 @@ def merge_case_metrics(per_case: list[dict[str, dict[str, float]]]) -> dict[str,
         for name, m in metrics.items():
             into = merged.setdefault(name, {})
             for key, value in m.items():
-                if not isinstance(value, (int, float)):
+                if key == "lost_column":  # the worst case's column, with its number
+                    if m.get("lost_column_rel_l2", 0.0) >= into.get("lost_column_rel_l2", 0.0):
+                        into[key] = value
+                elif not isinstance(value, (int, float)):
                     into[key] = value
                 elif key in ("cosine", "ref_min"):
                     into[key] = min(into.get(key, value if key == "ref_min" else 1.0), value)
-                elif key in ("compared", "finite", "mismatched"):
+                elif key in ("compared", "finite", "mismatched", "nonfinite_in_variant"):
                     into[key] = into.get(key, 0.0) + value
                 else:
                     into[key] = max(into.get(key, 0.0), value)
@@ -279,6 +316,10 @@ def tolerance_failures(metrics: dict[str, dict[str, float]], tolerance: dict[str
         if "nonfinite_mismatch" in m:
             failures.append(f"{name}: NaN/Inf where the reference has them differ from the reference's")
             continue
+        if "nonfinite_in_variant" in m:
+            failures.append(f"{name}: {m['nonfinite_in_variant']:.0f} of {m['compared']:.0f} values are NaN/Inf in "
+                            "the variant where the reference is finite")
+            continue
         if m.get("compared", 1) == 0:
             failures.append(f"{name}: every case gave an EMPTY output (0 values compared), so nothing was verified: "
                             "the inputs exercise nothing (e.g. no detection above the threshold); give "
@@ -291,13 +332,17 @@ def tolerance_failures(metrics: dict[str, dict[str, float]], tolerance: dict[str
         if m.get("integer"):
             failures += _mismatch_failure(name, m, tolerance)
             continue
-        broken = []
-        if m["rel_l2"] > tolerance.get("rel_l2", float("inf")):
-            broken.append(f"rel L2 {m['rel_l2']:.1e} > {tolerance['rel_l2']:.0e}")
-        if m["max_abs"] > tolerance.get("max_abs", float("inf")):
-            broken.append(f"max abs {m['max_abs']:.1e} > atol {tolerance['max_abs']:.0e}")
-        if "min_cosine" in tolerance and m["cosine"] < tolerance["min_cosine"]:  # a flipped sign rounds below -1
+        broken = []  # "not <=": a NaN metric fails, where "> tol" would let it pass
+        if not m["rel_l2"] <= tolerance.get("rel_l2", float("inf")):
+            broken.append(f"rel L2 {m['rel_l2']:.1e} > {tolerance.get('rel_l2', float('inf')):.0e}")
+        if not m["max_abs"] <= tolerance.get("max_abs", float("inf")):
+            broken.append(f"max abs {m['max_abs']:.1e} > atol {tolerance.get('max_abs', float('inf')):.0e}")
+        if "min_cosine" in tolerance and not m["cosine"] >= tolerance["min_cosine"]:  # a flipped sign rounds below -1
             broken.append(f"cosine {m['cosine']:.6f} < {tolerance['min_cosine']}")
+        if not m.get("lost_column_rel_l2", 0.0) <= max(LOST_COLUMN_REL_L2, tolerance.get("rel_l2", 0.0)):
+            broken.append(f"{m['lost_column']} is lost: rel L2 {m['lost_column_rel_l2']:.1e} of its own values "
+                          "(a mixed-scale output keeps its small part only as separate outputs, or in a variant "
+                          "that does not quantize it)")
         if broken:
             failures.append(
                 f"{name}: {'; '.join(broken)} (max abs {m['max_abs']:.1e}, max rel {m['max_rel']:.1e}, "
@@ -333,16 +378,21 @@ def _mismatch_failure(name: str, m: dict[str, float], tolerance: dict[str, float
 def top1_output(outputs: dict[str, np.ndarray], labels: np.ndarray) -> str | None:
     """The output top-1 accuracy scores against ``labels``: an integer output holding one class id per
     label (a model returning (argmax, logits) is scored on its own answer, wherever it comes), else the
-    first float output with more than one class per label (its argmax); None when neither exists.
-    Each label covers the output's leading dims of the labels' shape (one per sample, or one per token
-    for labels [N, T] and an output [N, T, classes])."""
+    float output with more than one class per label whose argmax the labels fit best (``outputs`` are
+    the reference's: of (features, logits) the logits, not the embedding that comes first); None when
+    neither exists. Each label covers the output's leading dims of the labels' shape (one per sample,
+    or one per token for labels [N, T] and an output [N, T, classes])."""
     for name, array in outputs.items():
         if np.issubdtype(np.asarray(array).dtype, np.integer) and label_classes(array, labels) == 1:
             return name
-    for name, array in outputs.items():
-        if np.issubdtype(np.asarray(array).dtype, np.floating) and (label_classes(array, labels) or 0) > 1:
-            return name
-    return None
+    scores = score_outputs(outputs, labels)
+    return max(scores, key=lambda n: top1_hits(outputs[n], labels)) if scores else None  # a tie: the first
+
+
+def score_outputs(outputs: dict[str, np.ndarray], labels: np.ndarray) -> list[str]:
+    """The float outputs that hold more than one class score per label (top1_output's candidates)."""
+    return [name for name, array in outputs.items()
+            if np.issubdtype(np.asarray(array).dtype, np.floating) and (label_classes(array, labels) or 0) > 1]
 
 
 def label_classes(output: np.ndarray, labels: np.ndarray) -> int | None:

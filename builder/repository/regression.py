@@ -142,9 +142,13 @@ def compare_with_previous(model_folder: Path, version: int, limits: dict[str, fl
 def _gate(check: RegressionCheck, limits: dict[str, float]) -> None:
     if "rel_l2" in limits:
         for name, m in check.outputs.items():
-            if m.get("rel_l2", 0.0) > limits["rel_l2"] or "missing" in m:
-                check.failures.append(f"outputs {name}: rel L2 {m.get('rel_l2', float('inf')):.1e} from version "
-                                      f"{check.previous} > rel_l2={limits['rel_l2']:g}")
+            # missing, reshaped or NaN/Inf in some case: no distance there, whatever the other cases read
+            unmeasured = {"missing", "shape_mismatch", "nonfinite_mismatch", "nonfinite_in_variant"} & set(m)
+            distance = float("inf") if unmeasured else m.get("rel_l2", float("inf"))
+            if not distance <= limits["rel_l2"]:
+                check.failures.append(f"outputs {name}: rel L2 {distance:.1e} from version {check.previous} > "
+                                      f"rel_l2={limits['rel_l2']:g}" + (f" ({', '.join(sorted(unmeasured))})"
+                                                                        if unmeasured else ""))
     if "accuracy" in limits and check.accuracy and -check.accuracy["change_pp"] > limits["accuracy"]:
         a = check.accuracy
         check.failures.append(f"accuracy {a['metric']}: {a['change_pp']:+.2f} pp vs version {check.previous} "
