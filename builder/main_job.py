@@ -74,7 +74,52 @@ def job_lock(repository: Path) -> Iterator[None]:
         handle.close()
 
 
-def run_main_job(spec: str | Path, repository: str | Path = "runs/model_repository", *, load_seconds: float = 10.0,
+JOB_REPOSITORY = "runs/model_repository"  # the job's scratch repository: emptied at the start of each run
+
+
+def _check_arguments(spec, load_seconds: float, users: int) -> None:
+    """What can be refused before anything is built or removed: the load test's numbers, the spec (a typo
+    in its path once cost the repository), and a target the embedded server cannot serve."""
+    import math
+
+    from builder.spec import load_spec
+
+    if isinstance(users, bool) or not isinstance(users, int) or users < 1:
+        raise UserInputError(f"--users {users}: give a whole number of load-test users >= 1 (default 8)")
+    if not (isinstance(load_seconds, (int, float)) and math.isfinite(load_seconds) and load_seconds > 0):
+        raise UserInputError(f"--load-seconds {load_seconds}: give the load test's length in seconds, > 0 (default 10)")
+    target = load_spec(spec).deploy.target
+    if target != "embedded":
+        raise UserInputError(
+            f"deploy.target: {target}: `run` serves on the embedded tritonserver, which has only the python "
+            f"backend and cannot load a '{target}' build; set deploy.target: embedded for the main job, or "
+            f"`triton-builder build SPEC` and serve it on Triton's own image (docker-compose.yml, k8s)")
+
+
+def live_servers(repository: Path) -> list[int]:
+    """pids of running tritonserver processes whose --model-repository is ``repository`` (directly or
+    through the symlink a path with spaces is served by); [] where /proc cannot tell."""
+    want = Path(repository).resolve()
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if not args or not args[0].endswith(b"tritonserver"):
+            continue
+        for arg in args:
+            if arg.startswith(b"--model-repository="):
+                path = Path(os.fsdecode(arg.split(b"=", 1)[1]))
+                try:
+                    if path.resolve() == want:
+                        found.append(int(proc.name))
+                except OSError:
+                    pass
+    return sorted(found)
+
+
+def run_main_job(spec: str | Path, repository: str | Path = JOB_REPOSITORY, *, load_seconds: float = 10.0,
                  users: int = 8, keep_serving: bool = False, fresh: bool = True,
                  progress: Callable[[str], object] | None = None) -> int:
     from builder.processes import terminate_as_interrupt
@@ -82,6 +127,7 @@ def run_main_job(spec: str | Path, repository: str | Path = "runs/model_reposito
     repository = Path(repository)
     # SIGTERM (kill, a CI timeout) stops the server as Ctrl-C does: no tritonserver left serving alone
     with job_lock(repository), terminate_as_interrupt():
+        _check_arguments(spec, load_seconds, users)
         return _run(spec, repository, load_seconds, users, keep_serving, fresh, progress)
 
 
@@ -93,7 +139,13 @@ def _run(spec, repository: Path, load_seconds: float, users: int, keep_serving: 
     from builder.serving.embedded import EmbeddedServer
 
     announce = progress or (lambda message: None)
-    if fresh and repository.exists() and repository.name == "model_repository" and repository.parent.name == "runs":
+    if fresh and repository.exists() and repository.resolve() == Path(JOB_REPOSITORY).resolve():
+        serving = live_servers(repository)
+        if serving:  # emptying it would pull the files from under that server's models
+            raise UserInputError(
+                f"--repository {repository}: tritonserver (pid {', '.join(map(str, serving))}) serves it; the job "
+                "empties its own default repository before building, so stop that server first (Ctrl-C in its "
+                "`serve` / `run --keep-serving`), or pass another --repository")
         shutil.rmtree(repository)  # the main job's own scratch repository, never the user's
     started = time.perf_counter()
     announce("== 1/4 build")

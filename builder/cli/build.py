@@ -162,7 +162,9 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("run", parents=[common],
                        help="the main job: build, serve, check, load-test and report, then stop")
     p.add_argument("spec", nargs="?", help=f"model spec YAML (default: {DEFAULT_RUN_SPEC}, in the project's checkout)")
-    p.add_argument("--repository", default="runs/model_repository", help="where to publish (default: %(default)s)")
+    p.add_argument("--repository", default="runs/model_repository",
+                   help="where to publish (default: %(default)s, the job's scratch repository, emptied at the "
+                        "start of each run; another folder is kept, and the build adds a version)")
     p.add_argument("--load-seconds", type=finite_float, default=10.0, help="load test length (default: %(default)s)")
     p.add_argument("--users", type=int, default=8, help="load test users (default: %(default)s)")
     p.add_argument("--keep-serving", action="store_true",

@@ -38,3 +38,71 @@ def test_jobs_on_sibling_repositories_run_side_by_side_with_their_own_outputs(tm
                 pass
     assert job_outputs(first) != job_outputs(second)
     assert sorted(p.name for p in (tmp_path / "par").iterdir()) == []  # no lock files left
+
+
+def _scratch(tmp_path, monkeypatch):
+    """The job's default repository under a fresh working folder, holding a published-looking version."""
+    monkeypatch.chdir(tmp_path)
+    repository = tmp_path / "runs" / "model_repository"
+    (repository / "m" / "1").mkdir(parents=True)
+    (repository / "m" / "1" / "model.onnx").write_text("served")
+    return repository
+
+
+def test_a_mistyped_spec_leaves_the_jobs_repository_as_it_was(tmp_path, monkeypatch):
+    repository = _scratch(tmp_path, monkeypatch)
+    with pytest.raises(UserInputError, match="spec file not found: .*no_such_spec.yaml"):
+        run_main_job(tmp_path / "no_such_spec.yaml")
+    assert (repository / "m" / "1" / "model.onnx").read_text() == "served"  # was: emptied before the spec was read
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"users": 0}, r"--users 0: give a whole number of load-test users >= 1"),
+    ({"load_seconds": -5.0}, r"--load-seconds -5.0: give the load test's length in seconds, > 0"),
+])
+def test_load_test_numbers_are_refused_before_anything_is_built(tmp_path, monkeypatch, digits_copy, kwargs, message):
+    repository = _scratch(tmp_path, monkeypatch)
+    with pytest.raises(UserInputError, match=message):
+        run_main_job(digits_copy / "spec.yaml", **kwargs)
+    assert (repository / "m" / "1" / "model.onnx").exists()
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_a_target_the_embedded_server_cannot_serve_is_refused_up_front(tmp_path, monkeypatch, digits_copy, target):
+    from tests.conftest import edit_spec
+
+    repository = _scratch(tmp_path, monkeypatch)
+    spec = edit_spec(digits_copy, deploy={"target": target})
+    with pytest.raises(UserInputError, match=rf"deploy.target: {target}: `run` serves on the embedded tritonserver, "
+                                             r"which has only the python backend .*set deploy.target: embedded"):
+        run_main_job(spec)
+    assert (repository / "m" / "1" / "model.onnx").exists()
+
+
+def test_the_scratch_repository_is_not_emptied_under_a_live_server(tmp_path, monkeypatch, digits_copy):
+    import subprocess
+    import sys
+
+    from builder.main_job import live_servers
+
+    repository = _scratch(tmp_path, monkeypatch)
+    link = tmp_path / "link"  # served through a symlink, as a path with spaces is
+    link.symlink_to(repository)
+    # a process whose command line reads as tritonserver serving the repository (the real one: integration)
+    fake = subprocess.Popen(["bash", "-c", f'exec -a {tmp_path}/tritonserver {sys.executable} -c '
+                                           f'"import time; time.sleep(60)" --model-repository={link}'])
+    try:
+        for _ in range(50):
+            if live_servers(repository):
+                break
+            import time
+            time.sleep(0.1)
+        assert live_servers(repository) == [fake.pid]
+        assert live_servers(tmp_path) == []
+        with pytest.raises(UserInputError, match=rf"--repository runs/model_repository: tritonserver \(pid {fake.pid}\) "
+                                                 r"serves it; .*stop that server first"):
+            run_main_job(digits_copy / "spec.yaml")
+    finally:
+        fake.kill()
+        fake.wait()
+    assert (repository / "m" / "1" / "model.onnx").exists()
