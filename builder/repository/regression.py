@@ -61,6 +61,8 @@ class RegressionCheck:
 
     def lines(self) -> list[str]:
         head = f"regression: version {self.version} vs version {self.previous}"
+        if not self.previous:  # the first version: the limits had nothing to compare with
+            return [f"regression: version {self.version}: not compared ({self.skipped})"]
         if self.skipped:
             return [f"{head}: not compared ({self.skipped})"]
         out = [f"{head}:"]
@@ -164,7 +166,11 @@ def regression_vs_previous(model_folder: Path, version: int, limits: dict[str, f
     """compare_with_previous for validate: a previous version that cannot be run is said, not raised
     (unless a limit was asked for: then it is a failure - the gate could not run)."""
     try:
-        return compare_with_previous(model_folder, version, limits, seconds)
+        check = compare_with_previous(model_folder, version, limits, seconds)
+        if check is None and limits:  # a CI gate that compared nothing says so (a wrong --version or folder)
+            return RegressionCheck(version, 0, skipped=f"no version before {version} in {model_folder}: "
+                                                       "the --max-regression limits were not applied")
+        return check
     except Exception as err:  # noqa: BLE001 - an old version built by an older triton-builder, a missing file
         from builder.repository.layout import existing_versions
         previous = max((v for v in existing_versions(model_folder) if v < version), default=0)

@@ -48,6 +48,13 @@ def test_max_regression_gates_with_exit_codes(two_versions):
 
 def test_the_first_version_has_nothing_to_compare(two_versions):
     proc = run_cli("validate", str(two_versions), "--version", "1", "--max-regression", "latency=0")
+    # not a failure (a first version cannot regress), but a CI gate that compared nothing says so
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (f"regression: version 1: not compared (no version before 1 in {two_versions}: the --max-regression "
+            "limits were not applied)") in proc.stdout
+    proc = run_cli("validate", str(two_versions), "--version", "1", "--json", "--max-regression", "latency=0")
+    assert json.loads(proc.stdout)["regression"]["skipped"].startswith("no version before 1 in ")
+    proc = run_cli("validate", str(two_versions), "--version", "1")  # no limits asked: nothing to say
     assert proc.returncode == 0 and "regression:" not in proc.stdout
 
 
