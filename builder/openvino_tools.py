@@ -145,7 +145,7 @@ def openvino_runner(path: Path, output_names: list[str], threads: int | None = N
     """Run an IR (or an ONNX file) on the CPU plugin, one synchronous request at a time."""
     compiled = compile_ir(path, threads, hint)
     request = compiled.create_infer_request()
-    feeds = [port.get_any_name() for port in compiled.inputs]
+    feeds: dict[frozenset, list[tuple[int, str]]] = {}  # the given input names -> (port index, name)
     ports = {}
     for name in output_names:
         ports[name] = next((p for p in compiled.outputs if name in p.get_names()), None)
@@ -154,11 +154,42 @@ def openvino_runner(path: Path, output_names: list[str], threads: int | None = N
                              f"{', '.join(sorted(n for p in compiled.outputs for n in p.get_names()))})")
 
     def run(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        result = request.infer({name: np.ascontiguousarray(inputs[name]) for name in feeds}, share_inputs=True)
+        given = frozenset(inputs)
+        if given not in feeds:
+            feeds[given] = input_feeds(compiled.inputs, given, path.name)
+        result = request.infer({index: np.ascontiguousarray(inputs[name]) for index, name in feeds[given]},
+                               share_inputs=True)
         return {name: result[port] for name, port in ports.items()}
 
     run.compiled = compiled  # type: ignore[attr-defined]
     return run
+
+
+def input_feeds(ports, given, where: str) -> list[tuple[int, str]]:
+    """Which of the ``given`` input names feeds each compiled input port, as (port index, name).
+
+    A port carries every name its tensor has, and compile_model merges into it the output names of
+    ops folded into the input (``ids.long()`` adds '_to_copy' or '/Cast_output_0'), so
+    ``get_any_name()`` may be one no caller knows: the name is looked for in ``get_names()``. Only a
+    single port that has none of the given names, with a single given name left, is paired by
+    elimination: any other pairing would be a guess."""
+    pairs: dict[int, str] = {}
+    for index, port in enumerate(ports):
+        names = port.get_names()
+        matches = sorted(name for name in given if name in names)
+        if len(matches) > 1:
+            raise ValueError(f"{where}: input port {index} answers to {', '.join(matches)}: give only one of them")
+        if matches:
+            pairs[index] = matches[0]
+    unmatched = [index for index in range(len(ports)) if index not in pairs]
+    unused = sorted(set(given) - set(pairs.values()))
+    if len(unmatched) == 1 and len(unused) == 1:
+        pairs[unmatched[0]] = unused[0]
+    elif unmatched:
+        names = "; ".join(", ".join(sorted(ports[i].get_names())) for i in unmatched)
+        raise ValueError(f"{where}: no input given for the port(s) named {names} (given: "
+                         f"{', '.join(sorted(given)) or 'none'}); feed them under the spec's input names")
+    return sorted(pairs.items())
 
 
 _OPSET = re.compile(r'<layer\b[^>]*\bversion="opset(\d+)"')
