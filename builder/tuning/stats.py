@@ -113,8 +113,14 @@ def server_view(before: StatsSnapshot, after: StatsSnapshot) -> dict[str, Any]:
 
 
 def format_batch_sizes(batch_sizes: dict[str, int], limit: int = 6) -> str:
-    """``"1:120 2:40 4:10 ..."``: the most frequent formed batch sizes."""
+    """``"1x120 2x40 4x10 (+2 sizes: 13 executions)"``: the ``limit`` most frequent formed batch sizes, in
+    size order, and what was left out (so a missing size is never read as one Triton did not form)."""
     if not batch_sizes:
         return "-"
-    top = sorted(batch_sizes.items(), key=lambda item: -item[1])[:limit]
-    return " ".join(f"{size}x{count}" for size, count in sorted(top, key=lambda item: int(item[0])))
+    ranked = sorted(batch_sizes.items(), key=lambda item: -item[1])
+    top, rest = ranked[:limit], ranked[limit:]
+    shown = " ".join(f"{size}x{count}" for size, count in sorted(top, key=lambda item: int(item[0])))
+    if rest:
+        shown += (f" (+{len(rest)} size{'s' if len(rest) > 1 else ''}: "
+                  f"{sum(count for _, count in rest)} executions)")
+    return shown
