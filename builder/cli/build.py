@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 from pathlib import Path
 
 from builder.cli.arguments import finite_float
@@ -95,10 +96,12 @@ def cmd_clean(args: argparse.Namespace, reporter: Reporter) -> int:
     missing = repository is not None and not os.path.lexists(repository)
     # a build killed before its first publish left work folders but never created its repository
     removed = clean(None if missing else repository)
-    removed += _dead_replicas_logs()
-    for folder in removed:
+    logs = _dead_replicas_logs()
+    for folder in removed + logs:
         print(f"removed {folder}")
-    print(f"{len(removed)} folder(s) left by dead builds removed" if removed else "nothing to clean")
+    said = ([f"{len(removed)} folder(s) left by dead builds"] if removed else []) + \
+        ([f"{len(logs)} log folder(s) of ended replicas sessions (in {tempfile.gettempdir()})"] if logs else [])
+    print(f"removed {' and '.join(said)}" if said else "nothing to clean")
     if missing:
         print(f"--repository {repository}: no such folder (nothing was published there yet, or a typo), so only the "
               "temp folder's work folders were looked at")

@@ -56,6 +56,6 @@ def test_clean_of_a_repository_never_created_still_cleans_the_work_folders(tmp_p
     missing = tmp_path / "kb"
     assert cli.main(["clean", "--repository", str(missing)]) == 0
     out = capsys.readouterr().out
-    assert f"removed {dead}" in out and "1 folder(s) left by dead builds removed" in out
+    assert f"removed {dead}" in out and "removed 1 folder(s) left by dead builds" in out
     assert f"--repository {missing}: no such folder (nothing was published there yet, or a typo)" in out
     assert not dead.exists()

@@ -86,6 +86,8 @@ def test_clean_removes_the_log_folder_of_a_killed_replicas_session_never_a_live_
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
     assert cli.main(["clean"]) == 0
-    assert f"removed {killed}" in capsys.readouterr().out and not os.path.exists(killed)
+    out = capsys.readouterr().out
+    assert f"removed {killed}" in out and not os.path.exists(killed)
+    assert f"removed 1 log folder(s) of ended replicas sessions (in {tmp_path})" in out  # not "left by dead builds"
     assert live.log_dir.is_dir() and live.log_dir.name.startswith(REPLICAS_PREFIX)
     assert live.stop() is None and not live.log_dir.exists()  # nothing failed: removed at stop
