@@ -1,10 +1,13 @@
 """Stage `export_onnx`: the dynamo exporter by default, the legacy (TorchScript-based) exporter as a
 fallback when it fails; which one ran and why is recorded. The batch axis and every -1 dim are
 exported dynamic; outputs are renamed to the spec's names; onnx.checker and shape inference run;
-large weights go to ``model.onnx.data`` beside the model."""
+large weights go to ``model.onnx.data`` beside the model. The legacy exporter TRACES: where dynamo
+refused data-dependent control flow, the legacy trace's warnings name where it froze it, and when no
+verification case can show that, the export is refused (``_unseen_by_the_cases``)."""
 
 from __future__ import annotations
 
+import linecache
 import re
 import shutil
 import warnings
@@ -19,6 +22,8 @@ from builder.variants import register_variant
 STAGE = "export_onnx"
 #: a variant note with this prefix is a hint shown with the variant's verification failure (builder/pipeline.py)
 IF_UNVERIFIED = "if verification fails: "
+#: the tracer's warning where a tensor becomes a Python value, which the trace then holds constant
+_CONVERSION = re.compile(r"Converting a tensor to a (Python \w+|NumPy array)")
 
 
 @register_variant("onnx", format="onnx", precision="fp32", stage=STAGE,
@@ -49,15 +54,21 @@ def make_onnx(ctx: BuildContext) -> StageResult:
     if spec.source.kind == "torchscript":
         order = ["legacy"]  # the dynamo exporter cannot take a ScriptModule
         attempts["dynamo"] = "skipped: the source is a TorchScript module, which only the legacy exporter takes"
-    exporter = None
+    exporter, frozen = None, []
     for name in order:
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+            with warnings.catch_warnings(record=True) as caught:
+                # recorded, not printed: the legacy trace's TracerWarnings show control flow it froze
+                warnings.simplefilter("always")
                 (export_dynamo if name == "dynamo" else export_legacy)(ctx.model, ctx.spec, raw)
             # finalizing is part of the attempt: an export the checker or onnxruntime refuses is one more
             # failed exporter (the next one is tried), never a crashed build
             opset = finish_export(name, spec, raw, final)
+            if name == "legacy" and _data_dependent(attempts.get("dynamo", "")):
+                frozen = _conversions(caught)
+                if frozen and _unseen_by_the_cases(ctx, final):
+                    attempts[name] = _refusal(frozen)
+                    continue
             symbolic = mark_symbolic_output_dims(ctx, final)
             exporter = name
             break
@@ -75,10 +86,63 @@ def make_onnx(ctx: BuildContext) -> StageResult:
                              "input values or sizes (a loop, a branch) is frozen at the export example; add "
                              "torchscript to variants (scripted when its trace is unsafe) or write that control "
                              "flow with tensor ops (masks, torch.where)")
+    if frozen:  # the cases do take another path: verification fails it, and this says where and why
+        variant.notes.append(f"{IF_UNVERIFIED}the legacy exporter's trace {_froze(frozen)}")
     ctx.add_variant(variant)
     shutil.rmtree(raw_dir, ignore_errors=True)
     return StageResult.ok(STAGE, f"exported with the {exporter} exporter, opset {opset}",
                           exporter=exporter, opset=opset, attempts=attempts, symbolic_output_dims=symbolic)
+
+
+def _unseen_by_the_cases(ctx: BuildContext, path: Path) -> bool:
+    """Whether the export agrees with the reference on every verification case: then the control flow
+    its trace froze is never exercised by verification, which would publish it (where a case does take
+    another path, verification rejects it with its own numbers, and the variant is left to it)."""
+    from builder.runtime import open_runner
+    from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures
+
+    spec = ctx.spec
+    try:
+        run = open_runner("onnx", path, [o.name for o in spec.outputs])
+        metrics = merge_case_metrics([compare_outputs(ref, run(case["inputs"]))
+                                      for case, ref in zip(ctx.reference.cases, ctx.reference.outputs)])
+    except Exception:  # noqa: BLE001 - an export that fails on a case fails verification there
+        return False
+    return not tolerance_failures(metrics, spec.verify.tolerance("fp32"))
+
+
+def _data_dependent(dynamo_failure: str) -> bool:
+    """Whether dynamo failed on control flow over a tensor's VALUE (a guard on an unbacked symbol):
+    the evidence that the legacy trace's tensor -> Python conversions are not mere sizes."""
+    return "GuardOnDataDependentSymNode" in dynamo_failure or "data-dependent" in dynamo_failure
+
+
+def _conversions(caught: list) -> list[str]:
+    """Where (outside torch, whose own come from shape checks in nn) the trace turned a tensor into a
+    Python value: ``model.py:9 `if x.abs().max() > 8:` (Python boolean)``, one line each."""
+    import torch
+
+    torch_dir = Path(torch.__file__).resolve().parent
+    lines: dict[tuple[str, int], str] = {}
+    for w in caught:
+        found = _CONVERSION.search(str(w.message)) if issubclass(w.category, torch.jit.TracerWarning) else None
+        if found and not Path(w.filename).resolve().is_relative_to(torch_dir):
+            lines.setdefault((w.filename, w.lineno), found.group(1))
+    return [f"{Path(file).name}:{line} `{linecache.getline(file, line).strip()}` ({kind})"
+            for (file, line), kind in lines.items()]
+
+
+def _froze(frozen: list[str]) -> str:
+    return ("froze data-dependent control flow: at " + "; ".join(frozen) + " a tensor became a Python value, "
+            "which the trace holds constant: the export example's branch, loop count or number, for every input")
+
+
+def _refusal(frozen: list[str]) -> str:
+    return ("refused: the model has data-dependent control flow (the dynamo exporter cannot guard on a "
+            f"data-dependent value), and the legacy exporter's trace {_froze(frozen)}; every verification case "
+            "takes the example's path, so this ONNX would pass verification and be wrong where an input takes "
+            "another; fix: write that branch with tensor ops (torch.where(cond, a, b), or torch.cond) so the "
+            "dynamo exporter takes it, or serve the torchscript variant (scripted when its trace is unsafe)")
 
 
 def _clean(exc: BaseException) -> str:
