@@ -1,13 +1,12 @@
 """Stage `export_onnx`: the dynamo exporter by default, the legacy (TorchScript-based) exporter as a
 fallback when it fails; which one ran and why is recorded. The batch axis and every -1 dim are
 exported dynamic; outputs are renamed to the spec's names; onnx.checker and shape inference run;
-large weights go to ``model.onnx.data`` beside the model. The legacy exporter TRACES: where dynamo
-refused data-dependent control flow, the legacy trace's warnings name where it froze it, and when no
-verification case can show that, the export is refused (``_unseen_by_the_cases``)."""
+large weights go to ``model.onnx.data`` beside the model. The legacy exporter TRACES: whatever made it
+the one used (the spec, or a dynamo failure), a trace that froze control flow on the input values
+(builder/trace_safety.py) is refused when no verification case can show that (``_unseen_by_the_cases``)."""
 
 from __future__ import annotations
 
-import linecache
 import re
 import shutil
 import warnings
@@ -15,15 +14,14 @@ from pathlib import Path
 
 from builder.onnx_tools import copy_with_external_data
 from builder.stages.base import BuildContext, StageResult, Variant
-from builder.stages.common import (export_dynamo, export_legacy, finalize_onnx, finish_export, not_made,
-                                   stop_if_work_folder_refused)
+from builder.stages.common import (example_args, export_dynamo, export_legacy, finalize_onnx, finish_export,
+                                   not_made, stop_if_work_folder_refused)
+from builder.trace_safety import froze_text, frozen_conversions
 from builder.variants import register_variant
 
 STAGE = "export_onnx"
 #: a variant note with this prefix is a hint shown with the variant's verification failure (builder/pipeline.py)
 IF_UNVERIFIED = "if verification fails: "
-#: the tracer's warning where a tensor becomes a Python value, which the trace then holds constant
-_CONVERSION = re.compile(r"Converting a tensor to a (Python \w+|NumPy array)")
 
 
 @register_variant("onnx", format="onnx", precision="fp32", stage=STAGE,
@@ -64,10 +62,11 @@ def make_onnx(ctx: BuildContext) -> StageResult:
             # finalizing is part of the attempt: an export the checker or onnxruntime refuses is one more
             # failed exporter (the next one is tried), never a crashed build
             opset = finish_export(name, spec, raw, final)
-            if name == "legacy" and _data_dependent(attempts.get("dynamo", "")):
-                frozen = _conversions(caught)
+            if name == "legacy":  # the dynamo exporter refuses data-dependent control flow itself
+                # the watched re-trace runs only where this trace warned of a tensor -> Python conversion
+                frozen = frozen_conversions(ctx.model, example_args(spec), caught)
                 if frozen and _unseen_by_the_cases(ctx, final):
-                    attempts[name] = _refusal(frozen)
+                    attempts[name] = _refusal(frozen, attempts.get("dynamo"))
                     continue
             symbolic = mark_symbolic_output_dims(ctx, final)
             exporter = name
@@ -87,11 +86,11 @@ def make_onnx(ctx: BuildContext) -> StageResult:
                              "torchscript to variants (scripted when its trace is unsafe) or write that control "
                              "flow with tensor ops (masks, torch.where)")
     if frozen:  # the cases do take another path: verification fails it, and this says where and why
-        variant.notes.append(f"{IF_UNVERIFIED}the legacy exporter's trace {_froze(frozen)}")
+        variant.notes.append(f"{IF_UNVERIFIED}the legacy exporter's trace {froze_text(frozen)}")
     ctx.add_variant(variant)
     shutil.rmtree(raw_dir, ignore_errors=True)
-    return StageResult.ok(STAGE, f"exported with the {exporter} exporter, opset {opset}",
-                          exporter=exporter, opset=opset, attempts=attempts, symbolic_output_dims=symbolic)
+    return StageResult.ok(STAGE, f"exported with the {exporter} exporter, opset {opset}", exporter=exporter,
+                          opset=opset, attempts=attempts, symbolic_output_dims=symbolic, frozen=frozen)
 
 
 def _unseen_by_the_cases(ctx: BuildContext, path: Path) -> bool:
@@ -111,38 +110,20 @@ def _unseen_by_the_cases(ctx: BuildContext, path: Path) -> bool:
     return not tolerance_failures(metrics, spec.verify.tolerance("fp32"))
 
 
-def _data_dependent(dynamo_failure: str) -> bool:
-    """Whether dynamo failed on control flow over a tensor's VALUE (a guard on an unbacked symbol):
-    the evidence that the legacy trace's tensor -> Python conversions are not mere sizes."""
-    return "GuardOnDataDependentSymNode" in dynamo_failure or "data-dependent" in dynamo_failure
-
-
-def _conversions(caught: list) -> list[str]:
-    """Where (outside torch, whose own come from shape checks in nn) the trace turned a tensor into a
-    Python value: ``model.py:9 `if x.abs().max() > 8:` (Python boolean)``, one line each."""
-    import torch
-
-    torch_dir = Path(torch.__file__).resolve().parent
-    lines: dict[tuple[str, int], str] = {}
-    for w in caught:
-        found = _CONVERSION.search(str(w.message)) if issubclass(w.category, torch.jit.TracerWarning) else None
-        if found and not Path(w.filename).resolve().is_relative_to(torch_dir):
-            lines.setdefault((w.filename, w.lineno), found.group(1))
-    return [f"{Path(file).name}:{line} `{linecache.getline(file, line).strip()}` ({kind})"
-            for (file, line), kind in lines.items()]
-
-
-def _froze(frozen: list[str]) -> str:
-    return ("froze data-dependent control flow: at " + "; ".join(frozen) + " a tensor became a Python value, "
-            "which the trace holds constant: the export example's branch, loop count or number, for every input")
-
-
-def _refusal(frozen: list[str]) -> str:
-    return ("refused: the model has data-dependent control flow (the dynamo exporter cannot guard on a "
-            f"data-dependent value), and the legacy exporter's trace {_froze(frozen)}; every verification case "
-            "takes the example's path, so this ONNX would pass verification and be wrong where an input takes "
-            "another; fix: write that branch with tensor ops (torch.where(cond, a, b), or torch.cond) so the "
-            "dynamo exporter takes it, or serve the torchscript variant (scripted when its trace is unsafe)")
+def _refusal(frozen: list[str], dynamo: str | None) -> str:
+    """Why a legacy export whose trace froze ``frozen`` is not made; ``dynamo``: how the dynamo
+    exporter failed, None where it was not tried (the spec asked for the legacy one)."""
+    if dynamo is None:  # torch.cond cannot help a legacy-only build until the spec lets dynamo try
+        cause = " (onnx.exporter: legacy, so only the legacy exporter was tried)"
+        ops = "(torch.where(cond, a, b), which a trace keeps; torch.cond with onnx.exporter: auto)"
+    else:
+        guard = "GuardOnDataDependentSymNode" in dynamo or "data-dependent" in dynamo
+        cause = " (the dynamo exporter cannot guard on a data-dependent value)" if guard else ""
+        ops = "(torch.where(cond, a, b), or torch.cond) so the dynamo exporter takes it"
+    return (f"refused: the model has data-dependent control flow{cause}, and the legacy exporter's trace "
+            f"{froze_text(frozen)}; every verification case takes the example's path, so this ONNX would pass "
+            f"verification and be wrong where an input takes another; fix: write that branch with tensor ops "
+            f"{ops}, or serve the torchscript variant (scripted when its trace is unsafe)")
 
 
 def _clean(exc: BaseException) -> str:

@@ -5,23 +5,20 @@ that differ from the trace example (other batch sizes, values and dynamic sizes,
 example); a trace that disagrees with the eager model there is *trace-unsafe* and is not shipped.
 A rare branch (``if x.abs().max() > 8:``) is never reached by the probes, so the tracer's own
 warnings are read too: a trace that turned a tensor computed from the input VALUES into a Python
-bool or number froze that control flow, and is trace-unsafe as well (``frozen_conversions``).
+bool or number froze that control flow, and is trace-unsafe as well (builder/trace_safety.py).
 """
 
 from __future__ import annotations
 
-import linecache
-import re
 import shutil
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures, trace_example
 from builder.runtime import torch_runner
+from builder.trace_safety import froze_text, frozen_conversions
 from builder.variants import register_variant
 
 STAGE = "export_torchscript"
@@ -93,7 +90,7 @@ def make_torchscript(ctx: BuildContext) -> StageResult:
     froze = ""
     if frozen:
         unseen = "" if "trace" in disagreement else "; no verification case takes another path, so no probe shows it"
-        froze = f"torch.jit.trace {_froze_text(frozen)}{unseen}; fix: {_TORCHSCRIPT_FIX}"
+        froze = f"torch.jit.trace {froze_text(frozen)}{unseen}; fix: {_TORCHSCRIPT_FIX}"
         ctx.notes.append(f"trace-unsafe: {froze}. The traced model is not shipped.")
     if "trace" in exports and not trace_unsafe:
         chosen = "trace"
@@ -117,99 +114,8 @@ def make_torchscript(ctx: BuildContext) -> StageResult:
                           errors=errors, disagreement=disagreement, frozen=frozen)
 
 
-#: what the tracer says where a tensor becomes a Python value, which the trace then holds constant
-#: (torch's tracer: Python boolean / number / integer / float / complex / list, and a NumPy array)
-_CONVERSION = re.compile(r"Converting a tensor to a (Python \w+|NumPy array)")
-#: the Tensor methods behind those warnings, watched in frozen_conversions' second trace
-_CONVERTERS = ("__bool__", "__int__", "__float__", "__index__", "__complex__", "item", "tolist", "numpy")
-#: graph nodes a value may come through and still not depend on the inputs' values: their sizes, the
-#: module's weights, constants
-_NOT_VALUES = frozenset({"aten::size", "aten::sym_size", "aten::dim", "aten::numel", "prim::GetAttr",
-                         "prim::Constant"})
 _TORCHSCRIPT_FIX = ("make forward scriptable (torch.jit.script is shipped then), or write that branch with "
                     "tensor ops (torch.where(cond, a, b) instead of a Python if)")
-
-
-def _froze_text(frozen: list[str]) -> str:
-    return ("froze data-dependent control flow: at " + "; ".join(frozen) + " a tensor computed from the input "
-            "values became a Python value, which the trace holds constant: the example's branch, loop count or "
-            "number, for every input")
-
-
-def frozen_conversions(model, args: tuple, caught: list) -> list[str]:
-    """Where a trace of ``model`` froze control flow or a number on the inputs' VALUES, one line each
-    (``model.py:9 `if x.abs().max() > 8:` (Python boolean)``); [] where it froze none. ``caught``: the
-    warnings the trace raised.
-
-    The tracer warns whenever a tensor becomes a Python value, but a size (``if x.shape[1] > 37``,
-    ``float(x.shape[-1])``) or a weight gives the same text and is not this problem: on a static shape
-    it is a constant, and dynamic sizes are what the probes at other sizes are for. So when such a
-    warning comes from outside torch (torch's own come from shape checks in nn, which torch itself
-    ignores), a second trace follows each converted value back through the graph: it counts only if
-    it reaches a forward input other than through its size. Where that cannot be told, it counts."""
-    import torch
-
-    torch_dir = Path(torch.__file__).resolve().parent
-    warned: dict[tuple[str, int], str] = {}
-    for w in caught:
-        found = _CONVERSION.search(str(w.message)) if issubclass(w.category, torch.jit.TracerWarning) else None
-        if found and not Path(w.filename).resolve().is_relative_to(torch_dir):
-            warned.setdefault((w.filename, w.lineno), found.group(1))
-    if not warned:
-        return []
-    judged = _input_dependent_sites(model, args)
-    return [f"{Path(file).name}:{line} `{linecache.getline(file, line).strip()}` ({kind})"
-            for (file, line), kind in warned.items() if judged is None or judged.get((file, line), True)]
-
-
-def _input_dependent_sites(model, args: tuple) -> dict[tuple[str, int], bool] | None:
-    """Trace ``model`` again, watching every tensor -> Python conversion: per (file, line), whether a
-    converted value depends on the inputs' values. None where this trace fails."""
-    import torch
-    from torch.overrides import TorchFunctionMode
-
-    converters = {getattr(torch.Tensor, name) for name in _CONVERTERS}
-    sites: dict[tuple[str, int], bool] = {}
-
-    class Watch(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            if func in converters and args and isinstance(args[0], torch.Tensor) and torch._C._is_tracing():
-                caller = sys._getframe(1)
-                key = (caller.f_code.co_filename, caller.f_lineno)
-                try:
-                    depends = _reaches_an_input(torch._C._get_value_trace(args[0]))
-                except Exception:  # noqa: BLE001 - a value the trace cannot name is judged unsafe
-                    depends = True
-                sites[key] = sites.get(key, False) or depends
-            return func(*args, **(kwargs or {}))
-
-    try:
-        # a separate trace: under a TorchFunctionMode some nn modules take another path (e.g. the
-        # attention fast path), which must not be the one shipped
-        with warnings.catch_warnings(), Watch():
-            warnings.simplefilter("ignore")
-            torch.jit.trace(model, args, check_trace=False, strict=False)
-    except Exception:  # noqa: BLE001 - then every warning counts
-        return None
-    return sites
-
-
-def _reaches_an_input(value) -> bool:
-    """Whether a traced value is computed from a forward input's values (not only from its sizes,
-    the module's weights or constants)."""
-    seen, todo = set(), [value]
-    while todo:
-        current = todo.pop()
-        if current.unique() in seen:
-            continue
-        seen.add(current.unique())
-        node = current.node()
-        if node.kind() == "prim::Param":
-            if current.type().kind() != "ClassType":  # input 0 is the module itself
-                return True
-        elif node.kind() not in _NOT_VALUES:
-            todo.extend(node.inputs())
-    return False
 
 
 def _negated(example: dict[str, np.ndarray], spec) -> dict[str, np.ndarray] | None:

@@ -1,6 +1,7 @@
 """A rare branch on the inputs' values (``if x.abs().max() > 8:``) that no verification case takes: the
 probes cannot show that a trace froze it, the tracer's warning can. The TorchScript variant is then the
-scripted one (or none), the legacy ONNX trace is refused; a warning about a static size is no alarm."""
+scripted one (or none), the legacy ONNX trace is refused whatever made it the exporter used (the spec, or
+any dynamo failure); a warning about a static size is no alarm."""
 
 from __future__ import annotations
 
@@ -149,6 +150,77 @@ def test_tracer_warnings_about_static_sizes_and_weights_are_no_alarm(tmp_path):
     assert onnx.exporter == "legacy" and onnx.verified is True
 
 
+
+def test_a_legacy_only_export_of_a_rare_branch_is_refused_naming_the_line(tmp_path):
+    spec, _ = model_folder(tmp_path, RARE.format(tail="self.l(x)"), onnx={"exporter": "legacy"})
+    ctx = run_build(spec, tmp_path, ["torchscript", "onnx"])
+
+    assert ctx.variant("torchscript").exporter == "torch.jit.script"
+    assert ctx.variant("onnx") is None
+    kind, why = ctx.not_made["onnx"]
+    assert kind == "failed" and "dynamo" not in why.split("legacy: ", 1)[0]
+    assert re.search(r"every ONNX exporter failed: legacy: refused: the model has data-dependent control flow "
+                     r"\(onnx\.exporter: legacy, so only the legacy exporter was tried\), and the legacy exporter's "
+                     r"trace froze data-dependent control flow: at " + BRANCH_LINE + r".*fix: write that branch "
+                     r"with tensor ops \(torch\.where\(cond, a, b\), which a trace keeps; torch\.cond with "
+                     r"onnx\.exporter: auto\)", why)
+
+
+def test_a_legacy_fallback_after_any_dynamo_failure_refuses_a_rare_branch(tmp_path, monkeypatch):
+    from builder.stages import export_onnx
+
+    def broken(model, spec, path):  # a dynamo failure that says nothing about data-dependent values
+        raise RuntimeError("Unsupported: an operator this exporter does not know")
+
+    monkeypatch.setattr(export_onnx, "export_dynamo", broken)
+    spec, _ = model_folder(tmp_path, RARE.format(tail="self.l(x)"))
+    ctx = run_build(spec, tmp_path, ["torchscript", "onnx"])
+
+    assert ctx.variant("onnx") is None
+    why = ctx.not_made["onnx"][1]
+    assert re.search(r"dynamo: Unsupported: an operator.*; legacy: refused: the model has data-dependent control "
+                     r"flow, and the legacy exporter's trace froze data-dependent control flow: at " + BRANCH_LINE
+                     + r".*fix: write that branch with tensor ops \(torch\.where\(cond, a, b\), or torch\.cond\) "
+                     r"so the dynamo exporter takes it", why)
+
+
+def watched_traces(monkeypatch) -> list:
+    """The models frozen_conversions traced a second time (its watched trace), in order."""
+    from builder import trace_safety
+
+    traced, watch = [], trace_safety._input_dependent_sites
+
+    def counted(model, args):
+        traced.append(model)
+        return watch(model, args)
+
+    monkeypatch.setattr(trace_safety, "_input_dependent_sites", counted)
+    return traced
+
+
+def test_a_legacy_export_whose_conversions_are_sizes_and_weights_is_published(tmp_path, monkeypatch):
+    traced = watched_traces(monkeypatch)
+    spec, _ = model_folder(tmp_path, STATIC_SIZES, onnx={"exporter": "legacy"})
+    ctx = run_build(spec, tmp_path, ["onnx"])
+
+    onnx = ctx.variant("onnx")
+    assert onnx.exporter == "legacy" and onnx.verified is True
+    assert (tmp_path / "repo" / "m" / "1" / "model.onnx").is_file()
+    stage = next(r for r in ctx.results if r.stage == "export_onnx")
+    assert len(traced) == 1 and stage.outputs["frozen"] == []  # checked, and found harmless
+    assert not any("data-dependent" in note for note in onnx.notes + ctx.notes)
+
+
+def test_a_legacy_export_without_conversion_warnings_is_not_traced_again(tmp_path, monkeypatch):
+    traced = watched_traces(monkeypatch)
+    spec, _ = model_folder(tmp_path, RARE.format(tail="self.l(x)").replace("if x.abs().max() > 8:", "if True:"),
+                           onnx={"exporter": "legacy"})
+    ctx = run_build(spec, tmp_path, ["onnx"])
+
+    assert ctx.variant("onnx").verified is True
+    assert traced == [] and next(r for r in ctx.results if r.stage == "export_onnx").outputs["frozen"] == []
+
+
 FORWARDS = {
     "bool of a value": ("if x.sum() > 0:\n    x = x * 2\nreturn x", True),
     "item of a value": ("return x / x.max().item()", True),
@@ -162,7 +234,7 @@ FORWARDS = {
 
 @pytest.mark.parametrize("name", list(FORWARDS))
 def test_only_conversions_of_input_values_count_as_frozen(tmp_path, name):
-    from builder.stages.export_torchscript import frozen_conversions
+    from builder.trace_safety import frozen_conversions
 
     body, counts = FORWARDS[name]
     path = tmp_path / "model.py"
