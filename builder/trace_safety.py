@@ -22,6 +22,7 @@ model without one costs nothing more than reading its warnings.
 from __future__ import annotations
 
 import linecache
+import os
 import re
 import sys
 import warnings
@@ -50,7 +51,7 @@ def conversion_warnings(caught: list) -> dict[tuple[str, int], str]:
     from outside torch: torch's own come from shape checks in nn, which torch itself ignores."""
     import torch
 
-    torch_dir = Path(torch.__file__).resolve().parent
+    torch_dir = Path(os.path.realpath(os.path.dirname(torch.__file__)))  # torch's own files, not an asset
     warned: dict[tuple[str, int], str] = {}
     for w in caught:
         found = _CONVERSION.search(str(w.message)) if issubclass(w.category, torch.jit.TracerWarning) else None
