@@ -6,6 +6,13 @@
 #   - Debian and Ubuntu split ensurepip (what `python -m venv` needs to put pip in the venv) out of
 #     the interpreter into python3.X-venv: when it is missing, that package (else python3-venv) is
 #     installed with apt-get, as root or through sudo, like scripts/install-system-deps.sh does.
+#   - 3.13 and newer are refused (requires-python <3.13: nvidia-pytriton 0.7 needs numpy<2, which has no
+#     3.13 wheels).
+#   - TORCH_INDEX_URL (optional, e.g. https://download.pytorch.org/whl/cpu, PyTorch's CPU index): the
+#     lock's torch is installed from there into the new venv (--no-deps; the lock install that follows
+#     adds its dependencies and keeps it: torch==2.13.0 matches 2.13.0+cpu). Without it, torch 2.13.0
+#     comes from PyPI, which for Linux x86_64 is the CUDA build with its nvidia-* wheels (about 2.7 GB),
+#     unless a CPU wheel is found locally (CI's machine has one for Python 3.11 only).
 #
 # Usage: scripts/make-venv.sh [PYTHON] [VENV_DIR]        (defaults: python3 .venv)
 set -euo pipefail
@@ -65,3 +72,14 @@ fi
 
 "$python" -m venv "$venv"
 log "$venv: Python $("$venv/bin/python" -c 'import platform; print(platform.python_version())') ($python)"
+
+if [ -n "${TORCH_INDEX_URL:-}" ]; then
+    lock="$(dirname "$0")/../requirements/constraints.txt"
+    torch_pin=$(sed -n 's/^\(torch==[^;[:space:]]*\).*/\1/p' "$lock" | head -n 1)
+    if [ -z "$torch_pin" ]; then
+        log "no torch== line in $lock" >&2
+        exit 2
+    fi
+    log "installing $torch_pin from $TORCH_INDEX_URL (TORCH_INDEX_URL; its dependencies come with the lock)"
+    "$venv/bin/python" -m pip install -q --no-deps --index-url "$TORCH_INDEX_URL" "$torch_pin"
+fi

@@ -8,6 +8,7 @@ scripts/wheel-smoke.sh (`make wheel-smoke`, run by .ci/run).
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import re
 import shutil
 import subprocess
@@ -16,6 +17,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 try:
     import tomllib
@@ -112,6 +117,84 @@ def test_lock_has_no_local_versions_nor_placeholders():
     names = {re.split(r"[=<>!~]", line)[0].lower().replace("_", "-") for line in lines}
     assert "torch==2.13.0" in lines
     assert not names & {"perf-analyzer", "cuda-python"}, "tritonclient[http,grpc] needs neither"
+
+
+def _supported_pythons() -> list[str]:
+    """The minor versions requires-python admits (3.0-3.29)."""
+    requires = SpecifierSet(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"])
+    return [f"3.{minor}" for minor in range(30) if requires.contains(f"3.{minor}.0")]
+
+
+def _python_env(version: str) -> dict[str, str]:
+    return {"python_version": version, "python_full_version": f"{version}.0", "extra": ""}
+
+
+def _lock() -> list[Requirement]:
+    lines = [line.split("#")[0].strip() for line in (ROOT / "requirements" / "constraints.txt").read_text().splitlines()]
+    return [Requirement(line) for line in lines if line]
+
+
+def _lock_for(version: str) -> dict[str, Version]:
+    return {canonicalize_name(r.name): Version(str(r.specifier)[2:]) for r in _lock()
+            if r.marker is None or r.marker.evaluate(_python_env(version))}
+
+
+def test_requires_python_is_bounded_and_matches_the_readme_and_make_venv():
+    requires = SpecifierSet(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"])
+    assert any(spec.operator in ("<", "<=") for spec in requires), \
+        "requires-python needs an upper bound: pip must refuse a Python the lock cannot install on (3.13)"
+    supported = _supported_pythons()
+    claimed = re.search(r"Needs Debian or Ubuntu, Python (3)\.(\d+)-3\.(\d+)", (ROOT / "README.md").read_text())
+    assert claimed, "README's install paragraph names the Python range"
+    assert supported == [f"3.{m}" for m in range(int(claimed[2]), int(claimed[3]) + 1)], (supported, claimed[0])
+    make_venv = re.search(r'supported\(\) \{ case "\$1" in ([\d.|]+)\)', (ROOT / "scripts" / "make-venv.sh").read_text())
+    assert make_venv and make_venv[1].split("|") == supported, "scripts/make-venv.sh accepts what requires-python does"
+
+
+def test_lock_pins_each_package_exactly_once_for_every_supported_python():
+    lock = _lock()
+    for r in lock:
+        assert len(r.specifier) == 1 and next(iter(r.specifier)).operator == "==", f"exact pins only: {r}"
+        if r.marker is not None:
+            names = set(re.findall(r"\b([a-z_]+)\s*[<>=!]", str(r.marker)))
+            assert names <= {"python_version", "python_full_version"}, f"python_version markers only: {r}"
+    for version in _supported_pythons():
+        seen = [canonicalize_name(r.name) for r in lock
+                if r.marker is None or r.marker.evaluate(_python_env(version))]
+        assert sorted(n for n in set(seen) if seen.count(n) > 1) == [], f"pinned twice on Python {version}"
+        # a package whose version differs by Python (two lines or more) is pinned on each; one marked line
+        # alone is a package only some Pythons need (tomli, exceptiongroup on 3.10)
+        all_names = [canonicalize_name(r.name) for r in lock]
+        split = {n for n in all_names if all_names.count(n) > 1}
+        assert sorted(split - set(seen)) == [], f"pinned for other Pythons but not for {version}"
+
+
+def test_installed_lock_members_requirements_hold_on_every_supported_python():
+    """The pins agree with what the locked packages ask for on each Python: read offline from the metadata of
+    the packages installed here, for each one installed at its locked version. sigstore 4.5.1 asks for
+    importlib-resources~=5.7 on Python < 3.11, which a single importlib_resources==7.1.0 pin broke on 3.10;
+    pytest asks for tomli and exceptiongroup there, which were not pinned."""
+    installed = {canonicalize_name(d.metadata["Name"]): d for d in importlib.metadata.distributions()}
+    problems, checked = [], 0
+    for version in _supported_pythons():
+        pins = _lock_for(version)
+        for name, pin in pins.items():
+            dist = installed.get(name)
+            if dist is None or Version(dist.version).public != pin.public:
+                continue
+            checked += 1
+            for line in dist.requires or []:
+                req = Requirement(line)
+                if req.marker is not None and not req.marker.evaluate(_python_env(version)):
+                    continue
+                wanted = pins.get(canonicalize_name(req.name))
+                if wanted is None:
+                    problems.append(f"Python {version}: {name} {pin} needs {req}, which the lock does not pin")
+                elif not req.specifier.contains(wanted, prereleases=True):
+                    problems.append(f"Python {version}: {name} {pin} needs {req}, the lock pins {wanted}")
+    if not checked:
+        pytest.skip("none of the locked packages is installed at its locked version")
+    assert problems == [], "\n".join(problems)
 
 
 # --------------------------------------------------------------------------------------------
