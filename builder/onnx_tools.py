@@ -14,6 +14,8 @@ Everything heavy (onnx, onnxruntime, onnxoptimizer, onnxslim) is imported inside
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import shutil
 import warnings
 from pathlib import Path
@@ -200,3 +202,20 @@ def to_float16(model, keep_io_types: bool = True):
 def short_error(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return (text or type(exc).__name__)[:200]
+
+
+@contextlib.contextmanager
+def quiet_quantizer():
+    """onnxruntime's quantizers warn through the root logger (``logging.warning``): with no handler that
+    installs basicConfig for good and prints multi-line ``WARNING:root:`` protobuf dumps (~100 lines for
+    one LayerNorm model) into the build's output. A handler for the call keeps basicConfig out, and
+    errors still get through."""
+    root = logging.getLogger()
+    quiet, level = logging.StreamHandler(), root.level  # stderr, as basicConfig's would be
+    root.addHandler(quiet)
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.removeHandler(quiet)
+        root.setLevel(level)

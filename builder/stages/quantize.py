@@ -169,7 +169,7 @@ def _nothing_quantized(graph_file: Path, quantizer: str) -> NotApplicable:
 def _quantize_dynamic(prepared: Path, target: Path, cand, large: bool, only: list[str] | None = None) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), onnx_tools.quiet_quantizer():
         warnings.simplefilter("ignore")
         quantize_dynamic(str(prepared), str(target), op_types_to_quantize=list(cand.op_types),
                          per_channel=cand.per_channel, reduce_range=cand.reduce_range,
@@ -201,7 +201,7 @@ def _quantize_static(prepared: Path, target: Path, cand: quant_search.Candidate,
         options["op_types_to_quantize"] = list(cand.op_types)
     if only is not None:
         options["nodes_to_quantize"] = only
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # the calibrators print progress
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), onnx_tools.quiet_quantizer():
         warnings.simplefilter("ignore")
         quantize_static(str(prepared), str(target), _reader(_feeds(samples, batch)),
                         quant_format=QuantFormat.QDQ if cand.quant_format == "QDQ" else QuantFormat.QOperator,
