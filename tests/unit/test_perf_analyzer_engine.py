@@ -115,3 +115,32 @@ def test_the_installed_binary_is_found_with_its_libraries():
     assert all((tool.lib_dir / name).resolve().is_file() for name in ("libb64.so.0d", "libcudart.so.12"))
     assert tool.environment()["LD_LIBRARY_PATH"].split(":")[0] == str(tool.lib_dir)
     assert isinstance(choose_engine("auto", install=False), PerfAnalyzerEngine)
+
+
+def test_the_server_view_covers_the_run_whose_figures_are_reported(monkeypatch, tmp_path):
+    """A level that never settles is run again; Triton's counts must come from that second run only (an
+    unsettled first run's executions were shown beside the re-run's requests: 14,964 for 2,965)."""
+    import subprocess
+
+    import builder.processes
+    import builder.tuning.client
+    import builder.tuning.stats
+    from builder.tuning.pa_measure import UNSTABLE, measure_with_perf_analyzer
+    from builder.tuning.perf_analyzer import PerfAnalyzer
+
+    counter = iter(range(100))
+    monkeypatch.setattr(builder.tuning.client, "_snapshot", lambda stats, model: next(counter))
+    monkeypatch.setattr(builder.tuning.stats, "server_view", lambda before, after: {"span": (before, after)})
+    runs = []
+
+    def fake_run(command, timeout, env=None):
+        runs.append(command)
+        if len(runs) == 1:  # the first run never settles
+            return subprocess.CompletedProcess(command, 99, f"{UNSTABLE} within 10 measurement windows", "")
+        (tmp_path / "m_c4.csv").write_text(REPORT)
+        return subprocess.CompletedProcess(command, 0, "Request count: 2965\n", "")
+    monkeypatch.setattr(builder.processes, "run_command", fake_run)
+    level = measure_with_perf_analyzer(PerfAnalyzer(tmp_path / "perf_analyzer", None), "127.0.0.1:8001", "grpc", "m",
+                                       4, tmp_path / "d.json", work_dir=tmp_path, stats=object())
+    assert len(runs) == 2 and level.stable is False and level.requests == 2965
+    assert level.server["span"] == (1, 2)  # snapshots 1 and 2 bracket the second run; 0 was the first run's
