@@ -15,9 +15,14 @@ load from other processes falls on all of them alike; models too big to hold tog
 
 A close call is measured again: when the leader's margin over the runner-up (on the spec's
 objective) is inside what the windows can tell apart - the larger of their spreads and
-``CONFIRM_NOISE`` - the two are re-measured head to head at the batch sizes that decide it, for
-another cap, and those figures replace the first ones (recorded under ``confirmed``). Selection
-then reads numbers taken side by side, not two short runs minutes apart.
+``CONFIRM_NOISE`` - every measured variant is measured once more, in turns as in the first round,
+at the batch sizes that decide the call and each variant's best batch (``confirmation_batches``):
+the two for another cap, the others for the time the first round gave them at those batch sizes
+(their figures need to come from the same round, not to be more precise than before). Each
+variant's best throughput (and p50 at batch 1 when batch 1 is among them) is then taken from that
+round alone (the first figures stay under ``confirmed.first_round``): the ranking, the "x onnx"
+ratios and the selection's reasons all read numbers taken side by side, never the pair's second
+figures against the others' first ones.
 """
 
 from __future__ import annotations
@@ -89,23 +94,35 @@ def _open(ctx: BuildContext, variant: Variant, feeds: dict, sizes: list[int], th
     return run, {"load_seconds": round(loaded, 3), "peak_memory_mb": round(max(rss_mb() - before, 0.0), 1)}
 
 
-def benchmark_group(ctx: BuildContext, group: list[Variant], cap: float, threads: int,
-                    failed: dict[str, str]) -> dict[str, dict]:
-    """Measure the variants of ``group`` together (round robin); returns {name: benchmark record}."""
+def _shares(batches: list[int]) -> dict[int, int]:
+    """Each batch size's share of a variant's cap: batch 1 twice (its latency percentiles need more calls)."""
+    return {b: 2 if b == 1 else 1 for b in batches}
+
+
+def benchmark_group(ctx: BuildContext, group: list[Variant], cap: float | dict[str, float], threads: int,
+                    failed: dict[str, str], batches: list[int] | None = None, window: float | None = None,
+                    label: str = "batch") -> dict[str, dict]:
+    """Measure the variants of ``group`` together (round robin); returns {name: benchmark record}.
+    ``cap``: seconds of windows per variant (one for all, or by name). ``batches`` (default: every batch
+    size) and ``window`` (default: from the cap) serve the confirmation round, whose records hold those
+    batches only (``merge_confirmed``)."""
     spec = ctx.spec
     sizes = batch_sizes(spec.max_batch_size) if spec.batching else [1]
-    feeds = {b: _inputs(ctx, b) for b in sizes}
+    order = _order(sizes) if batches is None else list(batches)
+    feeds = {b: _inputs(ctx, b) for b in dict.fromkeys([*order, sizes[0], sizes[-1]])}  # + _open's warm-up sizes
     runners, records = {}, {}
     for variant in group:
         try:
             runners[variant.name], records[variant.name] = _open(ctx, variant, feeds, sizes, threads)
         except Exception as exc:  # noqa: BLE001 - recorded per variant
             failed[variant.name] = " ".join(str(exc).split())[:300] or type(exc).__name__
-    shares = {b: 2 if b == 1 else 1 for b in sizes}
-    window = min(MAX_WINDOW_SECONDS, max(MIN_WINDOW_SECONDS, cap / (sum(shares.values()) * 5)))
+    shares = _shares(order)
+    caps_total = cap if isinstance(cap, dict) else {v.name: cap for v in group}
+    if window is None:
+        longest = max(caps_total.values(), default=0.0)
+        window = min(MAX_WINDOW_SECONDS, max(MIN_WINDOW_SECONDS, longest / (sum(shares.values()) * 5)))
     spent = {name: 0.0 for name in runners}
     results: dict[str, dict] = {name: {} for name in runners}
-    order = _order(sizes)
     for i, b in enumerate(order):
         todo = sum(shares[x] for x in order[i:])
         calls, caps = {}, {}
@@ -119,7 +136,7 @@ def benchmark_group(ctx: BuildContext, group: list[Variant], cap: float, threads
                 continue
             calls[name] = (lambda run=run, feed=feed: run(feed))
             # every batch size gets at least one window; the cap limits the repeats
-            caps[name] = max(cap - spent[name], 0.0) * shares[b] / todo
+            caps[name] = max(caps_total[name] - spent[name], 0.0) * shares[b] / todo
         if not calls:
             break
         started = time.perf_counter()
@@ -127,7 +144,7 @@ def benchmark_group(ctx: BuildContext, group: list[Variant], cap: float, threads
         for name, m in measured.items():
             results[name][b] = m
             spent[name] += sum(w.seconds for w in m.windows)
-        ctx.progress(f"    batch {b}: " + ", ".join(f"{n} {human(m.throughput)}/s" for n, m in measured.items())
+        ctx.progress(f"    {label} {b}: " + ", ".join(f"{n} {human(m.throughput)}/s" for n, m in measured.items())
                      + f" ({time.perf_counter() - started:.1f} s)")
     runners.clear()
     gc.collect()
@@ -138,9 +155,12 @@ def benchmark_group(ctx: BuildContext, group: list[Variant], cap: float, threads
             continue
         res = results[variant.name]
         by_batch = {b: round(res[b].throughput, 1) for b in sizes if b in res}
+        if not by_batch:
+            continue
         best_batch = max(by_batch, key=by_batch.get)
         out[variant.name] = {
-            "latency_ms_b1": {k: round(v, 4) for k, v in res[sizes[0]].percentiles_ms().items()},
+            "latency_ms_b1": ({k: round(v, 4) for k, v in res[sizes[0]].percentiles_ms().items()}
+                              if sizes[0] in res else None),
             "throughput_by_batch": by_batch,
             "best_throughput": by_batch[best_batch],
             "best_batch": best_batch,
@@ -157,8 +177,8 @@ def benchmark_group(ctx: BuildContext, group: list[Variant], cap: float, threads
             "load_average": load_average(),
             "runtime": _runtime(variant, threads),
             "rule": f"windows repeated until the last {STABLE_WINDOWS} agree within {STABLE_TOLERANCE:.0%} "
-                    f"(throughput and p50 latency) or {cap:g} s of windows per variant; if never stable, the "
-                    f"{STABLE_WINDOWS} fastest windows; variants measured in turns, window by window",
+                    f"(throughput and p50 latency) or {caps_total[variant.name]:g} s of windows per variant; if never "
+                    f"stable, the {STABLE_WINDOWS} fastest windows; variants measured in turns, window by window",
         }
     return out
 
@@ -193,34 +213,58 @@ def finalists(variants: list[Variant], objective: str) -> tuple[list[Variant], l
     return ([a, b], batches) if close_call(x, y, spreads) else None
 
 
-def confirm_finalists(ctx: BuildContext, pair: list[Variant], batches: list[int], cap: float, threads: int) -> None:
-    """Re-measure ``pair`` head to head (round robin) at ``batches`` for another ``cap`` seconds each and
-    put those figures in place of the first ones."""
-    spec = ctx.spec
-    sizes = batch_sizes(spec.max_batch_size) if spec.batching else [1]
-    feeds = {b: _inputs(ctx, b) for b in dict.fromkeys([*batches, sizes[0], sizes[-1]])}  # + _open's warm-up sizes
-    runners = {v.name: _open(ctx, v, feeds, sizes, threads)[0] for v in pair}
-    window = max(v.benchmark["window_seconds"] for v in pair)
-    for b in batches:
-        calls = {name: (lambda run=run, feed=feeds[b][0]: run(feed)) for name, run in runners.items()}
-        measured = measure_round_robin(calls, b if spec.batching else 1, window_seconds=window,
-                                       max_seconds=cap / len(batches))
-        for v in pair:
-            m, bench = measured[v.name], v.benchmark
-            bench["throughput_by_batch"][b] = round(m.throughput, 1)
-            bench["stable"][b], bench["spread"][b], bench["windows"][b] = m.stable, round(m.spread, 3), len(m.windows)
-            if b == sizes[0]:
-                bench["latency_ms_b1"] = {k: round(x, 4) for k, x in m.percentiles_ms().items()}
-        ctx.progress(f"    confirming at batch {b}: " + ", ".join(f"{n} {human(m.throughput)}/s"
-                                                               for n, m in measured.items()))
-    for v in pair:
-        bench = v.benchmark
-        bench["best_batch"] = max(bench["throughput_by_batch"], key=bench["throughput_by_batch"].get)
-        bench["best_throughput"] = bench["throughput_by_batch"][bench["best_batch"]]
-        bench["confirmed"] = {"batches": batches, "against": next(o.name for o in pair if o is not v),
-                              "why": "a close call: re-measured head to head, these figures replace the first run"}
-    runners.clear()
-    gc.collect()
+def confirmation_batches(measured: list[Variant], decisive: list[int]) -> list[int]:
+    """The batch sizes of a confirmation round: those that decide the close call and every measured
+    variant's best batch, so that each variant's ranked figure and its "x onnx" ratio come from that round."""
+    return sorted({*decisive, *(v.benchmark["best_batch"] for v in measured)})
+
+
+def merge_confirmed(variant: Variant, record: dict, pair: list[str], measured_with: list[str]) -> None:
+    """Put a confirmation round's ``record`` (``benchmark_group`` at the round's batches) into ``variant``'s
+    benchmark record; the first round's figures that it replaces stay under ``confirmed.first_round``."""
+    bench, batches = variant.benchmark, sorted(record["throughput_by_batch"])
+    first = {"throughput_by_batch": {b: bench["throughput_by_batch"].get(b) for b in batches},
+             "best_batch": bench["best_batch"], "best_throughput": bench["best_throughput"]}
+    for key in ("throughput_by_batch", "stable", "spread", "windows"):
+        bench[key].update(record[key])
+    if record["latency_ms_b1"] is not None:
+        first["latency_ms_b1"] = bench["latency_ms_b1"]
+        bench["latency_ms_b1"] = record["latency_ms_b1"]
+    # the best of this round only: a first-round figure at another batch size may read higher, but ranking
+    # it against the others' second-round figures is the mix this round exists to avoid
+    bench["best_batch"], bench["best_throughput"] = record["best_batch"], record["best_throughput"]
+    bench["seconds"] = round(bench["seconds"] + record["seconds"], 2)
+    bench["confirmed"] = {
+        "batches": batches, "pair": pair, "measured_with": measured_with, "first_round": first,
+        "why": f"{' and '.join(pair)} were a close call: every measured variant was measured again at these "
+               "batch sizes; best_throughput (and p50 when batch 1 is among them) come from that round alone"}
+
+
+def confirm_round(ctx: BuildContext, measured: list[Variant], pair: list[Variant], batches: list[int], cap: float,
+                  threads: int, together: bool, failed: dict[str, str]) -> None:
+    """Measure every variant of ``measured`` again at ``batches`` (in turns when ``together``, else one at
+    a time, as the first round) and rank by that round (``merge_confirmed``). Every variant, not only the
+    pair: the selection ranks them all and states ratios against the winner and onnx, so a figure left
+    from the first round would be compared across rounds. The pair gets another ``cap``; the others the
+    first round's time at ``batches``: the round costs two caps and a fraction of one per other variant,
+    not a cap per variant."""
+    window = max(v.benchmark["window_seconds"] for v in measured)
+    sizes = batch_sizes(ctx.spec.max_batch_size) if ctx.spec.batching else [1]
+    share = sum(_shares(batches).values()) / sum(_shares(sizes).values())
+    caps = {v.name: cap if v.name in {p.name for p in pair} else cap * min(share, 1.0) for v in measured}
+    names = [v.name for v in measured]
+    before = set(failed)
+    merged = set()
+    for group in ([measured] if together else [[v] for v in measured]):
+        for name, record in benchmark_group(ctx, group, caps, threads, failed, batches, window,
+                                            "confirming at batch").items():
+            merge_confirmed(ctx.variant(name), record, [v.name for v in pair], names)
+            merged.add(name)
+    for v in measured:
+        if v.name not in merged:  # its first figures alone would be ranked against the others' second ones
+            why = failed.get(v.name) if v.name not in before else None
+            failed[v.name] = f"when measured again (a close call): {why or 'no figures'}"
+            v.benchmark = None
 
 
 def run(ctx: BuildContext) -> StageResult:
@@ -254,12 +298,14 @@ def run(ctx: BuildContext) -> StageResult:
         for group in groups:
             for name, bench in benchmark_group(ctx, group, cap, threads, failed).items():
                 ctx.variant(name).benchmark = bench
-        selectable = [v for v in candidates if v.name not in failed and v.name not in ctx.base_only]
-        close = finalists(selectable, ctx.spec.objective)
+        measured = [v for v in candidates if v.name not in failed and v.benchmark]
+        close = finalists([v for v in measured if v.name not in ctx.base_only], ctx.spec.objective)
         if close is not None:
-            pair, batches = close
-            ctx.progress(f"  {pair[0].name} and {pair[1].name} are a close call: measuring them again, head to head")
-            confirm_finalists(ctx, pair, batches, cap, threads)
+            pair, decisive = close
+            batches = confirmation_batches(measured, decisive)
+            ctx.progress(f"  {pair[0].name} and {pair[1].name} are a close call: measuring all {len(measured)} "
+                         f"variants again at batch {', '.join(map(str, batches))}")
+            confirm_round(ctx, measured, pair, batches, cap, threads, together, failed)
     finally:
         if torch is not None:
             torch.set_num_threads(restore)

@@ -58,13 +58,19 @@ def test_a_close_call_is_measured_again_and_recorded(digits_copy, tmp_path, monk
     meta = read_metadata(Path(result.published[0]["path"]) / "metadata.yaml")
     variants = {v.name: v for v in result.context.variants}
     if forced:
-        assert any("onnx and onnx_opt are a close call: measuring them again, head to head" in s for s in said)
-        assert sum("confirming at batch" in s for s in said) == 2
-        for name, other in (("onnx", "onnx_opt"), ("onnx_opt", "onnx")):
+        assert any("onnx and onnx_opt are a close call: measuring all 2 variants again at batch 1, " in s
+                   for s in said)
+        batches = variants["onnx"].benchmark["confirmed"]["batches"]
+        assert {1, 64} <= set(batches)  # the forced ones, plus each variant's best batch of the first round
+        assert sum("confirming at batch" in s for s in said) == len(batches)
+        for name in ("onnx", "onnx_opt"):
             bench = variants[name].benchmark
-            assert bench["confirmed"]["against"] == other and bench["confirmed"]["batches"] == [1, 64]
-            assert bench["best_throughput"] == max(bench["throughput_by_batch"].values())
-        assert meta["benchmark"]["confirmed"]["batches"] == [1, 64]
+            assert bench["confirmed"]["pair"] == ["onnx", "onnx_opt"] and bench["confirmed"]["batches"] == batches
+            assert bench["confirmed"]["first_round"]["best_batch"] in batches
+            # ranked on the confirmation round alone, never on a first-round figure at another batch
+            assert bench["best_batch"] in batches
+            assert bench["best_throughput"] == max(bench["throughput_by_batch"][b] for b in batches)
+        assert meta["benchmark"]["confirmed"]["batches"] == batches
     else:
         assert not any("close call" in s for s in said)
         assert all("confirmed" not in v.benchmark for v in variants.values())
