@@ -247,10 +247,10 @@ class AddressInUse(Exception):
 
 
 def _stop_procs(procs: Sequence[subprocess.Popen], timeout: float, kill_wait: float = 5.0,
-                leftover_grace: float | None = None) -> None:
+                leftover_grace: float | None = None) -> list[subprocess.Popen]:
     """SIGTERM the process group of each running process, wait up to ``timeout`` s for them all, then
-    SIGKILL the groups still running. ``leftover_grace``: also wait that long for anything left in
-    a group whose leader ended (0 = SIGKILL it at once; None = leave groups alone). Never raises."""
+    SIGKILL the groups still running and return those. ``leftover_grace``: also wait that long for anything
+    left in a group whose leader ended (0 = SIGKILL it at once; None = leave groups alone). Never raises."""
     alive = [p for p in procs if p.poll() is None]
     for proc in alive:
         killpg(proc.pid, signal.SIGTERM)
@@ -260,21 +260,22 @@ def _stop_procs(procs: Sequence[subprocess.Popen], timeout: float, kill_wait: fl
             proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
-    for proc in procs:
-        if proc.poll() is None:
-            killpg(proc.pid, signal.SIGKILL)
-            try:
-                proc.wait(kill_wait)
-            except subprocess.TimeoutExpired:
-                pass
+    killed = [proc for proc in procs if proc.poll() is None]
+    for proc in killed:
+        killpg(proc.pid, signal.SIGKILL)
+        try:
+            proc.wait(kill_wait)
+        except subprocess.TimeoutExpired:
+            pass
     if leftover_grace is None:
-        return
+        return killed
     grace = time.monotonic() + leftover_grace
     for proc in procs:
         while group_alive(proc.pid) and time.monotonic() < grace:
             time.sleep(0.05)
         if group_alive(proc.pid):
             killpg(proc.pid, signal.SIGKILL)
+    return killed
 
 
 def stop_all(services: Sequence["LocalService"], timeout: float) -> None:
@@ -325,6 +326,7 @@ class LocalService:
         self._ready_deadline = 0.0
         self._lock = threading.RLock()
         self._atexit_registered = False
+        self.killed_at_stop = False  #: the last stop had to SIGKILL it: hung or stuck, a failure to its owner
 
     # -- hooks ---------------------------------------------------------------------------------
 
@@ -457,7 +459,7 @@ class LocalService:
         proc = self._proc
         if proc is None:
             return None
-        _stop_procs([proc], timeout, self.kill_wait, self.leftover_grace)
+        self.killed_at_stop = proc in _stop_procs([proc], timeout, self.kill_wait, self.leftover_grace)
         return proc.poll()
 
     # -- state and log -------------------------------------------------------------------------

@@ -17,11 +17,11 @@ Usage::
         server.load_model("resnet_python")         # ServerError quoting Triton's reason on failure
         server.check_alive()                       # ServerDiedError if the process has ended
     # stopped here: SIGTERM to its process group, SIGKILL after 15 s (also at interpreter exit);
-    # its temp dir goes too, unless the server failed (then the error names the log kept there)
+    # its temp dir goes too, unless the server failed (then the error, or server.stop_failure, names the log)
 
 Beside it: install.py (finding the binary), backends.py (``unsupported_models``), server_log.py
-(log excerpts), serve.py (``serve_forever``, what ``triton-builder serve`` runs); the process
-itself is a ``builder.processes.LocalService``.
+(log excerpts), model_control.py (load, unload, model state), serve.py (``serve_forever``, what
+``triton-builder serve`` runs); the process itself is a ``builder.processes.LocalService``.
 
 How it runs the binary (nvidia-pytriton 0.7.0; the backend directory, environment and addresses: install.py):
 
@@ -58,7 +58,8 @@ from builder.processes import LocalService, client_host, free_ports, http_get
 from builder.serving.backends import EMBEDDED_BACKENDS, PLATFORM_BACKENDS, model_dirs, unsupported_models
 from builder.serving.install import TritonInstall, build_backend_dir, find_tritonserver, make_workdir, \
     server_environment, stub_safe_repository
-from builder.serving.server_log import describe_exit as _describe_exit, readable as _readable
+from builder.serving.model_control import ModelControl
+from builder.serving.server_log import describe_exit as _describe_exit
 from builder.serving import server_log, startup
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ _STOP_TIMEOUT_S = 15.0
 _PORT_ATTEMPTS = 5
 
 
-class EmbeddedServer(LocalService):
+class EmbeddedServer(ModelControl, LocalService):
     """A real ``tritonserver`` process serving ``repository``; use as a context manager or start/stop.
 
     Arguments:
@@ -84,7 +85,8 @@ class EmbeddedServer(LocalService):
         log_path: the server's log file (stdout and stderr), appended to and always kept. Default
             ``<temp dir>/tritonserver.log``: the temp dir is removed when ``stop()`` ends a server that
             started and was still running (nothing to look into), and kept - with the log that the
-            raised error names - when the start failed or the server ended on its own.
+            raised error names - when the start failed or the server ended on its own; and kept when
+            that stop failed (``stop_failure`` names it).
         model_control: ``"explicit"`` (default: loads ``load_models``, or every supported model, and
             allows ``load_model``/``unload_model``), ``"none"`` (loads everything at start) or
             ``"poll"`` (also reloads changed models every 5 s unless extra_args sets
@@ -96,7 +98,8 @@ class EmbeddedServer(LocalService):
             and the others are served; the start fails only if none loads. Default: any failure does.
 
     After ``start()``: ``models`` lists the models it loaded at start, ``left_out`` maps each model
-    it cannot serve to the reason, ``failed`` each that failed to load (``keep_going``).
+    it cannot serve to the reason, ``failed`` each that failed to load (``keep_going``). After
+    ``stop()``: ``stop_failure`` is None, or why that stop was a failure, naming the log it kept.
     """
 
     label = "tritonserver"
@@ -145,6 +148,7 @@ class EmbeddedServer(LocalService):
         self.keep_going = keep_going
         self.server_id = startup.new_server_id()  # --id: the readiness probe accepts only this server
         self.models: list[str] = []
+        self.stop_failure: str | None = None
         self.install: TritonInstall | None = None
         self._requested_ports = (http_port, grpc_port, metrics_port)
         self._ports: tuple[int, int, int] | None = None
@@ -192,20 +196,37 @@ class EmbeddedServer(LocalService):
                 self.models = list(dict.fromkeys(self.load_models))
             self.install = install
             self._started = False
+            self.stop_failure = None
             super().start()
             self._started = True
             return self
 
     def stop(self, timeout: float | None = None) -> int | None:
         """Stop the server (see ``LocalService.stop``). Its temp dir goes, except where it holds the
-        log (the default) of a failed start or of a server that died: the error raised names that log."""
+        log (the default) of a failed start or of a server that died (the error raised names that
+        log), or of a server this stop found failed: it had to be SIGKILLed (it did not end on SIGTERM
+        within ``timeout`` s: hung) or its log reports a crash; ``stop_failure`` then says which."""
         with self._lock:
             clean = self._started and self.is_running()
             code = super().stop(timeout)
-            if self._workdir is not None and (clean or not self._log_in_workdir):
+            if clean:
+                self.stop_failure = self._stop_failure(self.stop_timeout if timeout is None else timeout)
+            if self._workdir is not None and ((clean and self.stop_failure is None) or not self._log_in_workdir):
                 shutil.rmtree(self._workdir, ignore_errors=True)
             self._started = False
             return code
+
+    def _stop_failure(self, timeout: float) -> str | None:
+        """Why the stop that just ended a running server was a failure, naming the log; None if it was not.
+        A crash that left the server hung was noticed only here, and its log was its only record."""
+        why = []
+        if self.killed_at_stop:
+            why.append(f"did not stop on SIGTERM within {timeout:g} s: killed; last log lines:\n{self.log_tail(5)}")
+        crash = server_log.crash_marks(self.read_log())
+        if crash:
+            why.append(("its log" if why else "stopped, but its log") + " reports a crash:\n"
+                       + "\n".join("  " + line for line in crash))
+        return f"tritonserver (pid {self.pid}) " + "\n".join(why) + f"\nlog kept at {self.log_path}" if why else None
 
     def _prepare(self) -> None:
         self._bytecode = startup.bytecode_dirs(self._local_repository)
@@ -441,59 +462,3 @@ class EmbeddedServer(LocalService):
                     f"last log lines:\n{self.log_tail()}\nfull log: {self.log_path}"
                 )
             time.sleep(0.1)
-
-    def repository_index(self) -> list[dict]:
-        """``/v2/repository/index``: one ``{"name", "version", "state", "reason"}`` dict per model."""
-        return self._call("repository index", lambda c: c.repository_index())
-
-    def model_state(self, name: str) -> tuple[str | None, str]:
-        """``(state, reason)`` of a model from the repository index (READY if any version is); None if absent."""
-        return self._call("repository index", lambda c: c.model_state(name))
-
-    def model_ready(self, name: str) -> bool:
-        """Whether model ``name`` is ready for inference."""
-        return self._call(f"readiness of model '{name}'", lambda c: c.model_ready(name))
-
-    def load_model(self, name: str, config_json: str | None = None, timeout: float = 120.0) -> None:
-        """Load (or reload) model ``name``, optionally with a JSON config override; blocks until done.
-
-        Raises ``ServerError`` quoting Triton's reason (and the log lines about the model) if it
-        fails, ``ServerDiedError`` if the server died meanwhile.
-        """
-        from builder.serving.client import TritonError
-
-        if name in self.left_out:
-            raise ServerError(f"model '{name}' cannot be served by the embedded server: {self.left_out[name]}")
-        since = self._log_size()
-        try:
-            self._call(f"load of model '{name}'", lambda c: c.load_model(name, config_json), network_timeout=timeout)
-        except TritonError as err:
-            if err.unreachable:
-                raise ServerError(f"tritonserver at {self.http_url} did not answer while loading '{name}': "
-                                  f"{err.reason}") from None
-            reason = _readable(self._real_paths(err.reason).strip().rstrip(";"))
-            if not reason:  # no reason in the answer: quote the log lines about the model
-                reason = "\n".join(self._model_log_lines(name, since)) or str(err)
-            raise ServerError(f"tritonserver could not load model '{name}': {reason}\nfull log: {self.log_path}") from None
-        startup.remove_new_bytecode(self._local_repository, self._bytecode)
-        if name not in self.models:
-            self.models.append(name)
-
-    def unload_model(self, name: str, wait: bool = True, timeout: float = 60.0, unload_dependents: bool = False) -> None:
-        """Unload model ``name``; with ``wait``, return once Triton no longer lists it as ready."""
-        self._call(f"unload of model '{name}'",
-                   lambda c: c.unload_model(name, wait=wait, timeout=timeout, unload_dependents=unload_dependents))
-        if name in self.models:
-            self.models.remove(name)
-
-    def wait_for_model(self, name: str, timeout: float = 60.0) -> None:
-        """Wait until model ``name`` is READY; ``ServerError`` with Triton's reason if it became UNAVAILABLE."""
-        from builder.serving.client import TritonError
-
-        try:
-            self._call(f"load of model '{name}'", lambda c: c.wait_for_model(name, timeout))
-        except TritonError as err:
-            if err.state == "UNAVAILABLE":
-                raise ServerError(f"model '{name}' is UNAVAILABLE: {_readable(self._real_paths(err.reason))}\n"
-                                  f"full log: {self.log_path}") from None
-            raise

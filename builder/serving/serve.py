@@ -1,5 +1,6 @@
-"""``triton-builder serve``: start an ``EmbeddedServer``, announce its URLs, block until SIGINT/SIGTERM,
-stop it and return an exit code (non-zero if the server died on its own).
+"""``triton-builder serve``: start an ``EmbeddedServer``, announce its URLs, block until SIGINT/SIGTERM
+(announcing a server that stops answering: builder/serving/hang_watch.py), stop it and return an exit
+code (non-zero if the server died on its own, had to be killed at the stop, or its log reports a crash).
 
 Usage::
 
@@ -18,6 +19,7 @@ from builder.errors import ServerDiedError, UserInputError
 from builder.processes import stop_signals
 from builder.serving.backends import EMBEDDED_BACKENDS
 from builder.serving.embedded import EmbeddedServer
+from builder.serving.hang_watch import HANG_PROBE_INTERVAL_S, HANG_PROBE_MISSES, HangWatch
 from builder.serving.server_log import describe_exit as _describe_exit
 
 __all__ = ["serve_forever"]
@@ -43,11 +45,17 @@ def serve_forever(
     public_key: str | Path | None = None,
     require_signature: bool = False,
     current_host: dict | None = None,
+    hang_probe_interval: float = HANG_PROBE_INTERVAL_S,
+    hang_probe_misses: int = HANG_PROBE_MISSES,
 ) -> int:
     """Start an ``EmbeddedServer``, announce it, block until SIGINT/SIGTERM, stop it; return an exit code.
 
     Returns 0 after a clean stop on a signal, and ``ServerDiedError.exit_code`` (2) if the server
-    process ended on its own (after announcing its exit code and last log lines). Start-up failures
+    process ended on its own (after announcing its exit code and last log lines), or if the stop
+    found it failed: it did not end on SIGTERM in time and was killed, or its log reports a crash (the
+    log is kept and named). While serving, ``/v2/health/live`` is probed every ``hang_probe_interval``
+    s; ``hang_probe_misses`` probes in a row without an answer are announced once (the server is left
+    running: an overloaded one recovers, and a hung one is the user's to stop). Start-up failures
     raise ``UserInputError``/``ServerError`` as ``EmbeddedServer.start`` does. Serving the whole
     repository (no ``load_models``), a model that fails to load is announced with Triton's reason and
     the others are served; it fails (exit 2) only if none loads. Models asked for must all load. ``announce`` gets one
@@ -78,16 +86,20 @@ def serve_forever(
             server.start()
             _announce_started(server, announce, served_host_warnings(repository, server.models, current_host),
                               temporary_log=log_path is None)
-            while not received:
-                if not server.is_running():
-                    announce(
-                        f"tritonserver {_describe_exit(server.returncode)} on its own; last log lines:\n"
-                        f"{server.log_tail()}\nfull log: {server.log_path}"
-                    )
-                    return ServerDiedError.exit_code
-                time.sleep(poll_interval)
+            with HangWatch(server, announce, hang_probe_interval, hang_probe_misses):
+                while not received:
+                    if not server.is_running():
+                        announce(
+                            f"tritonserver {_describe_exit(server.returncode)} on its own; last log lines:\n"
+                            f"{server.log_tail()}\nfull log: {server.log_path}"
+                        )
+                        return ServerDiedError.exit_code
+                    time.sleep(poll_interval)
             announce(f"received {signal.Signals(received[0]).name}; stopping tritonserver (pid {server.pid}) ...")
             code = server.stop()
+            if server.stop_failure is not None:  # a hung or crashed server: its log is the only record
+                announce(server.stop_failure)
+                return ServerDiedError.exit_code
             announce(f"tritonserver stopped (exit code {code}); "
                      + ("nothing failed, so its log was removed with its temp folder" if log_path is None
                         else f"log: {server.log_path}"))

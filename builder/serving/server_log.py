@@ -7,15 +7,17 @@ Usage::
     errors = startup_error_lines(log_text)          # E... / error lines, else the tail
     lines = model_log_lines(log_text, "resnet")     # lines about a model that say it failed
     crash = crash_lines(log_text)                   # "while loading: m:1:\n  terminate called ..." or ""
+    crash_marks(log_text)                           # ["malloc_consolidate(): ...", "Signal (6) received."]
     describe_exit(-9)                               # "exited with code -9 (killed by SIGKILL)"
 """
 
 from __future__ import annotations
 
+import re
 import signal
 
 __all__ = ["is_noise", "readable", "describe_exit", "meaningful_tail", "startup_error_lines", "model_log_lines",
-           "crash_lines"]
+           "crash_lines", "crash_marks"]
 
 # Expected on machines without a GPU; never the reason anything failed.
 _NOISE = ("NVML", "DCGM", "CudaDriverHelper", "pinned memory", "pinned_memory")
@@ -77,6 +79,31 @@ def crash_lines(text: str) -> str:
     loading = [line.split('"')[1] for line in lines if '"loading: ' in line and line.count('"') >= 2]
     return (f"while {loading[-1]}" if loading else "while starting") + ":\n" + \
         "\n".join("  " + line for line in crashed[-4:])
+
+
+#: Triton's handler of a fatal signal prints this (then a backtrace); every stop prints it for SIGTERM too
+_SIGNAL_LINE = re.compile(r"^Signal \((\d+)\) received")
+_STOP_SIGNALS = {int(signal.SIGINT), int(signal.SIGTERM)}
+_TRITON_LINE = re.compile(r"^[IWEV]\d{4} ")  # "I1125 04:31:00.791412 13813 file.cc:624] ..."
+
+
+def crash_marks(text: str) -> list[str]:
+    """The lines of ``text`` saying a process crashed (the last 6): Triton's "Signal (6) received."
+    for a fatal signal, with the line before it when that is no Triton log line (glibc's reason, as
+    "malloc_consolidate(): unaligned fastbin chunk detected"), and an uncaught C++ exception's
+    "terminate called ..." / "what(): ..." lines. A crashed server may hang instead of exiting."""
+    lines = text.splitlines()
+    found = []
+    for i, line in enumerate(lines):
+        signalled = _SIGNAL_LINE.match(line)
+        if signalled and int(signalled.group(1)) not in _STOP_SIGNALS:
+            before = lines[i - 1].strip() if i else ""
+            if before and not _TRITON_LINE.match(before) and not is_noise(before) and before not in found:
+                found.append(before)
+            found.append(line.strip())
+        elif _CRASH_MARK in line or line.strip().startswith("what():"):
+            found.append(line.strip())
+    return found[-6:]
 
 
 def startup_error_lines(text: str) -> str:

@@ -57,6 +57,7 @@ def test_start_ready_stop(tmp_path):
     assert not server.is_running()
     assert not group_alive(pid)
     assert server.returncode is not None and server.cleaned == 1
+    assert not server.killed_at_stop  # it ended on SIGTERM
     assert server.stop() == server.returncode  # idempotent
 
 
@@ -67,6 +68,7 @@ def test_stop_kills_a_process_ignoring_sigterm(tmp_path):
     started = time.monotonic()
     code = server.stop(timeout=0.5)
     assert code == -9
+    assert server.killed_at_stop  # what lets its owner call the stop a failure (a hung tritonserver)
     assert 0.4 < time.monotonic() - started < 5
     assert not server.is_running()
 
@@ -78,6 +80,7 @@ def test_stop_on_a_process_already_gone_does_not_raise(tmp_path):
     subprocess.run(["kill", "-9", str(server.pid)], check=True)
     server._proc.wait(5)
     assert server.stop() == -9
+    assert not server.killed_at_stop  # killed by someone else before the stop: the stop killed nothing
     assert server.stop() == -9
 
 
