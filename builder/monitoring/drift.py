@@ -69,8 +69,11 @@ different class mix score far above it. The default JS-distance threshold
 0.2 is roughly equivalent to PSI 0.25 for small shifts
 (JS distance ~= sqrt(PSI / (8 ln 2))).
 
-``DriftWindow`` is not thread-safe; use one per model instance (Triton's
-python backend calls ``execute`` from a single thread per instance).
+``DriftWindow`` is not thread-safe within one process (Triton's python backend
+calls ``execute`` from a single thread per instance). Several processes (one
+stub per model instance) can share one window: pass each the same writable
+``buffer`` of :func:`state_bytes` bytes (an mmap of one file) and a ``lock``
+(a context manager that excludes the other processes, e.g. ``flock``).
 """
 
 from __future__ import annotations
@@ -89,6 +92,7 @@ __all__ = [
     "js_distance",
     "DriftWindow",
     "load_profile",
+    "state_bytes",
 ]
 
 PROFILE_FORMAT = "triton-builder-drift-profile"
@@ -237,7 +241,7 @@ class _Feature:
     __slots__ = ("name", "spec", "source", "tensor", "kind", "select", "edges", "cats",
                  "ref", "nbins", "ring", "total")
 
-    def __init__(self, name: str, spec: Mapping[str, Any], window: int) -> None:
+    def __init__(self, name: str, spec: Mapping[str, Any]) -> None:
         self.name = name
         self.spec = spec
         self.source = spec["source"]
@@ -255,8 +259,7 @@ class _Feature:
         self.ref = np.asarray(spec["ref_props"], dtype=np.float64)
         if self.ref.size != self.nbins:
             raise ValueError(f"feature {name}: {self.ref.size} ref_props for {self.nbins} bins")
-        self.ring = np.zeros((window, self.nbins), dtype=np.int32)
-        self.total = np.zeros(self.nbins, dtype=np.int64)
+        self.ring = self.total = None  # views into the window's state buffer (DriftWindow)
 
     def bin(self, vals: np.ndarray) -> Optional[np.ndarray]:
         if self.kind == "numeric":
@@ -291,7 +294,7 @@ class DriftWindow:
     """
 
     def __init__(self, profile: Mapping[str, Any], window: int = 512, sample_every: int = 1,
-                 seed: int = 0) -> None:
+                 seed: int = 0, buffer: Any = None, lock: Any = None) -> None:
         if window < 1:
             raise ValueError("window must be >= 1")
         if sample_every < 1:
@@ -301,19 +304,34 @@ class DriftWindow:
         self.sample_every = int(sample_every)
         self._cap = int(profile.get("max_values_per_row", 0))
         self._pos_seed = int(profile.get("position_seed", 0))
-        self._features = [_Feature(n, s, self.window) for n, s in profile.get("features", {}).items()]
+        self._features = [_Feature(n, s) for n, s in profile.get("features", {}).items()]
         self._positions: Dict[int, Optional[np.ndarray]] = {}
         self._phase = int(np.random.default_rng(seed).integers(self.sample_every))
         self._calls = 0
         self._sampled_calls = 0
-        self._pos = 0
-        self._filled = 0
+        need = state_bytes(profile, self.window)
+        if buffer is None:
+            buffer = bytearray(need)
+        elif len(buffer) < need:
+            raise ValueError(f"state buffer of {len(buffer)} bytes: this profile and window need {need}")
+        # [write position, rows filled], every feature's running totals, then the rings: the int64
+        # parts first keep every array aligned. A zeroed buffer is an empty window, so a fresh shared
+        # file needs no initialisation, whichever process maps it first.
+        self._state = np.frombuffer(buffer, np.int64, 2, 0)
+        offset = 16
+        for f in self._features:
+            f.total = np.frombuffer(buffer, np.int64, f.nbins, offset)
+            offset += 8 * f.nbins
+        for f in self._features:
+            f.ring = np.frombuffer(buffer, np.int32, self.window * f.nbins, offset).reshape(self.window, f.nbins)
+            offset += 4 * self.window * f.nbins
+        self._lock = lock if lock is not None else _Unlocked()
 
     # -- properties -------------------------------------------------------- #
     @property
     def samples(self) -> int:
         """Number of sampled rows currently in the window (<= ``window``)."""
-        return self._filled
+        return int(self._state[1])
 
     @property
     def calls(self) -> int:
@@ -391,12 +409,19 @@ class DriftWindow:
         if m > self.window:
             start = m - self.window
             m = self.window
+        with self._lock:
+            self._store(per_feature, m, start)
+        return True
+
+    def _store(self, per_feature: list, m: int, start: int) -> None:
+        """Write one call's last ``m`` rows of counts into the ring (the caller holds the lock)."""
         w = self.window
+        pos, filled = int(self._state[0]), int(self._state[1])
         if m == 1:
-            slots: Any = self._pos
+            slots: Any = pos
         else:
-            slots = (self._pos + np.arange(m)) % w
-        evict = self._filled + m > w  # some written slots already hold data
+            slots = (pos + np.arange(m)) % w
+        evict = filled + m > w  # some written slots already hold data
         for f, counts in zip(self._features, per_feature):
             if evict:
                 old = f.ring[slots]
@@ -412,35 +437,55 @@ class DriftWindow:
                 else:
                     f.ring[slots] = new
                     f.total += new.sum(axis=0)
-        self._pos = (self._pos + m) % w
-        self._filled = min(w, self._filled + m)
-        return True
+        self._state[0] = (pos + m) % w
+        self._state[1] = min(w, filled + m)
 
     # -- scoring ----------------------------------------------------------- #
+    def _totals(self) -> list:
+        """(feature, a copy of its totals): one consistent snapshot, scored outside the lock."""
+        with self._lock:
+            return [(f, f.total.copy()) for f in self._features]
+
     def current_props(self) -> Dict[str, list]:
         """Current window bin proportions per feature (features with data only)."""
         out = {}
-        for f in self._features:
-            t = f.total.sum()
+        for f, total in self._totals():
+            t = total.sum()
             if t > 0:
-                out[f.name] = (f.total / t).tolist()
+                out[f.name] = (total / t).tolist()
         return out
 
     def scores(self) -> Dict[str, Dict[str, float]]:
         """``{feature: {"psi": float, "js": float}}`` for features with data in the window."""
         out: Dict[str, Dict[str, float]] = {}
-        for f in self._features:
-            t = f.total.sum()
+        for f, total in self._totals():
+            t = total.sum()
             if t <= 0:
                 continue
-            cur = f.total / t
+            cur = total / t
             out[f.name] = {"psi": psi(f.ref, cur), "js": js_distance(f.ref, cur)}
         return out
 
     def reset(self) -> None:
         """Forget everything in the window (keeps the call counter)."""
-        for f in self._features:
-            f.ring[:] = 0
-            f.total[:] = 0
-        self._pos = 0
-        self._filled = 0
+        with self._lock:
+            for f in self._features:
+                f.ring[:] = 0
+                f.total[:] = 0
+            self._state[:] = 0
+
+
+class _Unlocked:
+    """The lock of a window that no other process shares."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def state_bytes(profile: Mapping[str, Any], window: int) -> int:
+    """Size of a window's state (what a shared ``buffer`` must hold) for this profile and window."""
+    bins = sum(_Feature(n, s).nbins for n, s in profile.get("features", {}).items())
+    return 16 + bins * (8 + 4 * int(window))

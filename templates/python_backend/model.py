@@ -23,11 +23,21 @@ Triton's own metrics endpoint (see monitoring/README.md). Parameters: drift (on/
 (rows, default 512), drift_sample_every (default 1), drift_publish_every (sampled calls, default 64),
 drift_observe_rows (batched models: sampled rows gathered before they are binned together, default 64;
 binning costs about as much for one row as for 64, ~0.25 ms a call on a 2-core host).
+All instances of a model version (one stub process each) share one drift window, a file in /dev/shm
+(_SharedWindow), so the gauges cover the last drift_window rows the version served, whichever
+instance served them.
 """
 
+import fcntl
+import hashlib
 import importlib.util
 import json
+import math
+import mmap
 import os
+import re
+import tempfile
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -106,7 +116,9 @@ class TritonPythonModel:
             self._run = run_openvino
         else:
             raise pb_utils.TritonModelException(f"unknown runtime '{runtime}' (use onnxruntime, torchscript or openvino)")
-        self.drift = _DriftHook.create(folder, self.model_name, self.version, params, self.batching)
+        instances = sum(int(g.get("count", 1)) * max(1, len(g.get("gpus") or []))
+                        for g in config.get("instance_group") or [{}])
+        self.drift = _DriftHook.create(folder, self.model_name, self.version, params, self.batching, instances)
         self.errors = _ErrorCounter(self.model_name, self.version)
         self.non_finite = _NonFiniteGuard(self.model_name, self.version, params.get("non_finite_inputs", "count"),
                                           [name for name, dtype in self.inputs if np.issubdtype(dtype, np.floating)])
@@ -175,6 +187,8 @@ class TritonPythonModel:
             self.drift.observe(feeds, outputs)
 
     def finalize(self):
+        if self.drift is not None:
+            self.drift.close()
         self.drift = None
 
 
@@ -256,13 +270,100 @@ class _NonFiniteGuard:
 
 
 PENDING_BYTES = 4 << 20  # gathered drift rows are binned once they hold this much
+# ... or, at the next sampled call, once the first of them waited this long: the instances share one window,
+# and the rows one of them is still gathering are missing from what every instance publishes
+PENDING_MAX_AGE_S = 1.0
+
+
+def _log_warning(message):
+    logger = getattr(pb_utils, "Logger", None)  # absent outside a stub (tests/unit/test_drift_hook.py)
+    if logger is not None:
+        logger.log_warn(message)
+
+
+def _server_key():
+    """The tritonserver process that started this stub: its pid and start time (a reused pid is another
+    server). Triton starts every stub itself (exec, no shell left between), so instances agree on it."""
+    ppid = os.getppid()
+    with open(f"/proc/{ppid}/stat", encoding="ascii") as f:
+        started = f.read().rsplit(")", 1)[1].split()[19]  # field 22, starttime
+    return f"{ppid}_{started}"
+
+
+class _SharedWindow:
+    """The drift window's state in one file that every instance of a model version maps.
+
+    Each instance is its own stub process and receives only part of the traffic: windows of their own
+    would each cover ~1/N of the requests, and the gauges they share would show whichever published
+    last. The file is named after the tritonserver process (the stubs' parent: its pid and start time,
+    so another server's instances never join) and a digest of the profile and window size (instances
+    whose layouts differ never map the same bytes). flock orders the writers. A count of the instances
+    using it lets the last one to finalize remove the file; a server that is killed leaves it behind
+    (a few hundred KB, gone at reboot; a restart of that server, with a new start time, uses a new file).
+    """
+
+    def __init__(self, folder, model_name, version, profile, window, nbytes):
+        digest = hashlib.sha1(json.dumps([profile, window], sort_keys=True).encode()).hexdigest()[:16]
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"triton_builder_drift_{_server_key()}_{model_name}_{version}")
+        self.path = os.path.join(folder, f"{name}_{digest}")
+        size = 8 + nbytes  # the count of instances using it, then the window's state
+        for _ in range(3):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                stat = os.fstat(fd)
+                if stat.st_nlink and stat.st_size not in (0, size):
+                    raise OSError(f"{self.path} holds {stat.st_size} bytes, not {size}")
+            except BaseException:
+                os.close(fd)
+                raise
+            if stat.st_nlink:
+                break
+            os.close(fd)  # its last user removed it as we opened it: open the name again
+        else:
+            raise OSError(f"{self.path} was removed 3 times as it was opened")
+        try:
+            os.ftruncate(fd, size)  # a new file reads as zeros: an empty window
+            self.map = mmap.mmap(fd, size)
+            self.users = np.frombuffer(self.map, np.int64, 1, 0)
+            self.users[0] += 1
+            self.buffer = memoryview(self.map)[8:]
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+    @classmethod
+    def folder(cls):
+        """tmpfs where there is one (no disk writes for a window that changes with every request)."""
+        return "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+    def __enter__(self):
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def close(self):
+        if self.fd is None:
+            return
+        with self:
+            self.users[0] -= 1
+            if self.users[0] <= 0:
+                try:
+                    os.unlink(self.path)
+                except FileNotFoundError:  # someone cleaned /dev/shm: nothing left to remove
+                    pass
+        os.close(self.fd)
+        self.fd = None
 
 
 class _DriftHook:
     """Feeds a sample of the traffic to drift.DriftWindow and publishes its scores as gauges."""
 
     @classmethod
-    def create(cls, folder, model_name, version, params, batching=False):
+    def create(cls, folder, model_name, version, params, batching=False, instances=1):
         profile_path = os.path.join(folder, "drift_profile.json")
         code_path = os.path.join(folder, "drift.py")
         if params.get("drift", "on") == "off" or not (os.path.exists(profile_path) and os.path.exists(code_path)):
@@ -270,16 +371,34 @@ class _DriftHook:
         spec = importlib.util.spec_from_file_location(f"triton_builder_drift_{model_name}_{version}", code_path)
         drift = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(drift)
-        return cls(drift, drift.load_profile(profile_path), model_name, version, params, batching)
+        return cls(drift, drift.load_profile(profile_path), model_name, version, params, batching, instances)
 
-    def __init__(self, drift, profile, model_name, version, params, batching=False):
+    def __init__(self, drift, profile, model_name, version, params, batching=False, instances=1, shared_folder=None):
         self.sample_every = max(1, int(params.get("drift_sample_every", "1")))
-        self.window = drift.DriftWindow(profile, window=int(params.get("drift_window", "512")), sample_every=1)
+        window = int(params.get("drift_window", "512"))
+        self.shared = None
+        try:
+            self.shared = _SharedWindow(shared_folder or _SharedWindow.folder(), model_name, version, profile,
+                                        window, drift.state_bytes(profile, window))
+            self.window = drift.DriftWindow(profile, window=window, sample_every=1, buffer=self.shared.buffer,
+                                            lock=self.shared)
+        except (OSError, ValueError, AttributeError, IndexError) as exc:  # AttributeError: an older drift.py
+            if self.shared is not None:
+                self.shared.close()
+                self.shared = None
+            # each instance sees ~1/instances of the traffic: its share of the last `window` rows, so the
+            # gauge (whichever instance set it last) still spans about the last `window` rows in time
+            own = max(1, math.ceil(window / max(1, instances)))
+            self.window = drift.DriftWindow(profile, window=own, sample_every=1)
+            _log_warning(f"{model_name}/{version}: drift window not shared by the model's {instances} instance(s) "
+                         f"({exc}); each keeps its own last {own} rows, so the drift gauges show one instance's")
         self.calls = 0
+        self.clock = time.monotonic
         # rows on the first axis (batched models): sampled calls are gathered and binned together, in order,
         # so the window holds the same rows as binning each call would; unbatched models bin each call
         self.observe_rows = max(1, int(params.get("drift_observe_rows", "64"))) if batching else 1
         self.pending, self.pending_key, self.pending_rows, self.pending_bytes = [], None, 0, 0
+        self.pending_since = 0.0
         self.labels = {"model": model_name, "version": str(version)}
         # publishing the gauges costs ~0.6 ms, far more than observing: do it every N sampled calls
         self.publish_every = int(params.get("drift_publish_every", "64"))
@@ -287,7 +406,7 @@ class _DriftHook:
         gauge = pb_utils.MetricFamily.GAUGE
         self.psi = pb_utils.MetricFamily(name="triton_builder_drift_psi", description="PSI of served traffic vs the build-time profile", kind=gauge)
         self.js = pb_utils.MetricFamily(name="triton_builder_drift_js", description="Jensen-Shannon distance (base 2) of served traffic vs the profile", kind=gauge)
-        self.samples = pb_utils.MetricFamily(name="triton_builder_drift_window_samples", description="sampled rows in the drift window", kind=gauge)
+        self.samples = pb_utils.MetricFamily(name="triton_builder_drift_window_samples", description="sampled rows in the drift window (all instances)", kind=gauge)
         thresholds = pb_utils.MetricFamily(name="triton_builder_drift_threshold", description="drift alert threshold", kind=gauge)
         for metric, default in (profile.get("thresholds") or {"psi": 0.25, "js": 0.2}).items():
             value = float(params.get(f"drift_{metric}_threshold", default))
@@ -312,13 +431,16 @@ class _DriftHook:
 
     def _gather(self, feeds, outputs):
         key = tuple((name, a.dtype.str, a.shape[1:]) for name, a in sorted({**feeds, **outputs}.items()))
-        if self.pending and key != self.pending_key:
-            self.flush()  # rows of another shape: bin what was gathered first
+        now = self.clock()
+        if self.pending and (key != self.pending_key or now - self.pending_since >= PENDING_MAX_AGE_S):
+            self.flush()  # rows of another shape, or rows kept too long: bin what was gathered first
         rows = len(next(iter(feeds.values())))
         size = sum(a.nbytes for a in feeds.values()) + sum(a.nbytes for a in outputs.values())
         if not self.pending and (rows >= self.observe_rows or size >= PENDING_BYTES):
             self.window.observe(feeds, outputs)  # enough on its own: no copy
             return
+        if not self.pending:
+            self.pending_since = now
         # inputs may be views of Triton's request buffers, released once execute() returns: keep copies
         self.pending.append(({n: a if a.flags.owndata else a.copy() for n, a in feeds.items()},
                              {n: a if a.flags.owndata else a.copy() for n, a in outputs.items()}))
@@ -349,3 +471,7 @@ class _DriftHook:
             psi_metric.set(float(scores["psi"]))
             js_metric.set(float(scores["js"]))
         self.samples_metric.set(float(self.window.samples))
+
+    def close(self):
+        if self.shared is not None:
+            self.shared.close()

@@ -8,7 +8,10 @@ embedded Triton and the real batch-size exporter, after real traffic.
 * Every metric name referenced anywhere must be known to Prometheus (``/api/v1/label/__name__/values``).
 * Drift: traffic drawn like the validation data keeps every PSI/JS score under the model's
   threshold; a different class mix and rescaled inputs push them over within the drift window,
-  and ``ModelDriftPSIOverThreshold`` becomes pending/firing in ``/api/v1/alerts``.
+  and ``ModelDriftPSIOverThreshold`` becomes pending/firing in ``/api/v1/alerts``; one window of
+  in-distribution rows, sent from two clients to the model's two instances, brings every score back
+  to what those rows scored before and the alert expression returns nothing (the instances share
+  one window: tests/unit/test_drift_instances.py).
 
 How alert expressions are checked: an alert expression such as ``a > 0.1`` only returns series
 while it would fire, so "returns data" cannot be asked of it directly. Each comparison operator at
@@ -21,8 +24,8 @@ their labels line up, whether or not the alert would fire. The unmodified expres
 One dedicated EmbeddedServer (``--metrics-config=summary_latencies=true``) serves a copy of the
 session repository (digits_cnn + bert_tiny) plus a tiny python model that always raises (the
 failure counters), with digits_cnn's drift window made small (``drift_window`` 128 -- the alert
-wants >= 100 rows -- and ``drift_publish_every`` 1) in the copy's config.pbtxt, so drift shows
-within seconds. The exporter runs as ``python -m monitoring.exporter`` (a subprocess).
+wants >= 100 rows -- and ``drift_publish_every`` 1) and 2 instances in the copy's config.pbtxt, so
+drift shows within seconds. The exporter runs as ``python -m monitoring.exporter`` (a subprocess).
 """
 
 from __future__ import annotations
@@ -122,6 +125,9 @@ def stack(built_repository, tmp_path_factory):
     # concurrent requests meet in the queue on any host, however fast it executes: batches > 1 form
     text, delays = re.subn(r"max_queue_delay_microseconds: \d+", "max_queue_delay_microseconds: 20000", text)
     assert delays == 1, "digits_cnn's config has no dynamic_batching queue delay to set"
+    # two stub processes, as the build's sizing gives most hosts: the drift gauges must describe both
+    text, counts = re.subn(r"(instance_group \{[^}]*count: )\d+", r"\g<1>2", text)
+    assert counts == 1, "digits_cnn's config has no instance_group count to set"
     config.write_text(text)
     _write_failing_model(repo / FAILING_MODEL)
 
@@ -365,13 +371,20 @@ def test_every_referenced_metric_name_exists(stack, traffic):
 # drift, end to end
 
 
-def _send_rows(stack: Stack, rows: np.ndarray, batch: int = 4) -> None:
-    client = httpclient.InferenceServerClient(stack.triton.http_url)
-    try:
-        for start in range(0, len(rows), batch):
-            client.infer("digits_cnn", _digits_input(rows[start:start + batch]))
-    finally:
-        client.close()
+def _send_rows(stack: Stack, rows: np.ndarray, batch: int = 4, clients: int = 1) -> None:
+    """Every row once, in requests of ``batch`` rows; ``clients`` > 1 send their shares at once, so
+    Triton hands requests to both instances."""
+    def send(share: np.ndarray) -> None:
+        client = httpclient.InferenceServerClient(stack.triton.http_url)
+        try:
+            for start in range(0, len(share), batch):
+                client.infer("digits_cnn", _digits_input(share[start:start + batch]))
+        finally:
+            client.close()
+
+    with ThreadPoolExecutor(clients) as pool:
+        for done in [pool.submit(send, share) for share in np.array_split(rows, clients)]:
+            done.result()
 
 
 def _scores(stack: Stack) -> dict[str, dict[str, float]]:
@@ -451,3 +464,17 @@ def test_drift_in_distribution_stays_quiet_and_shift_raises_the_alert(stack):
     active = prom.wait_for(psi_alert_active, timeout=15, what="ModelDriftPSIOverThreshold pending or firing")
     assert float(active[0]["value"]) > thresholds["psi"], active
     assert prom.values('triton_builder:drift_psi:max{model="digits_cnn"}')
+
+    # 4. back to normal: the 128 rows that scored `calm` in step 1, from two clients at once. The window
+    #    is the last 128 rows whichever instance served them, so it holds exactly those rows again
+    #    (windows of their own kept half of the shifted rows each, and scored far over the threshold)
+    _send_rows(stack, images[-DRIFT_WINDOW:], clients=2)
+    again = _scores(stack)
+    assert again == {f: pytest.approx(s, rel=1e-9) for f, s in calm.items()}, (again, calm)
+    samples = stack.triton_metrics("triton_builder_drift_window_samples", model="digits_cnn")
+    assert list(samples.values()) == [DRIFT_WINDOW], samples
+    prom.wait_for(lambda: _prometheus_caught_up(stack, again), timeout=15, what="Prometheus scraped the calm scores")
+    assert not [r for r in prom.query(psi_alert.expr) if r["metric"].get("model") == "digits_cnn"]
+    prom.wait_for(lambda: [v for v in prom.values('triton_builder:drift_psi:max{model="digits_cnn"}').values()
+                           if v < thresholds["psi"]],
+                  timeout=15, what="the recorded worst PSI of digits_cnn back under the threshold")

@@ -219,6 +219,23 @@ def test_window_running_totals_match_recount(profile):
     assert set(win.scores()) == {"input:image[ch0]"}
 
 
+def test_windows_on_one_buffer_are_one_window(profile):
+    """What the model's instances do through one mmap (templates/python_backend/model.py): rows observed
+    by either window land in the same ring, as if one window had seen them all in order."""
+    buffer = bytearray(drift.state_bytes(profile, 64))
+    a, b = drift.DriftWindow(profile, window=64, buffer=buffer), drift.DriftWindow(profile, window=64, buffer=buffer)
+    reference = drift.DriftWindow(profile, window=64)
+    rng = np.random.default_rng(8)
+    for i in range(50):
+        rows = {"image": _images(rng, 1 + i % 3)}, {"logits": _logits(rng, 1 + i % 3)}
+        (a if rng.random() < 0.6 else b).observe(*rows)
+        reference.observe(*rows)
+    assert a.samples == b.samples == reference.samples == 64
+    assert a.current_props() == b.current_props() == reference.current_props()
+    with pytest.raises(ValueError, match="need"):
+        drift.DriftWindow(profile, window=65, buffer=buffer)
+
+
 def test_sample_every(profile):
     rng = np.random.default_rng(9)
     win = drift.DriftWindow(profile, window=WINDOW, sample_every=10)
