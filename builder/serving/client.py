@@ -234,7 +234,11 @@ class TritonClient:
     def repository_index(self) -> list[dict[str, Any]]:
         """One ``{"name", "version", "state", "reason"}`` dict per model (and version) in the repository."""
         answer = self._call("repository index", self.raw.get_model_repository_index)
-        entries = answer if self.protocol == "http" else _message(answer).get("models", [])
+        if self.protocol == "http":
+            entries = answer
+        else:  # a model never loaded: HTTP leaves out version and state, gRPC fills in "" (protobuf defaults)
+            entries = [{k: v for k, v in entry.items() if not (k in ("version", "state") and v == "")}
+                       for entry in _message(answer).get("models", [])]
         return [{**entry, "reason": entry.get("reason", "")} for entry in entries]  # HTTP leaves out an empty one
 
     def model_state(self, name: str) -> tuple[str | None, str]:
@@ -243,7 +247,8 @@ class TritonClient:
         for entry in entries:
             if entry.get("state") == "READY":
                 return "READY", entry.get("reason", "")
-        return (entries[0].get("state"), entries[0].get("reason", "")) if entries else (None, "")
+        # no state (never loaded, either protocol) is None: "load it", not "it failed, fix it"
+        return (entries[0].get("state") or None, entries[0].get("reason", "")) if entries else (None, "")
 
     def load_model(self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None) -> None:
         """Load (or reload) ``name``, with ``config_json`` replacing its config; blocks until Triton is done.
@@ -276,7 +281,7 @@ class TritonClient:
                                   what=f"load of model '{name}'", reason=reason, state=state)
             if time.monotonic() > deadline:
                 raise TritonError(f"model '{name}' was not ready within {timeout:g} s "
-                                  f"(state: {state or 'not in the index'})", address=self.address,
+                                  f"(state: {state or 'not loaded'})", address=self.address,
                                   what=f"load of model '{name}'", reason=reason, state=state)
             time.sleep(poll)
 
