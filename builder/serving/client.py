@@ -11,6 +11,9 @@ used to parse config text with Triton's schema, is not a client).
   them (gRPC's protobuf answers are turned into the same dicts: defaults filled in, int64s as ints).
 - Failures raise ``TritonError``, a ``builder.errors.ServerError`` naming the address and what was
   asked, with ``.reason`` (Triton's own words) and ``.unreachable`` (no answer at all).
+- A server that stops answering: ``Liveness`` (its liveness endpoint, short timeouts; ``ServerGone``),
+  ``WatchedClient`` (calls that may block for minutes, given up once it is gone) and
+  ``control_when_back`` (model-control requests a hung server takes when it wakes up).
 
 Usage::
 
@@ -31,6 +34,7 @@ The hot path of a load generator prepares a request once and sends it many times
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -308,3 +312,185 @@ class TritonClient:
             outputs = [o["name"] for o in response["outputs"]] if isinstance(response, dict) else \
                 [o.name for o in response.outputs]
         return {name: result.as_numpy(name) for name in outputs}
+
+
+# -- a server that stops answering -------------------------------------------------------------
+
+#: one liveness request: a live Triton answers it at once, even while it loads a model on a busy host
+LIVENESS_TIMEOUT_S = 5.0
+#: every liveness request unanswered for this long: the server is taken as gone (a hung or stopped process)
+SILENT_LIMIT_S = 15.0
+#: how often a watched call in flight is checked on
+WATCH_PERIOD_S = 2.0
+#: how long ``control_when_back``'s process waits for a hung server to take its requests
+CLEANUP_PATIENCE_S = 600.0
+
+
+class ServerGone(TritonError):
+    """The server stopped answering (``Liveness``): the caller stops, rather than fail call after call."""
+
+
+class Liveness:
+    """Whether a server still answers, judged by its liveness endpoint with a short timeout: ``gone()``
+    once every try over ``SILENT_LIMIT_S`` went unanswered. ``watch(fn)`` runs a call that may block for
+    minutes (a model load: its own timeout must allow a slow load) on a helper thread, and raises
+    ``ServerGone`` as soon as the server is gone rather than when that timeout ends.
+
+    Usage::
+
+        liveness = Liveness("127.0.0.1:8001", "grpc")
+        liveness.watch(client.load_model, "m")   # ServerGone: "server at 127.0.0.1:8001 unreachable since ..."
+        liveness.require()                        # after a failure: returns once it answers, else ServerGone
+    """
+
+    def __init__(self, url: str, protocol: str | None = None, *, timeout: float | None = None,
+                 silent_limit: float | None = None, period: float | None = None):
+        self.url, self.protocol = url, protocol
+        self.timeout = timeout or LIVENESS_TIMEOUT_S
+        self.silent_limit = silent_limit or SILENT_LIMIT_S
+        self.period = period or WATCH_PERIOD_S
+        self.last_answer = time.time()
+        self.silent_since: float | None = None  # the first unanswered try since the last answer
+        self.reason = ""
+        self._client: TritonClient | None = None
+
+    def answered(self) -> None:
+        """The server answered something just now (a request, a load)."""
+        self.last_answer, self.silent_since = time.time(), None
+
+    def poll(self) -> bool:
+        """One liveness request; whether it was answered."""
+        started = time.time()
+        if self._client is None:
+            self._client = TritonClient(self.url, self.protocol, network_timeout=self.timeout,
+                                        connection_timeout=self.timeout)
+        try:
+            live = self._client.server_live()
+            self.reason = "" if live else "its liveness endpoint says not live"
+        except TritonError as err:
+            live, self.reason = False, " ".join(err.reason.split())[:200]
+        if live:
+            self.answered()
+        elif self.silent_since is None:
+            self.silent_since = started
+        return live
+
+    def gone(self) -> bool:
+        return self.silent_since is not None and time.time() - self.silent_since >= self.silent_limit
+
+    def require(self) -> None:
+        """Return once the server answers; ``ServerGone`` once it has not for ``silent_limit`` seconds."""
+        while not self.poll():
+            if self.gone():
+                raise self.error()
+            time.sleep(min(self.period, 1.0))
+
+    def error(self) -> ServerGone:
+        since = time.strftime("%H:%M:%S", time.localtime(self.last_answer))
+        return ServerGone(f"server at {self.url} unreachable since {since} ({time.time() - self.last_answer:.0f} s "
+                          f"without an answer; last error: {self.reason or 'none'})", address=self.url,
+                          what="liveness", reason=self.reason, unreachable=True)
+
+    def watch(self, fn: Callable, *args, **kwargs):
+        """``fn(*args, **kwargs)`` on a helper thread, checked on every ``period``: its result or exception,
+        or ``ServerGone`` (the call is left to end on its own, with whatever client it uses: that client
+        must not be used again)."""
+        import threading
+
+        outcome: list = []
+
+        def call():
+            try:
+                outcome.append((True, fn(*args, **kwargs)))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, raised there
+                outcome.append((False, exc))
+
+        worker = threading.Thread(target=call, name="watched Triton call", daemon=True)
+        worker.start()
+        while True:
+            worker.join(self.period)
+            if not worker.is_alive():
+                break
+            self.poll()
+            if self.gone():
+                raise self.error()
+        ok, value = outcome[0]
+        if not ok:
+            raise value
+        self.answered()
+        return value
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+class WatchedClient:
+    """``TritonClient``'s methods, each call watched by ``liveness`` (``Liveness.watch``): for calls that may
+    block for minutes (model control). Each call has a client of its own, made on the call's thread (an
+    HTTP client works only on the thread that made it; an abandoned call keeps its own)."""
+
+    def __init__(self, url: str, protocol: str | None = None, **options):
+        self.url, self.protocol, self.options = url, protocol, options
+        self.liveness = Liveness(url, protocol)
+
+    def __getattr__(self, name: str):
+        if name.startswith("_") or not callable(getattr(TritonClient, name, None)):
+            raise AttributeError(name)
+
+        def call(*args, **kwargs):
+            with TritonClient(self.url, self.protocol, **self.options) as client:
+                return getattr(client, name)(*args, **kwargs)
+
+        return lambda *args, **kwargs: self.liveness.watch(call, *args, **kwargs)
+
+    def close(self) -> None:
+        self.liveness.close()
+
+
+def control_when_back(url: str, protocol: str | None, unload=(), load=(), patience: float | None = None) -> int:
+    """Model-control requests (``unload``, then ``load`` from the files) for a server that stopped answering,
+    sent by a detached process that waits for its answers up to ``patience`` seconds; its pid. A hung
+    server takes a request when it wakes up, but a gRPC call given up before then is cancelled (a copy
+    tune loaded stayed loaded): the call must still be waiting. A server that refuses connections ends it
+    at once (a new server starts from its files)."""
+    import json
+    import os
+    import sys
+
+    from builder.processes import LocalService
+
+    class Helper(LocalService):
+        label = "model-control helper"
+        die_with_parent = False  # it outlives this process: that is what it is for
+        log_path = Path(os.devnull)
+
+        def _command(self):
+            args = json.dumps([url, protocol, list(unload), list(load), patience or CLEANUP_PATIENCE_S])
+            return [sys.executable, "-c", "import json, sys; from builder.serving.client import _control_now; "
+                    "_control_now(*json.loads(sys.argv[1]))", args]
+
+        def _env(self):  # this package, installed or not
+            root = str(Path(sys.modules["builder"].__file__).parent.parent)
+            return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+
+        def stop(self, timeout=None):  # never stopped, not even at this process's exit
+            return None
+
+    helper = Helper()
+    try:
+        helper.start()
+    except RuntimeError:
+        pass  # it ended at once: it got its answers (or a refusal)
+    return helper.pid
+
+
+def _control_now(url: str, protocol: str | None, unload: list[str], load: list[str], patience: float) -> None:
+    with TritonClient(url, protocol, network_timeout=patience, connection_timeout=patience) as client:
+        for call, names in ((client.unload_model, unload), (client.load_model, load)):
+            for name in names:
+                try:
+                    call(name)
+                except TritonError:
+                    pass  # refused or never answered: nothing more to do

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import ServerError, UserInputError
+from builder.serving.client import ServerGone
 
 SATURATION_GAIN = 1.05  # a level that adds less than 5 % throughput counts as saturated
 REFINE_STEPS = 2  # bisection steps between the last level within the budget and the first over it
@@ -100,14 +101,19 @@ class ModelControl:
     2.51's python backend sleeps 1 s per instance when it unloads one (``StubLauncher::UpdateHealth``,
     a health check before the stub is told to finish), so unloading before every load cost ~2.5 s of
     a ~4 s reload for 2 instances.
+
+    Every call is watched (``WatchedClient``): a server that stops answering raises ``ServerGone`` in
+    seconds, not at a load's own timeout (a slow load must fit in it); ``abandon`` then asks the cleanup.
     """
+
+    replaced = False  # the model itself was unloaded for a candidate: it must be loaded from its file again
 
     def __init__(self, url: str, protocol: str, model: str, timeout: float = 120.0,
                  files: dict[str, bytes] | None = None):
-        from builder.serving.client import TritonClient
+        from builder.serving.client import WatchedClient
 
         self.url, self.protocol, self.model, self.timeout, self.files = url, protocol, model, timeout, files
-        self.client = TritonClient(url, protocol, network_timeout=timeout, connection_timeout=10)
+        self.client = WatchedClient(url, protocol, network_timeout=timeout, connection_timeout=10)
         self.copy_name: str | None = None  # the copy loaded now, if any
         self.copies = 0
 
@@ -120,11 +126,13 @@ class ModelControl:
         """
         from builder.serving.client import TritonError
 
+        self.replaced = True  # from the unload on: interrupted or abandoned, it is loaded from its file again
         try:
             self.client.unload_model(self.model, wait=True, timeout=self.timeout)
             self.client.load_model(self.model, json.dumps(config) if config is not None else None)
         except TritonError as exc:
             raise self._load_error(exc, self.model) from None
+        self.replaced = config is not None
 
     def serve(self, config: dict[str, Any], on_file: bool = False) -> tuple[str, dict[str, Any]]:
         """Serve ``config`` for a measurement: ``(the model name to send requests to, the config as sent)``.
@@ -157,12 +165,15 @@ class ModelControl:
             name, self.copy_name = self.copy_name, None
             try:
                 self.client.unload_model(name)
+            except ServerGone:
+                self.copy_name = name  # for abandon()
+                raise
             except TritonError:
                 pass  # already gone
 
     def _load_error(self, exc, name: str) -> Exception:
-        """A TritonError from a load as the error tune reports (the unload's own error as it is)."""
-        if exc.state is not None:  # still loaded after the unload request
+        """A TritonError from a load as the error tune reports (the unload's own error, ServerGone, as they are)."""
+        if exc.state is not None or isinstance(exc, ServerGone):  # still loaded after the unload request; no server
             return exc
         message = " ".join(exc.reason.split())
         if "not allowed" in message and ("polling" in message or "explicit" in message.lower()):
@@ -172,6 +183,22 @@ class ModelControl:
 
     def loaded_config(self, name: str | None = None) -> dict[str, Any]:
         return self.client.model_config(name or self.model)
+
+    liveness = property(lambda self: getattr(self.client, "liveness", None))  # None: calls not watched
+
+    def abandon(self) -> str:
+        """The server stopped answering: what ``drop_copy`` and a reload from the file would ask, handed to a
+        process that waits for it (``control_when_back``); what was asked, for the error."""
+        from builder.serving.client import CLEANUP_PATIENCE_S, control_when_back
+
+        unload, load = [self.copy_name] if self.copy_name else [], [self.model] if self.replaced else []
+        self.copy_name, self.replaced = None, False
+        if not unload and not load:
+            return ""
+        pid = control_when_back(self.url, self.protocol, unload, load)
+        asked = [f"to unload the copy '{name}'" for name in unload] + [f"to load '{name}' from its file" for name in load]
+        return (f"helper process {pid} will ask it {' and '.join(asked)} if it answers again within "
+                f"{CLEANUP_PATIENCE_S / 60:g} minutes")
 
     def close(self) -> None:
         self.client.close()
@@ -226,6 +253,7 @@ class Search:
         self.probe_level_s = max(4 * window_s, 2 * per_level_s)
         self.order: list[Candidate] = []
         self.client_kind = ""
+        self.cleanup = ""  # what restore() asked of a server that stopped answering
         if engine is None:  # the in-process Python client on these requests
             from types import SimpleNamespace
 
@@ -312,7 +340,11 @@ class Search:
                 loaded_diff = config_differences(sent, self.server.loaded_config(name))
                 if loaded_diff:
                     raise ServerError("Triton loaded something else: " + "; ".join(loaded_diff))
+            except ServerGone:
+                raise
             except ServerError as exc:
+                if self.server.liveness is not None:  # ServerGone: the failure was the server's, not the candidate's
+                    self.server.liveness.require()
                 candidate.error = str(exc)
                 self.say(f"  failed: {exc}")
                 return candidate
@@ -410,17 +442,28 @@ class Search:
         self.say(f"  c={concurrency:<3d} {row['throughput_rps']:8.1f} req/s  p99 {row['p99_ms']} ms"
                  f"{'' if within else '  (over budget)' if not level.failures else f'  ({level.failures} failures)'}"
                  f"  avg batch {row['server_avg_batch']}")
+        if (liveness := self.server.liveness) is not None:
+            if level.requests:
+                liveness.answered()
+            if level.failures:  # ServerGone: they failed because nothing answers
+                liveness.require()
         return row, within
 
     def restore(self) -> Exception | None:
-        """Serve the file again (unchanged so far) rather than the last candidate; the error, if any."""
+        """Serve the file again (unchanged so far) rather than the last candidate; the error, if any. On a
+        server that stopped answering, the same requests once each (``ModelControl.abandon``: ``cleanup``)."""
         self.stats.close()
         self.engine.model = self.model
-        self.server.drop_copy()
-        if self.file_key is not None and self.names.get(self.file_key) == self.model:
-            return None  # the model serves its file: the last candidate measured, or only copies were loaded
         try:
+            if self.server.liveness is not None and self.server.liveness.gone():
+                raise self.server.liveness.error()
+            self.server.drop_copy()
+            if self.file_key is not None and self.names.get(self.file_key) == self.model:
+                return None  # the model serves its file: the last candidate measured, or only copies were loaded
             self.server.load(None)
+        except ServerGone as exc:
+            self.cleanup = self.server.abandon()
+            return exc
         except (ServerError, UserInputError) as exc:
             return exc
         return None

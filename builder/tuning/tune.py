@@ -22,6 +22,14 @@ server when requests reached a model reloaded in place while its old instance wa
 so it is unavailable for a few seconds each time. Either way the candidates' measurements share the
 server's CPU with any other traffic: tune on a server that is not taking production traffic.
 
+A server that stops answering ends the search as it ends loadtest and sweep: exit 2, "server at URL
+unreachable since ...". Its liveness endpoint is polled during every model-control call and after a
+failed load or a level with failed requests (builder/serving/client.py ``Liveness``); 15 s without
+an answer is the end, not one failed candidate after another (each load waited for its 2-minute
+timeout). The interrupt path's cleanup (the copy unloaded, the model loaded from its file) is then
+sent by a helper process that waits for the server up to 10 minutes: a hung server takes a request
+only when it wakes up, and a gRPC call given up before then is cancelled.
+
 The search is staged and bounded, and compares candidates where it matters: the config as built
 (``default``: what the build published, already sized to its host) is measured over the rising
 concurrency levels; every other candidate only at the level where the default scored, plus one level
@@ -79,6 +87,7 @@ from typing import Any, Callable
 from builder.errors import ServerError, UserInputError
 from builder.files import output_folder
 from builder.processes import terminate_as_interrupt
+from builder.serving.client import ServerGone
 from builder.tuning.search import Candidate, ModelControl, Search, best_candidate as _best, built_candidate
 
 DEFAULT_DELAYS = (0, 100, 500, 2000)
@@ -111,7 +120,7 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
     Returns the result (also ``out_dir/tuning.json``): every candidate, the winner, both baselines, the
     ratios, ``table`` (printable lines) and ``exit_code`` (0 a winner met the budget, 1 none did).
     Raises ``UserInputError`` for bad arguments or a server without model control, ``ServerError`` if
-    the model cannot be reached.
+    the model cannot be reached or the server stops answering (module doc).
     """
     from builder.serving.check import config_differences
     from builder.tuning.engine import choose_engine
@@ -158,17 +167,23 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
     if not differences:
         search.serving_file(default)
     started = time.monotonic()
-    with terminate_as_interrupt():  # killed (SIGTERM) like interrupted: the server is put back as it was
-        try:
-            none, default = search.candidates(default, layouts, delays, max_batch_sizes, thread_counts)
-            winner = _choose(search.order, default, tie_margin)
-            if confirm and winner is not None:
-                winner = _confirm(search, default, winner, tie_margin)
-        finally:
-            restore_error = search.restore()
+    try:
+        with terminate_as_interrupt():  # killed (SIGTERM) like interrupted: the server is put back as it was
+            try:
+                none, default = search.candidates(default, layouts, delays, max_batch_sizes, thread_counts)
+                winner = _choose(search.order, default, tie_margin)
+                if confirm and winner is not None:
+                    winner = _confirm(search, default, winner, tie_margin)
+            finally:
+                restore_error = search.restore()
+    except ServerGone as exc:  # as loadtest and sweep: exit 2, not a failed candidate after another
+        search.server.close()
+        raise ServerError(f"{exc}; tune stopped{_cleanup(search)}. Look into the server's log, restart it "
+                          "(triton-builder serve), then tune again") from None
     if restore_error is not None:
         search.server.close()
-        raise ServerError(f"tuning finished but '{model}' could not be reloaded from {config_path}: {restore_error}")
+        raise ServerError(f"tuning finished but '{model}' could not be reloaded from {config_path}: {restore_error}"
+                          f"{_cleanup(search)}")
 
     ratios = {"vs_no_batching": _ratio(winner, none), "vs_default": _ratio(winner, default)}
     record = _record(model, url, protocol, search, source, batch_size, p99_budget_ms, seconds_per_candidate,
@@ -206,6 +221,11 @@ def _confirm(search: Search, default: Candidate, winner: Candidate, tie_margin: 
         for candidate in (winner, default):
             search.measure(candidate, confirm_round=True)
     return _choose(search.order, default, tie_margin)
+
+
+def _cleanup(search: Search) -> str:
+    """What was asked of a server that stopped answering (``Search.restore``), for the error message."""
+    return f"; {search.cleanup}" if search.cleanup else ""
 
 
 def _copy_files(url: str, protocol: str, repository, model: str, say) -> dict[str, bytes] | None:
