@@ -112,7 +112,9 @@ def test_every_verified_variant_is_measured_and_no_rejected_one_is(digits_build)
         assert set(bench["latency_ms_b1"]) >= {"p50", "p95", "p99"}
         assert bench["latency_ms_b1"]["p50"] <= bench["latency_ms_b1"]["p95"] <= bench["latency_ms_b1"]["p99"]
         assert sorted(bench["throughput_by_batch"]) == [1, 2, 4, 8, 16, 32, 64]
-        assert bench["best_throughput"] == max(bench["throughput_by_batch"].values())
+        # after a close call the best comes from the confirmation round's batch sizes alone (one round)
+        ranked = (bench.get("confirmed") or {}).get("batches") or list(bench["throughput_by_batch"])
+        assert bench["best_throughput"] == max(bench["throughput_by_batch"][b] for b in ranked)
         assert bench["throughput_by_batch"][bench["best_batch"]] == bench["best_throughput"]
         assert bench["threads"] == cpu_cores()
         # RSS growth while loading and running, in MB (never negative; a bytes count would be huge)
