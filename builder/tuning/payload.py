@@ -5,8 +5,12 @@ Sources, in order of preference:
 1. a payload ``.npz`` the user names: either a version's ``reference.npz`` (keys
    ``input/<case>/<input name>``) or a plain file keyed by input name (validation data; other keys,
    e.g. ``labels``, are ignored), rows along the first axis when the model batches;
-2. the latest version's ``reference.npz`` in the repository (real validation inputs where the
-   build had them, at every dynamic size the build checked);
+2. the latest version's ``reference.npz`` in the repository: its validation cases alone where it has
+   any (case keys ``<n>_val_b<batch>``, ``<n>_val``: builder/tensors.py ``build_cases``), else all
+   its cases. The generated ones hold random values over each input's value_range, at every dynamic
+   size the build checked: sent to a server in production they fill its drift windows with data
+   that is not its traffic, and the drift alerts fire for minutes. The source says which
+   (``load_samples``); loadtest gets a copy with the validation cases only (``default_payload``);
 3. generated from the model's own metadata and config as Triton reports them
    (``/v2/models/NAME``, ``/config``): floats uniform in [0, 1), integers zero, dynamic dims 16.
 
@@ -22,6 +26,7 @@ Usage::
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +40,9 @@ DATATYPES = {"FP32": np.float32, "FP16": np.float16, "FP64": np.float64, "INT64"
              "INT16": np.int16, "INT8": np.int8, "UINT8": np.uint8, "BOOL": np.bool_}
 GENERATED_DYNAMIC_SIZE = 16
 MAX_SAMPLES = 256
+VALIDATION_CASE = re.compile(r"^\d+_val(_|$)")  # a reference.npz case key (<index>_<case id>) of data.validation
+COPY_PREFIX = "triton-builder-payload-"  # default_payload's copies, in the temp dir (builder/scratch.py)
+_COPIES = None  # the OwnedFolder of this process's copies, made on first use
 
 
 @dataclass
@@ -95,6 +103,18 @@ def check_batch_size(model: ModelInterface, batch_size: int) -> None:
 
 
 def default_payload(repository: str | Path | None, model: str) -> Path | None:
+    """The payload file a load test sends by default: the latest version's reference.npz, or where it
+    holds validation cases beside generated ones, a copy with those alone (the module doc says why),
+    ``<temp>/triton-builder-payload-*/<model>-v<version>-validation-cases/reference.npz``, removed when
+    this process ends."""
+    path = reference_payload(repository, model)
+    cases, _ = payload_cases(path) if path is not None else (None, "")
+    if cases is None or len(cases) == len(_case_keys(path)):
+        return path
+    return _validation_copy(path, cases, f"{model}-v{path.parent.name}-validation-cases")
+
+
+def reference_payload(repository: str | Path | None, model: str) -> Path | None:
     """The latest version's reference.npz in ``repository``, if there is one. A ``repository`` given
     that is not one (a model folder, a typo) or lacks ``model`` is refused: falling back to generated
     inputs would load-test with other data than the user pointed at."""
@@ -113,8 +133,60 @@ def default_payload(repository: str | Path | None, model: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def read_npz_samples(path: str | Path, input_names: list[str], batching: bool) -> list[dict[str, np.ndarray]]:
-    """Samples (one request's worth each, batch 1 when the model batches) from a payload .npz."""
+def _case_keys(path: Path) -> list[str]:
+    """The cases of a reference.npz (keys ``input/<case>/<name>``); [] for another .npz or an unreadable one
+    (read_npz_samples names what is wrong with it)."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return sorted({key.split("/")[1] for key in archive.files if key.startswith("input/") and key.count("/") > 1})
+    except Exception:  # noqa: BLE001 - reported when it is read
+        return []
+
+
+def payload_cases(path: Path) -> tuple[list[str] | None, str]:
+    """The cases of the default payload ``path`` to send (None: all) and how to say where the samples come
+    from: the validation cases where it has any, else every case, with the warning that they move drift."""
+    cases = _case_keys(path)
+    validation = [case for case in cases if VALIDATION_CASE.match(case)]
+    if validation:
+        left = len(cases) - len(validation)
+        return validation, (f"the {len(validation)} validation case(s)"
+                            + (f" (its {left} generated case(s) left out)" if left else "") + f" of {path}")
+    if not cases:
+        return None, str(path)
+    return None, (f"generated inputs, which may move the server's drift gauges (the build had no validation data; "
+                  f"give --payload to send your own): all {len(cases)} case(s) of {path}")
+
+
+def _validation_copy(path: Path, cases: list[str], name: str) -> Path:
+    """``path`` with the input arrays of ``cases`` alone, in a folder this process owns (removed at exit;
+    one a dead process left is removed by the next)."""
+    import atexit
+    import os
+    import tempfile
+
+    from builder.scratch import OwnedFolder, sweep
+
+    global _COPIES
+    if _COPIES is None:
+        sweep(Path(tempfile.gettempdir()), COPY_PREFIX)
+        _COPIES = OwnedFolder.create(Path(tempfile.gettempdir()), COPY_PREFIX)
+        atexit.register(_COPIES.release)
+    target = _COPIES.path / name / "reference.npz"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with np.load(path, allow_pickle=False) as archive:
+        arrays = {key: archive[key] for key in archive.files
+                  if key.startswith("input/") and key.split("/", 2)[1] in cases}
+    with open(target.with_suffix(".tmp"), "wb") as out:
+        np.savez_compressed(out, **arrays)
+    os.replace(target.with_suffix(".tmp"), target)
+    return target
+
+
+def read_npz_samples(path: str | Path, input_names: list[str], batching: bool,
+                     cases: list[str] | None = None) -> list[dict[str, np.ndarray]]:
+    """Samples (one request's worth each, batch 1 when the model batches) from a payload .npz; ``cases``:
+    those cases of a reference.npz alone."""
     path = Path(path)
     if not path.is_file():
         raise UserInputError(f"--payload {path}: no such file; pass a reference.npz or an .npz keyed by input name")
@@ -129,7 +201,7 @@ def read_npz_samples(path: str | Path, input_names: list[str], batching: bool) -
             if any(k.startswith("input/") for k in keys):  # reference.npz: input/<case>/<name>
                 for key in keys:
                     kind, case, name = (key.split("/", 2) + ["", ""])[:3]
-                    if kind == "input":
+                    if kind == "input" and (cases is None or case in cases):
                         groups.setdefault(case, {})[name] = archive[key]
             else:
                 groups["all"] = {key: archive[key] for key in keys}
@@ -179,18 +251,20 @@ def generated_samples(model: ModelInterface, count: int = 16, seed: int = 0) -> 
 
 def load_samples(model: ModelInterface, payload: str | Path | None = None,
                  repository: str | Path | None = None) -> tuple[list[dict[str, np.ndarray]], str]:
-    """Samples and where they came from: the payload, else reference.npz, else generated."""
+    """Samples and where they came from: the payload, else reference.npz (its validation cases alone where
+    it has any: ``payload_cases``), else generated."""
     names = [name for name, _, _ in model.inputs]
-    path = Path(payload) if payload is not None else default_payload(repository, model.name)
+    path = Path(payload) if payload is not None else reference_payload(repository, model.name)
     if path is not None:
         from builder.tensors import to_wire
+        cases, source = payload_cases(path) if payload is None else (None, str(path))
         dims = {name: shape for name, _, shape in model.inputs}
-        samples = read_npz_samples(path, names, model.batching)
+        samples = read_npz_samples(path, names, model.batching, cases)
         samples = _as_model_dtypes(samples, {name: datatype for name, datatype, _ in model.inputs}, path)
         # a scalar per sample travels as dims [1] (config reshape []): shape the rows the way Triton wants
         samples = [{n: to_wire(a, dims[n], model.batching) for n, a in sample.items()} for sample in samples]
         _check_shapes(samples, dims, model.batching, path)
-        return samples, str(path)
+        return samples, source
     return generated_samples(model), "generated from the model's metadata"
 
 

@@ -155,6 +155,7 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
         say(f"note: the server's loaded config differs from {config_path}: {'; '.join(differences)}; "
             "tuning starts from the file")
     samples, source = load_samples(interface, payload, repository)
+    say(f"payload: {source}")
     requests = make_requests(samples, batch_size, interface.batching)
     out = output_folder(out_dir)
     per_level_s = max(4 * window_s, seconds_per_candidate / len(levels))
