@@ -88,6 +88,7 @@ from builder.errors import ServerError, UserInputError
 from builder.files import output_folder
 from builder.processes import terminate_as_interrupt
 from builder.serving.client import ServerGone
+from builder.serving.startup import bytecode_dirs, remove_new_bytecode
 from builder.tuning.search import Candidate, ModelControl, Search, best_candidate as _best, built_candidate
 
 DEFAULT_DELAYS = (0, 100, 500, 2000)
@@ -168,6 +169,9 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
     if not differences:
         search.serving_file(default)
     started = time.monotonic()
+    # the python backend's stub writes model.py's bytecode into the version folder it loads from (the
+    # embedded server removes it after its own loads, not after ours): a published version must not change
+    bytecode = bytecode_dirs(Path(repository))
     try:
         with terminate_as_interrupt():  # killed (SIGTERM) like interrupted: the server is put back as it was
             try:
@@ -177,6 +181,7 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
                     winner = _confirm(search, default, winner, tie_margin)
             finally:
                 restore_error = search.restore()
+                remove_new_bytecode(Path(repository), bytecode)
     except ServerGone as exc:  # as loadtest and sweep: exit 2, not a failed candidate after another
         search.server.close()
         raise ServerError(f"{exc}; tune stopped{_cleanup(search)}. Look into the server's log, restart it "
@@ -202,6 +207,7 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
     elif (write or publish) and winner is not None:
         _write_winner(search.server, repository, model, config_path, base_text, base, winner, record, say,
                       header_line=f"#   {summary_line} over {protocol}", publish=publish, key=key)
+        remove_new_bytecode(Path(repository), bytecode)
     search.server.close()
     tmp = out / "tuning.json.tmp"
     tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
