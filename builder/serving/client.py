@@ -472,7 +472,7 @@ def control_when_back(url: str, protocol: str | None, unload=(), load=(), patien
                     "_control_now(*json.loads(sys.argv[1]))", args]
 
         def _env(self):  # this package, installed or not
-            root = str(Path(sys.modules["builder"].__file__).parent.parent)
+            root = os.path.dirname(os.path.dirname(sys.modules["builder"].__file__))  # the folder holding builder/
             return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
 
         def stop(self, timeout=None):  # never stopped, not even at this process's exit
