@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -50,6 +52,24 @@ def require_command(command: str, package: str) -> str:
     if in_ci():
         pytest.fail(message + " -- CI is set, so this is a failure")
     pytest.skip(message + "; set CI=true to make this a failure")
+
+
+@contextlib.contextmanager
+def served_model_py(stand_in, module_name: str = "served_model_py"):
+    """templates/python_backend/model.py imported outside Triton, with ``stand_in`` as its
+    triton_python_backend_utils (restored afterwards): the served code's own logic, without a server."""
+    saved = sys.modules.get("triton_python_backend_utils")
+    sys.modules["triton_python_backend_utils"] = stand_in
+    try:
+        spec = importlib.util.spec_from_file_location(module_name, ROOT / "templates/python_backend/model.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        if saved is None:
+            sys.modules.pop("triton_python_backend_utils", None)
+        else:
+            sys.modules["triton_python_backend_utils"] = saved
 
 
 def edit_spec(folder: Path, **changes) -> Path:

@@ -7,17 +7,15 @@ window file in the test's tmp_path; tests/unit/test_drift_instances.py covers se
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.conftest import served_model_py
+
 from builder.monitoring import drift, drift_profile
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Metric:
@@ -47,18 +45,8 @@ class _Family:
 def model_module():
     stand_in = types.ModuleType("triton_python_backend_utils")
     stand_in.MetricFamily = _Family
-    saved = sys.modules.get("triton_python_backend_utils")
-    sys.modules["triton_python_backend_utils"] = stand_in
-    try:
-        spec = importlib.util.spec_from_file_location("served_model_py", ROOT / "templates/python_backend/model.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    with served_model_py(stand_in, "served_model_py") as module:
         yield module
-    finally:
-        if saved is None:
-            sys.modules.pop("triton_python_backend_utils", None)
-        else:
-            sys.modules["triton_python_backend_utils"] = saved
 
 
 @pytest.fixture

@@ -6,18 +6,16 @@ what a test reads is what Prometheus would scrape, whichever instance set it las
 
 from __future__ import annotations
 
-import importlib.util
 import multiprocessing
-import sys
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.conftest import served_model_py
+
 from builder.monitoring import drift, drift_profile
 
-ROOT = Path(__file__).resolve().parents[2]
 WINDOW = 128
 
 
@@ -62,19 +60,8 @@ def model_module(server):
     stand_in = types.ModuleType("triton_python_backend_utils")
     stand_in.MetricFamily = server.family(server)
     stand_in.Logger = types.SimpleNamespace(log_warn=server.warnings.append)
-    saved = sys.modules.get("triton_python_backend_utils")
-    sys.modules["triton_python_backend_utils"] = stand_in
-    try:
-        spec = importlib.util.spec_from_file_location("served_model_py_instances",
-                                                      ROOT / "templates/python_backend/model.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    with served_model_py(stand_in, "served_model_py_instances") as module:
         yield module
-    finally:
-        if saved is None:
-            sys.modules.pop("triton_python_backend_utils", None)
-        else:
-            sys.modules["triton_python_backend_utils"] = saved
 
 
 @pytest.fixture(scope="module")
