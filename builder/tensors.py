@@ -296,6 +296,11 @@ def worst_metric(metrics: dict[str, dict[str, float]], key: str = "rel_l2") -> f
     return max(values) if values else None
 
 
+# what compare_outputs records where an output has no distance to read (tolerance_failures fails each, and the
+# regression gate counts it as an infinite one)
+UNMEASURED = ("missing", "shape_mismatch", "nonfinite_mismatch", "nonfinite_in_variant")
+
+
 def tolerance_failures(metrics: dict[str, dict[str, float]], tolerance: dict[str, float]) -> list[str]:
     """One line per failing output, with its numbers, e.g. 'logits: rel L2 3.1e-02 > 1e-05 (...)'."""
     failures = []

@@ -15,7 +15,7 @@ from pathlib import Path
 from builder.onnx_tools import copy_with_external_data
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import (example_args, export_dynamo, export_legacy, finalize_onnx, finish_export,
-                                   not_made, stop_if_work_folder_refused)
+                                   judged_precision, not_made, stop_if_work_folder_refused)
 from builder.trace_safety import froze_text, frozen_conversions
 from builder.variants import register_variant
 
@@ -107,7 +107,10 @@ def _unseen_by_the_cases(ctx: BuildContext, path: Path) -> bool:
                                       for case, ref in zip(ctx.reference.cases, ctx.reference.outputs)])
     except Exception:  # noqa: BLE001 - an export that fails on a case fails verification there
         return False
-    return not tolerance_failures(metrics, spec.verify.tolerance("fp32"))
+    # the tolerance verify will hold it to: an fp16 model's export, judged at fp32, would fail on rounding
+    # alone and so pass this probe, to be published by verify at the fp16 tolerance with its branch frozen
+    precision, _ = judged_precision(ctx, Variant("onnx", "onnx", "fp32", path))
+    return not tolerance_failures(metrics, spec.verify.tolerance(precision))
 
 
 def _refusal(frozen: list[str], dynamo: str | None) -> str:

@@ -12,7 +12,7 @@ from builder.repository.runtime_gate import limit_failures
 from builder.repository.triton_releases import onnx_runtime_for, triton_release
 from builder.runtime import open_runner, tensorrt_unavailable_reason
 from builder.stages.base import BuildContext, StageResult, Variant
-from builder.stages.common import accuracy_drop_failure
+from builder.stages.common import accuracy_drop_failure, judged_precision
 from builder.tensors import beyond_the_cases, compare_outputs, merge_case_metrics, tolerance_failures, top1_accuracy
 
 STAGE = "verify"
@@ -24,46 +24,6 @@ def release_failures(ctx: BuildContext, variant: Variant) -> list[str]:
         return []
     backend = "python" if ctx.target == "embedded" else "onnxruntime"
     return limit_failures(variant.path, onnx_runtime_for(triton_release(ctx.options.triton_release), backend))
-
-
-# the tolerances from tightest to loosest: a variant is judged at its own precision's, or at the model's
-# own when that is looser (an export adds no approximation, but cannot be closer than the model's rounding)
-LOOSENESS = ("fp32", "fp16", "int8")
-HALF_DTYPES = ("float16", "bfloat16")
-
-
-def model_half_dtypes(ctx: BuildContext) -> list[str]:
-    """Where the model computes in half precision: its floating-point parameters and buffers (a torch
-    or TorchScript model; an ONNX source's weights) and its outputs, as 'parameters float16',
-    'output y float16'. Inputs do not count: every variant gets the same rounded input."""
-    found: list[str] = []
-    if callable(getattr(ctx.model, "parameters", None)):
-        dtypes = {str(t.dtype).removeprefix("torch.") for t in [*ctx.model.parameters(), *ctx.model.buffers()]}
-        found += [f"parameters {d}" for d in HALF_DTYPES if d in dtypes]
-    elif ctx.spec.source.kind == "onnx":
-        import onnx
-
-        kinds = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
-        graph = onnx.load(str(ctx.spec.source.path), load_external_data=False).graph
-        dtypes = {kinds.get(t.data_type) for t in graph.initializer}
-        found += [f"weights {d}" for d in HALF_DTYPES if d in dtypes]
-    outputs = ctx.reference.output_dtypes if ctx.reference else {}
-    return found + [f"output {name} {dtype}" for name, dtype in outputs.items() if dtype in HALF_DTYPES]
-
-
-def judged_precision(ctx: BuildContext, variant: Variant) -> tuple[str, str]:
-    """The precision whose tolerance ``variant`` is judged by, and why when it is not the variant's own:
-    an fp32 export of a float16/bfloat16 model differs from the eager model by half-precision rounding
-    (rel L2 ~1e-3), so holding it to the fp32 tolerance rejects a faithful export while an INT8 variant
-    that quantised nothing passes at the INT8 one."""
-    own = variant.precision
-    if own not in LOOSENESS or LOOSENESS.index(own) >= LOOSENESS.index("fp16"):
-        return own, ""
-    half = model_half_dtypes(ctx)
-    if not half:
-        return own, ""
-    return "fp16", (f"judged at the fp16 tolerance, not {own}'s: the model itself computes in half precision "
-                    f"({', '.join(half[:4])}), so no export of it can be closer than half-precision rounding")
 
 
 def verify_variant(ctx: BuildContext, variant: Variant) -> list[str]:

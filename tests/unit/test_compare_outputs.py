@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from builder.repository.regression import RegressionCheck, _gate
-from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures, top1_output
+from builder.tensors import UNMEASURED, compare_outputs, merge_case_metrics, tolerance_failures, top1_output
 
 INT8 = {"rel_l2": 0.1}
 
@@ -25,6 +25,18 @@ def test_nan_in_the_variant_where_the_reference_is_finite_fails_every_tolerance(
     _gate(check, {"rel_l2": 1.0})
     assert check.failures == ["outputs y: rel L2 inf from version 1 > rel_l2=1 (nonfinite_in_variant)"]
 
+
+
+@pytest.mark.parametrize("key", UNMEASURED)
+def test_every_output_without_a_distance_fails_verification_and_the_regression_gate(key):
+    """One list of the keys that leave an output without a distance: verify and the gate read it alike."""
+    metrics = {"y": {key: 1.0, "rel_l2": 0.0, "max_abs": 0.0, "max_rel": 0.0, "cosine": 1.0, "compared": 4.0,
+                     "got": [2], "expected": [3]}}
+    assert len(tolerance_failures(metrics, INT8)) == 1
+    check = RegressionCheck(2, 1)
+    check.outputs = {"y": {key: 1.0, "rel_l2": 0.0}}
+    _gate(check, {"rel_l2": 1.0})
+    assert check.failures == [f"outputs y: rel L2 inf from version 1 > rel_l2=1 ({key})"]
 
 def test_a_nan_metric_fails_instead_of_passing():
     metrics = {"y": {"rel_l2": float("nan"), "max_abs": 0.0, "max_rel": 0.0, "cosine": 1.0, "compared": 4.0}}

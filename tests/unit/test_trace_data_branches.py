@@ -253,3 +253,28 @@ def test_only_conversions_of_input_values_count_as_frozen(tmp_path, name):
     assert bool(frozen) is counts, frozen
     if counts:
         assert frozen[0].startswith("model.py:7 `")
+
+
+
+@pytest.mark.parametrize("params, unseen", [(torch.float16, True), (torch.float32, False)])
+def test_the_probe_judges_the_export_at_the_tolerance_verify_will_use(tmp_path, params, unseen):
+    """An export 1e-3 off the reference on every case: a float16 model's rounding (verify passes it at the
+    fp16 tolerance, so the probe must call its frozen branch unseen and refuse it), a float32 model's
+    difference (verify fails it, so the probe leaves it to verify)."""
+    from types import SimpleNamespace
+
+    from builder.spec import VerifySpec
+    from builder.stages.export_onnx import _unseen_by_the_cases
+
+    linear = torch.nn.Linear(16, 4).eval()
+    torch.onnx.export(linear, (torch.zeros(1, 16),), str(tmp_path / "m.onnx"), dynamo=False,
+                      input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "n"}, "y": {0: "n"}})
+    x = np.random.default_rng(0).normal(size=(3, 16)).astype(np.float32)
+    exported = linear(torch.from_numpy(x)).detach().numpy()
+    ctx = SimpleNamespace(model=torch.nn.Linear(2, 2).to(params),
+                          spec=SimpleNamespace(outputs=[SimpleNamespace(name="y")], verify=VerifySpec(),
+                                               source=SimpleNamespace(kind="module")),
+                          reference=SimpleNamespace(cases=[{"id": "c", "inputs": {"x": x}}],
+                                                    outputs=[{"y": exported * (1 + 1e-3)}],
+                                                    output_dtypes={"y": "float32"}))
+    assert _unseen_by_the_cases(ctx, tmp_path / "m.onnx") is unseen
