@@ -145,7 +145,7 @@ def run_loadtest(model: str, url: str, protocol: str = "http", users: int = 8, r
     Returns the summary (also written to ``out_dir/summary.json``). Raises ``UserInputError`` for bad
     arguments and ``ServerError`` if the server or model cannot be reached before the run.
     """
-    from builder.tuning.payload import check_batch_size, default_payload, fetch_model, load_samples
+    from builder.tuning.payload import check_batch_size, fetch_model, locust_payload
     from builder.tuning.stats import StatsReader, server_view
 
     _validate(protocol, users, run_time_s, workers, shape, timeout_s, slo_p99_ms, slo_max_failure_ratio,
@@ -155,9 +155,7 @@ def run_loadtest(model: str, url: str, protocol: str = "http", users: int = 8, r
     interface = fetch_model(url, protocol, model)  # ServerError (exit 2) before anything starts
     # what would fail every request is refused now, as sweep does, not reported as failures after the run
     check_batch_size(interface, batch_size)
-    payload_path = Path(payload).resolve() if payload is not None else default_payload(repository, model)
-    if payload_path is not None:  # sweep's checks: readable, every input, dtype kinds (cast within one), shapes
-        load_samples(interface, payload_path)
+    payload_path, source = locust_payload(interface, payload, repository)
     out = output_folder(Path(out_dir).resolve())
     run_seconds = int(math.ceil(run_time_s))
     timeout = float(timeout_s) if timeout_s is not None else run_seconds + STOP_TIMEOUT_S + START_MARGIN_S
@@ -251,7 +249,7 @@ def run_loadtest(model: str, url: str, protocol: str = "http", users: int = 8, r
         "model": model, "url": url, "protocol": protocol, "users": users,
         "spawn_rate": spawn_rate if spawn_rate is not None else users, "run_time_s": run_seconds, "shape": shape,
         "workers": workers, "batch_size": batch_size,
-        "payload": str(payload_path) if payload_path else "generated from the model's metadata",
+        "payload": source,
         # the headline numbers, flat, for callers that only want those (same values as in "client")
         **{key: client.get(key) for key in ("requests", "failures", "rps", "p50_ms", "p95_ms", "p99_ms")},
         "client": client, "server": server,

@@ -114,6 +114,17 @@ def default_payload(repository: str | Path | None, model: str) -> Path | None:
     return _validation_copy(path, cases, f"{model}-v{path.parent.name}-validation-cases")
 
 
+
+def locust_payload(model: ModelInterface, payload: str | Path | None,
+                   repository: str | Path | None) -> tuple[Path | None, str]:
+    """The file Locust reads (None: it generates inputs) and where its samples come from, checked as
+    ``load_samples`` checks them: the source names the reference.npz whose validation cases are sent,
+    not the temporary copy of them (``default_payload``) that Locust reads."""
+    if payload is not None:
+        path = Path(payload).resolve()
+        return path, load_samples(model, path)[1]
+    return default_payload(repository, model.name), load_samples(model, None, repository)[1]
+
 def reference_payload(repository: str | Path | None, model: str) -> Path | None:
     """The latest version's reference.npz in ``repository``, if there is one. A ``repository`` given
     that is not one (a model folder, a typo) or lacks ``model`` is refused: falling back to generated

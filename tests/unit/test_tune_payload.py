@@ -17,7 +17,7 @@ from builder.repository.metadata import reference_bytes
 from builder.spec import parse_spec
 from builder.tensors import build_cases
 from builder.tuning.loadtest import LOADTEST_DIR
-from builder.tuning.payload import ModelInterface, default_payload, load_samples, read_npz_samples
+from builder.tuning.payload import ModelInterface, default_payload, load_samples, locust_payload, read_npz_samples
 
 SPEC = {"name": "tok", "source": {"module": "model:build"}, "max_batch_size": 16, "outputs": [{"name": "logits"}],
         "inputs": [{"name": "ids", "dtype": "int64", "shape": [-1], "value_range": [0, 100],
@@ -60,6 +60,15 @@ def test_the_validation_cases_alone_are_sent_by_default_and_the_source_says_so(t
     rows = _locust_reads(copy)
     assert len(rows) == len(samples) and all(r["ids"].max() < 50 for r in rows)
 
+
+
+def test_locust_reads_the_copy_and_the_summary_names_the_reference(tmp_path):
+    repo, reference = _repository(tmp_path, VALIDATION)
+    path, source = locust_payload(TOK, None, repo)
+    assert path.parts[-2:] == ("tok-v1-validation-cases", "reference.npz")
+    assert source == f"the 3 validation case(s) (its 12 generated case(s) left out) of {reference}"
+    assert locust_payload(TOK, reference, None) == (reference.resolve(), str(reference.resolve()))
+    assert locust_payload(TOK, None, None) == (None, "generated from the model's metadata")
 
 def test_a_payload_given_is_sent_whole(tmp_path):
     _, reference = _repository(tmp_path, VALIDATION)
