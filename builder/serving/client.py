@@ -12,8 +12,8 @@ used to parse config text with Triton's schema, is not a client).
 - Failures raise ``TritonError``, a ``builder.errors.ServerError`` naming the address and what was
   asked, with ``.reason`` (Triton's own words) and ``.unreachable`` (no answer at all).
 - A server that stops answering: ``Liveness`` (its liveness endpoint, short timeouts; ``ServerGone``),
-  ``WatchedClient`` (calls that may block for minutes, given up once it is gone) and
-  ``control_when_back`` (model-control requests a hung server takes when it wakes up).
+  ``WatchedClient`` (calls that may block for minutes, given up once it is gone); the requests a hung
+  server takes when it wakes up are left to builder/serving/control_helper.py.
 
 Usage::
 
@@ -34,7 +34,6 @@ The hot path of a load generator prepares a request once and sends it many times
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -322,8 +321,6 @@ LIVENESS_TIMEOUT_S = 5.0
 SILENT_LIMIT_S = 15.0
 #: how often a watched call in flight is checked on
 WATCH_PERIOD_S = 2.0
-#: how long ``control_when_back``'s process waits for a hung server to take its requests
-CLEANUP_PATIENCE_S = 600.0
 
 
 class ServerGone(TritonError):
@@ -447,50 +444,3 @@ class WatchedClient:
 
     def close(self) -> None:
         self.liveness.close()
-
-
-def control_when_back(url: str, protocol: str | None, unload=(), load=(), patience: float | None = None) -> int:
-    """Model-control requests (``unload``, then ``load`` from the files) for a server that stopped answering,
-    sent by a detached process that waits for its answers up to ``patience`` seconds; its pid. A hung
-    server takes a request when it wakes up, but a gRPC call given up before then is cancelled (a copy
-    tune loaded stayed loaded): the call must still be waiting. A server that refuses connections ends it
-    at once (a new server starts from its files)."""
-    import json
-    import os
-    import sys
-
-    from builder.processes import LocalService
-
-    class Helper(LocalService):
-        label = "model-control helper"
-        die_with_parent = False  # it outlives this process: that is what it is for
-        log_path = Path(os.devnull)
-
-        def _command(self):
-            args = json.dumps([url, protocol, list(unload), list(load), patience or CLEANUP_PATIENCE_S])
-            return [sys.executable, "-c", "import json, sys; from builder.serving.client import _control_now; "
-                    "_control_now(*json.loads(sys.argv[1]))", args]
-
-        def _env(self):  # this package, installed or not
-            root = os.path.dirname(os.path.dirname(sys.modules["builder"].__file__))  # the folder holding builder/
-            return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-
-        def stop(self, timeout=None):  # never stopped, not even at this process's exit
-            return None
-
-    helper = Helper()
-    try:
-        helper.start()
-    except RuntimeError:
-        pass  # it ended at once: it got its answers (or a refusal)
-    return helper.pid
-
-
-def _control_now(url: str, protocol: str | None, unload: list[str], load: list[str], patience: float) -> None:
-    with TritonClient(url, protocol, network_timeout=patience, connection_timeout=patience) as client:
-        for call, names in ((client.unload_model, unload), (client.load_model, load)):
-            for name in names:
-                try:
-                    call(name)
-                except TritonError:
-                    pass  # refused or never answered: nothing more to do

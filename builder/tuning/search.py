@@ -115,6 +115,9 @@ class ModelControl:
         self.url, self.protocol, self.model, self.timeout, self.files = url, protocol, model, timeout, files
         self.client = WatchedClient(url, protocol, network_timeout=timeout, connection_timeout=10)
         self.copy_name: str | None = None  # the copy loaded now, if any
+        # (repository, its __pycache__ folders before tune): a reload from the file writes the stub's bytecode
+        # into the published version, removed by whoever reloads it (tune; after a hang, abandon's helper)
+        self.bytecode_before: tuple[Path, set[Path]] | None = None
         self.copies = 0
 
     def load(self, config: dict[str, Any] | None) -> None:
@@ -189,13 +192,14 @@ class ModelControl:
     def abandon(self) -> str:
         """The server stopped answering: what ``drop_copy`` and a reload from the file would ask, handed to a
         process that waits for it (``control_when_back``); what was asked, for the error."""
-        from builder.serving.client import CLEANUP_PATIENCE_S, control_when_back
+        from builder.serving.control_helper import CLEANUP_PATIENCE_S, control_when_back
 
         unload, load = [self.copy_name] if self.copy_name else [], [self.model] if self.replaced else []
         self.copy_name, self.replaced = None, False
         if not unload and not load:
             return ""
-        pid = control_when_back(self.url, self.protocol, unload, load)
+        repository, keep = self.bytecode_before or (None, ())
+        pid = control_when_back(self.url, self.protocol, unload, load, repository=repository, keep_bytecode=keep)
         asked = [f"to unload the copy '{name}'" for name in unload] + [f"to load '{name}' from its file" for name in load]
         return (f"helper process {pid} will ask it {' and '.join(asked)} if it answers again within "
                 f"{CLEANUP_PATIENCE_S / 60:g} minutes")

@@ -172,6 +172,7 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
     # the python backend's stub writes model.py's bytecode into the version folder it loads from (the
     # embedded server removes it after its own loads, not after ours): a published version must not change
     bytecode = bytecode_dirs(Path(repository))
+    search.server.bytecode_before = (Path(repository), bytecode)
     try:
         with terminate_as_interrupt():  # killed (SIGTERM) like interrupted: the server is put back as it was
             try:

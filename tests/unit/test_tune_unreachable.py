@@ -118,8 +118,11 @@ def _search(url, protocol, files=None):
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_the_search_stops_on_a_server_gone_and_the_restore_only_asks(quick_liveness, silent, protocol):
+def test_the_search_stops_on_a_server_gone_and_the_restore_only_asks(quick_liveness, silent, protocol, tmp_path):
     search = _search(silent.url, protocol, files=None)  # in place: the model itself is unloaded for a candidate
+    kept, written = tmp_path / "m" / "1" / "old" / "__pycache__", tmp_path / "m" / "1" / "__pycache__"
+    kept.mkdir(parents=True)
+    search.server.bytecode_before = (tmp_path, {kept})
     try:
         with pytest.raises(ServerGone, match=f"server at {silent.url} unreachable"):
             search.measure(Candidate("3 instances", True, 0, 3, 8))
@@ -128,8 +131,10 @@ def test_the_search_stops_on_a_server_gone_and_the_restore_only_asks(quick_liven
         error = search.restore()
         assert isinstance(error, ServerGone) and time.monotonic() - started < SLOW_CALL_S / 2
         assert "will ask it to load 'm' from its file if it answers again within 10 minutes" in search.cleanup
+        written.mkdir()  # as the python stub does when the reload from the file runs
         silent.close()
         assert _ended(_helper(search.cleanup))
+        assert not written.exists() and kept.is_dir()  # the published version as it was before tune
     finally:
         search.server.close()
 
