@@ -155,8 +155,9 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_select)
 
     p = sub.add_parser("clean", parents=[common],
-                       help="remove the work and staging folders that killed builds left, and the log folders of killed "
-                            "replicas sessions (never a live one's)")
+                       help="remove the work and staging folders that killed builds left, and the temp log folders of "
+                            "ended replicas sessions: killed ones', and those a failed session kept for you (never a "
+                            "live one's)")
     p.add_argument("--repository",
                    help=f"also its staging folders, which sit beside it (default: {DEFAULT_REPOSITORY} where "
                         "it exists)")

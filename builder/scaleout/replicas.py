@@ -488,6 +488,6 @@ def run_replicas(repository: str | Path, replicas: int = 2, *, http_port: int | 
         finally:
             kept = group.stop()
             if group.replicas:  # not after a refusal before anything started (no logs to speak of)
-                announce(f"logs kept in {kept}" if kept is not None else
+                announce(f"logs kept in {kept} (until `triton-builder clean`)" if kept is not None else
                          f"stopped; nothing failed, so the logs ({group.log_dir}) were removed")
 
