@@ -203,8 +203,7 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
     if (write or publish) and winner is not None and _changes(winner, default) == 0:
         # the config as built won: a new version (or a rewritten file) would serve the same config
         record["written"] = False
-        say(f"the config as built won: nothing {'published' if publish else 'written'} ({config_path} already "
-            "serves it)")
+        say(built_config_won(config_path, publish, loaded_differs=bool(differences)))
     elif (write or publish) and winner is not None:
         _write_winner(search.server, repository, model, config_path, base_text, base, winner, record, say,
                       header_line=f"#   {summary_line} over {protocol}", publish=publish, key=key)
@@ -230,6 +229,14 @@ def _confirm(search: Search, default: Candidate, winner: Candidate, tie_margin: 
             search.measure(candidate, confirm_round=True)
     return _choose(search.order, default, tie_margin)
 
+
+
+def built_config_won(config_path: Path, publish: bool, loaded_differs: bool) -> str:
+    """The line for a search whose winner is the config file as built; where the server had loaded another
+    config (the file changed since: a newer build), that one is still what it serves."""
+    where = ("holds it; the server still serves the config it loaded before, which differs: restart "
+             "`triton-builder serve` to load the file)" if loaded_differs else "serves it)")
+    return f"the config as built won: nothing {'published' if publish else 'written'} ({config_path} already {where}"
 
 def _cleanup(search: Search) -> str:
     """What was asked of a server that stopped answering (``Search.restore``), for the error message."""

@@ -356,3 +356,17 @@ def test_the_confirm_round_measures_winner_and_default_back_to_back_with_copies(
     for candidate in (three, default):
         assert sum(1 for row in candidate.levels if row.get("confirm_round")) == confirm_rows, candidate.label
     assert len(search.server.loads) + len(search.server.client.calls) - reloads_before == loads
+
+
+def test_the_built_config_winning_says_what_the_server_serves():
+    from pathlib import Path
+
+    from builder.tuning.tune import built_config_won
+
+    path = Path("repo/m/config.pbtxt")
+    assert built_config_won(path, False, loaded_differs=False) == (
+        "the config as built won: nothing written (repo/m/config.pbtxt already serves it)")
+    # the server loaded an older config than the file (a newer build since): the file is not what it serves
+    assert built_config_won(path, True, loaded_differs=True) == (
+        "the config as built won: nothing published (repo/m/config.pbtxt already holds it; the server still serves "
+        "the config it loaded before, which differs: restart `triton-builder serve` to load the file)")
