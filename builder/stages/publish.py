@@ -161,6 +161,10 @@ def run(ctx: BuildContext) -> StageResult:
         checked.append((variant, name, version, serving,
                         interface_change(ctx.options.repository, name, render_config(serving[0]))))
     published, warnings = [], []
+    for warning in _earlier_companions(ctx, {name for _, name, _ in plan}):
+        ctx.notes.append(f"warning: {warning}")
+        ctx.progress(f"warning: {warning}")
+        warnings.append(warning)
     for variant, name, version, serving, change in checked:
         published.append(_publish_one(ctx, variant, name, version, serving, change, warnings))
         variant.published_as = name
@@ -168,3 +172,21 @@ def run(ctx: BuildContext) -> StageResult:
     main = published[0]
     return StageResult.ok(STAGE, f"{main['name']} version {main['version']} -> {main['path']}", published=published,
                           **({"warnings": warnings} if warnings else {}))
+
+
+def _earlier_companions(ctx: BuildContext, publishing: set[str]) -> list[str]:
+    """The ``<name>__<variant>`` models an earlier build published that this one does not replace: they go on
+    serving that build's model (older weights, perhaps) beside this one, and nothing else says so."""
+    from pathlib import Path
+
+    from builder.repository.layout import latest_version
+
+    root, name = Path(ctx.options.repository), ctx.spec.name
+    stale = []
+    for folder in sorted(root.glob(f"{name}__*")) if root.is_dir() else []:
+        version = latest_version(folder) if (folder / "config.pbtxt").is_file() else None
+        if folder.name not in publishing and version is not None:
+            stale.append(f"{folder.name} (version {version}) is from an earlier build of {name}; this build does not "
+                         f"replace it, so it goes on serving that build's model beside {name}: remove {folder} if "
+                         "it should not")
+    return stale
