@@ -124,10 +124,13 @@ def check_labels(ctx, path: Path, labels: np.ndarray, outputs: dict[str, np.ndar
         return None
     candidates = score_outputs(outputs, labels)
     scores = name if name in candidates else (candidates[0] if candidates else None)
-    if len(candidates) > 1 and name in candidates:  # which one is scored decides what the gate guards: say it
-        shares = ", ".join(f"'{n}' {top1_accuracy(outputs[n], labels):.1f} %" for n in candidates)
-        text = (f"top-1 accuracy is scored on output '{name}': of the outputs that could hold class scores "
-                f"({shares} top-1 in the reference), the labels fit its argmax best")
+    class_ids = [n for n, a in outputs.items() if np.issubdtype(a.dtype, np.integer) and label_classes(a, labels) == 1]
+    every = class_ids + candidates
+    if len(every) > 1:  # which one is scored decides what the gate guards: say it
+        shares = ", ".join(f"'{n}' {top1_accuracy(outputs[n], labels):.1f} %" for n in every)
+        fit = "its argmax" if name in candidates else "it"
+        text = (f"top-1 accuracy is scored on output '{name}': of the outputs that could hold class ids or scores "
+                f"({shares} top-1 in the reference), the labels fit {fit} best")
         ctx.progress(f"  {text}")
         ctx.notes.append(text)
     classes = label_classes(outputs[scores], labels) if scores else None

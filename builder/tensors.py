@@ -381,17 +381,17 @@ def _mismatch_failure(name: str, m: dict[str, float], tolerance: dict[str, float
 
 
 def top1_output(outputs: dict[str, np.ndarray], labels: np.ndarray) -> str | None:
-    """The output top-1 accuracy scores against ``labels``: an integer output holding one class id per
-    label (a model returning (argmax, logits) is scored on its own answer, wherever it comes), else the
-    float output with more than one class per label whose argmax the labels fit best (``outputs`` are
-    the reference's: of (features, logits) the logits, not the embedding that comes first); None when
-    neither exists. Each label covers the output's leading dims of the labels' shape (one per sample,
-    or one per token for labels [N, T] and an output [N, T, classes])."""
-    for name, array in outputs.items():
-        if np.issubdtype(np.asarray(array).dtype, np.integer) and label_classes(array, labels) == 1:
-            return name
-    scores = score_outputs(outputs, labels)
-    return max(scores, key=lambda n: top1_hits(outputs[n], labels)) if scores else None  # a tie: the first
+    """The output top-1 accuracy scores against ``labels``: of the integer outputs holding one class id per
+    label (scored as they are) and the float outputs with more than one class per label (scored by their
+    argmax), the one whose answers the labels fit best (``outputs`` are the reference's: of (features,
+    logits) the logits, not the embedding that comes first; of (token count, logits) the logits, not an
+    integer that merely has one value per sample); a tie goes to the integer output, the model's own
+    answer. None when neither kind exists. Each label covers the output's leading dims of the labels'
+    shape (one per sample, or one per token for labels [N, T] and an output [N, T, classes])."""
+    class_ids = [name for name, array in outputs.items()
+                 if np.issubdtype(np.asarray(array).dtype, np.integer) and label_classes(array, labels) == 1]
+    candidates = class_ids + score_outputs(outputs, labels)
+    return max(candidates, key=lambda n: top1_hits(outputs[n], labels)) if candidates else None  # a tie: the first
 
 
 def score_outputs(outputs: dict[str, np.ndarray], labels: np.ndarray) -> list[str]:

@@ -100,3 +100,6 @@ def test_top1_scores_the_output_the_labels_fit_not_the_first_one():
     assert top1_output({"features": features, "logits": logits}, labels) == "logits"
     ids = logits.argmax(axis=1).astype(np.int64)
     assert top1_output({"features": features, "logits": logits, "ids": ids}, labels) == "ids"
+    # an integer output with one value per sample that is not a class id (a token count): not scored
+    tokens = rng.integers(1, 30, 200)
+    assert top1_output({"n_tokens": tokens, "logits": logits}, labels) == "logits"
