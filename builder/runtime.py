@@ -143,7 +143,9 @@ def torch_runner(module, output_names: list[str], input_names: list[str] | None 
 
     def run(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         names = input_names or list(inputs)
-        args = [torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in names]
+        # copies: a forward() that works on its input in place (x.mul_(2)) would change the caller's arrays,
+        # the stored reference cases among them (the next run then reads other inputs)
+        args = [torch.from_numpy(np.array(inputs[n], order="C", copy=True)) for n in names]
         before = torch.get_num_threads()
         switch = bool(threads) and threads != before  # no cost per call where the pool is already sized
         if switch:

@@ -154,3 +154,24 @@ def test_metadata_records_the_module_source_files_and_weights_it_was_built_from(
     meta = yaml.safe_load((tmp_path / "repo" / "argmax" / "1" / "metadata.yaml").read_text())
     assert meta["source"]["sha256"] == {name: sha256_file(folder / name)
                                         for name in ("model.py", "layers.py", "sub/w.safetensors")}
+
+
+def test_a_model_that_works_on_its_input_in_place_is_built_and_verified(tmp_path, quiet):
+    """x.mul_(2) on the input: each run gets its own copy, so the stored reference cases stay what they were
+    (they changed under the first run, and the second run read that as randomness)."""
+    from builder.pipeline import build
+    from builder.runtime import torch_runner
+    spec = write_model(tmp_path, "argmax", inputs=[{"name": "x", "dtype": "float32", "shape": [6]}],
+                       outputs=[{"name": "probs"}])
+    (spec.parent / "model.py").write_text(
+        "import torch\nclass M(torch.nn.Module):\n    def __init__(self):\n        super().__init__(); "
+        "torch.manual_seed(0); self.fc = torch.nn.Linear(6, 4)\n    def forward(self, x):\n        x.mul_(2.0)\n"
+        "        x.add_(1.0)\n        return self.fc(x)\ndef build():\n    return M().eval()\n")
+    class InPlace(torch.nn.Module):
+        def forward(self, x):
+            return x.mul_(2.0)
+
+    x = np.ones((2, 6), np.float32)
+    assert torch_runner(InPlace(), ["y"])({"x": x})["y"].max() == 2.0 and x.max() == 1.0  # the caller's array kept
+    result = build(spec, tmp_path / "repo", variants=["onnx", "torchscript"], benchmark_seconds=0, progress=quiet)
+    assert all(v.verified for v in result.context.variants), [v.rejected for v in result.context.variants]
