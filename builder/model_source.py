@@ -265,7 +265,8 @@ def check_batch_independent(run, inputs: dict, outputs: dict, origin: str) -> No
             "different clients together, so each would get an answer that depends on the others. Compute each "
             "sample on its own (e.g. softmax/normalise over dim=-1, not dim=0, the batch; an LSTM, GRU or "
             "TransformerEncoder given [batch, time, ...] needs batch_first=True, as batch_first=False reads the batch "
-            "as time); if the first dimension is a set the model needs whole, set max_batch_size: 0 and give that "
+            "as time, and their h_n/c_n are [layers, batch, hidden] even then: return h_n.transpose(0, 1)); if the "
+            "first dimension is a set the model needs whole, set max_batch_size: 0 and give that "
             "dimension in inputs[].shape (-1)")
 
 

@@ -83,6 +83,19 @@ def test_a_time_major_recurrent_layer_is_refused_naming_batch_first():
         check_batch_independent(run, {"x": x}, run({"x": x}), "spec.yaml")
 
 
+def test_a_hidden_state_returned_layers_first_is_refused_naming_the_transpose():
+    torch.manual_seed(0)
+    gru = torch.nn.GRU(8, 4, num_layers=2, batch_first=True)  # h_n stays [layers, batch, hidden]
+
+    def run(feed):
+        with torch.inference_mode():
+            return {"h_n": gru(torch.from_numpy(feed["x"]))[1].numpy()}
+    x = np.random.default_rng(0).standard_normal((2, 5, 8)).astype(np.float32)  # batch 2 = layers: same shape
+    with pytest.raises(UserInputError, match=LEAK + r".*their h_n/c_n are \[layers, batch, hidden\] even then: "
+                                                    r"return h_n\.transpose\(0, 1\)"):
+        check_batch_independent(run, {"x": x}, run({"x": x}), "spec.yaml")
+
+
 def test_noise_the_batch_size_alone_causes_is_forgiven_a_sum_over_the_batch_is_not():
     def noisy(feed):  # kernels whose rounding depends on the batch size only, 1e-3 relative
         x = feed["x"]
