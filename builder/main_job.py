@@ -75,6 +75,7 @@ def job_lock(repository: Path) -> Iterator[None]:
 
 
 JOB_REPOSITORY = "runs/model_repository"  # the job's scratch repository: emptied at the start of each run
+JOB_MARK = ".triton-builder-job"  # in JOB_REPOSITORY: a run made it, so the next run may empty it
 
 
 def _check_arguments(spec, load_seconds: float, users: int) -> None:
@@ -94,6 +95,31 @@ def _check_arguments(spec, load_seconds: float, users: int) -> None:
             f"deploy.target: {target}: `run` serves on the embedded tritonserver, which has only the python "
             f"backend and cannot load a '{target}' build; set deploy.target: embedded for the main job, or "
             f"`triton-builder build SPEC` and serve it on Triton's own image (docker-compose.yml, k8s)")
+
+
+def _empty_job_repository(repository: Path) -> None:
+    """Empty the job's default repository before a run: only a folder an earlier run made (it holds
+    JOB_MARK) or an empty one, never one a tritonserver serves. ``runs/model_repository`` is relative to
+    the folder the job runs from, where a project of the user's may keep a folder of that name."""
+    where = f"{repository} ({repository.resolve()})" if not repository.is_absolute() else str(repository)
+    if repository.is_symlink() or not repository.is_dir():
+        raise UserInputError(f"{where} is {'a symbolic link' if repository.is_symlink() else 'not a folder'}; the job "
+                             "empties its default repository before building and will not follow or replace that: "
+                             "pass --repository DIR (a folder it never empties), or remove it")
+    entries = sorted(p.name for p in repository.iterdir() if p.name not in (JOB_MARK, ".triton-builder.lock"))
+    if entries and not (repository / JOB_MARK).is_file():
+        raise UserInputError(
+            f"{where} holds {', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''}, which `triton-builder "
+            "run` did not put there (an earlier run leaves a .triton-builder-job file in it); the job empties its "
+            "default repository before building, so it stops here: pass --repository DIR to build into another "
+            "folder (never emptied), or move those files away (an earlier version's run: remove the folder)")
+    serving = live_servers(repository)
+    if serving:  # emptying it would pull the files from under that server's models
+        raise UserInputError(
+            f"--repository {repository}: tritonserver (pid {', '.join(map(str, serving))}) serves it; the job "
+            "empties its own default repository before building, so stop that server first (Ctrl-C in its "
+            "`serve` / `run --keep-serving`), or pass another --repository")
+    shutil.rmtree(repository)  # the main job's own scratch repository, never the user's
 
 
 def live_servers(repository: Path) -> list[int]:
@@ -139,14 +165,11 @@ def _run(spec, repository: Path, load_seconds: float, users: int, keep_serving: 
     from builder.serving.embedded import EmbeddedServer
 
     announce = progress or (lambda message: None)
-    if fresh and repository.exists() and repository.resolve() == Path(JOB_REPOSITORY).resolve():
-        serving = live_servers(repository)
-        if serving:  # emptying it would pull the files from under that server's models
-            raise UserInputError(
-                f"--repository {repository}: tritonserver (pid {', '.join(map(str, serving))}) serves it; the job "
-                "empties its own default repository before building, so stop that server first (Ctrl-C in its "
-                "`serve` / `run --keep-serving`), or pass another --repository")
-        shutil.rmtree(repository)  # the main job's own scratch repository, never the user's
+    if fresh and os.path.lexists(repository) and repository.resolve() == Path(JOB_REPOSITORY).resolve():
+        _empty_job_repository(repository)
+    if fresh and repository.resolve() == Path(JOB_REPOSITORY).resolve():
+        repository.mkdir(parents=True, exist_ok=True)
+        (repository / JOB_MARK).write_text("made by `triton-builder run`, which empties this folder at each start\n")
     started = time.perf_counter()
     announce("== 1/4 build")
     result = build(spec, repository, progress=progress)

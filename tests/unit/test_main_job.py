@@ -8,7 +8,7 @@ import os
 import pytest
 
 from builder.errors import UserInputError
-from builder.main_job import job_lock, job_lock_path, job_outputs, run_main_job
+from builder.main_job import JOB_MARK, job_lock, job_lock_path, job_outputs, run_main_job
 
 
 def test_a_second_job_on_the_same_repository_is_refused_naming_the_first(tmp_path):
@@ -46,7 +46,41 @@ def _scratch(tmp_path, monkeypatch):
     repository = tmp_path / "runs" / "model_repository"
     (repository / "m" / "1").mkdir(parents=True)
     (repository / "m" / "1" / "model.onnx").write_text("served")
+    (repository / JOB_MARK).write_text("an earlier run's")
     return repository
+
+
+def test_a_folder_of_that_name_the_job_did_not_make_is_never_emptied(tmp_path, monkeypatch, digits_copy):
+    """runs/model_repository is relative to where the job runs: a project may have a folder of that name."""
+    monkeypatch.chdir(tmp_path)
+    repository = tmp_path / "runs" / "model_repository"
+    (repository / "my_model" / "1").mkdir(parents=True)
+    (repository / "NOTES.txt").write_text("mine")
+    with pytest.raises(UserInputError, match=r"runs/model_repository \(.*\) holds NOTES.txt, my_model, which "
+                                             r"`triton-builder run` did not put there .*pass --repository DIR"):
+        run_main_job(digits_copy / "spec.yaml")
+    assert (repository / "NOTES.txt").read_text() == "mine" and (repository / "my_model" / "1").is_dir()
+
+
+def test_the_job_empties_only_a_folder_it_marked_or_an_empty_one(tmp_path):
+    from builder.main_job import _empty_job_repository
+
+    for marked, files in ((True, ["m"]), (False, [])):
+        repository = tmp_path / f"repo{marked}"
+        repository.mkdir()
+        for name in files:
+            (repository / name).mkdir()
+        if marked:
+            (repository / JOB_MARK).write_text("")
+        _empty_job_repository(repository)
+        assert not repository.exists()
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)
+    with pytest.raises(UserInputError, match=r"link is a symbolic link; the job empties its default repository "
+                                             r"before building and will not follow or replace that"):
+        _empty_job_repository(tmp_path / "link")
+    assert target.is_dir()
 
 
 def test_a_mistyped_spec_leaves_the_jobs_repository_as_it_was(tmp_path, monkeypatch):
