@@ -155,10 +155,17 @@ def cgroup_cpu_limit(read: Callable[[str], str] = _read_text) -> float | None:
     return min(limits) if limits else None
 
 
-def usable_cores(affinity: int | None = None, quota: float | None = None) -> int:
-    """Cores this process may use: the affinity count bounded by the cgroup quota (rounded up, at least 1)."""
+READ_QUOTA = object()  # usable_cores's default: read this process's cgroup quota (cgroup_cpu_limit)
+
+
+def usable_cores(affinity: int | None = None, quota: float | None | object = READ_QUOTA) -> int:
+    """Cores this process may use: the affinity count bounded by the cgroup quota (rounded up, at least 1).
+    ``quota`` None: no quota; by default the one this process runs under (a 2-CPU container on a 64-core
+    host has 2: the measuring threads, OpenVINO's and tune's layouts follow it, as the recorded profile does)."""
     if affinity is None:
         affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if quota is READ_QUOTA:
+        quota = cgroup_cpu_limit()
     if quota is not None:
         affinity = min(affinity, max(1, math.ceil(quota - 1e-9)))
     return max(1, affinity)

@@ -169,11 +169,12 @@ def measure_round_robin(calls: dict[str, Callable[[], object]], items_per_call: 
 
 
 def cpu_cores() -> int:
-    """CPU cores this process may run on (the affinity mask, else os.cpu_count())."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+    """CPU cores this process may use: its affinity mask bounded by its cgroup CPU quota (builder/host.py
+    usable_cores, what metadata's host profile records), so variants are measured on the threads they are
+    recorded and served with."""
+    from builder.host import usable_cores
+
+    return usable_cores()
 
 
 def load_average() -> float | None:

@@ -54,6 +54,24 @@ def test_usable_cores_follow_the_cgroup_quota_not_the_host(tmp_path):
     assert usable_cores(affinity=2, quota=8.0) == 2
 
 
+
+def test_the_measuring_threads_and_tunes_layouts_follow_this_processs_quota(monkeypatch):
+    """A 1-CPU quota on a 2-core affinity: measured with 2 threads and tuned for 2 cores before, while
+    metadata recorded 1 usable core (a 64-core host's container measured with 64 threads)."""
+    from builder import host
+    from builder.measure import cpu_cores
+    from builder.tuning.search import built_candidate
+    from builder.tuning.tune import _layouts
+
+    monkeypatch.setattr(host.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(host, "cgroup_cpu_limit", lambda read=None: 1.0)
+    assert usable_cores() == 1 and cpu_cores() == 1
+    base = {"name": "m", "backend": "python", "max_batch_size": 8, "dynamic_batching": {},
+            "parameters": {"intra_op_threads": {"string_value": "1"}}, "instance_group": [{"count": 1}]}
+    assert _layouts(base, built_candidate(base), None, None) == [(2, 0)]  # 1 core: 2 x the built threads; 2 cores: 3
+    monkeypatch.setattr(host, "cgroup_cpu_limit", lambda read=None: None)
+    assert usable_cores() == 2 and cpu_cores() == 2
+
 def test_profile_of_this_host_is_plain_yaml(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("model name : Test CPU\nflags : avx2 avx512f\n")
