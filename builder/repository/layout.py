@@ -11,8 +11,10 @@ Usage::
 Nothing is visible in the repository until the with-block ends without error. A model's first
 version appears with its config.pbtxt in one rename of the whole staged model folder; a later
 version folder is renamed into place (it never replaces an existing version), then config.pbtxt is
-replaced atomically. On error the staging folder is removed and the repository is as it was; a
-staging folder a killed build left is owned by nobody and removed by the next publish (builder/scratch.py).
+replaced atomically - only when the new version is the highest: one published below a higher version
+(``draft.config_replaced`` False, ``draft.note`` says so) leaves the config the higher one is served
+with. On error the staging folder is removed and the repository is as it was; a staging folder a
+killed build left is owned by nobody and removed by the next publish (builder/scratch.py).
 """
 
 from __future__ import annotations
@@ -79,10 +81,25 @@ def require_model_repository(repository: Path, where: str = "--repository") -> P
     return root
 
 
+def is_version_name(name: str) -> bool:
+    """A folder name Triton loads as a version: ASCII digits without a leading zero. Triton skips "02"
+    (it logs "contains leading zeros" and never loads it), so it is no version here either: reading it
+    as 2 named a folder 2/ that does not exist."""
+    return name.isascii() and name.isdigit() and (name == "0" or not name.startswith("0"))
+
+
 def existing_versions(folder: Path) -> list[int]:
     if not folder.is_dir():
         return []
-    return sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
+    return sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and is_version_name(p.name))
+
+
+def misnamed_versions(folder: Path) -> list[str]:
+    """Version-like folders Triton ignores (digits with a leading zero, "02"): validate names them."""
+    if not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.iterdir()
+                  if p.is_dir() and p.name.isascii() and p.name.isdigit() and not is_version_name(p.name))
 
 
 def latest_version(folder: Path) -> int | None:
@@ -106,6 +123,8 @@ class Draft:
     config_text: str | None = None
     version: int | None = None  # chosen when the draft opens
     path: Path | None = None  # set once the version folder is in place
+    config_replaced: bool = True  # False: a higher version was there, its config.pbtxt was kept
+    note: str = ""  # what the caller should tell the user (a version published below the latest)
 
 
 LOCK_FILE = ".triton-builder.lock"
@@ -265,6 +284,19 @@ def publish_version(repository: Path, name: str, version: int | None = None,
             draft.folder.rename(staged_model / str(draft.version))
             os.rename(staged_model, target_model)  # atomic: model, config and version at once
         else:
+            # decided under the lock, at the rename: a version whose number is below one already there (an
+            # explicit lower `version:`, or a concurrent build that finished first) must not rewrite the
+            # config Triton serves the higher version with (version_policy latest); a reservation can't tell
+            # this early, since builds finish in any order
+            higher = max(existing_versions(target_model), default=None)
             os.rename(draft.folder, destination)  # atomic: the version appears complete or not at all
-            os.replace(staged_model / "config.pbtxt", target_model / "config.pbtxt")
+            if higher is not None and higher > draft.version:
+                draft.config_replaced = False
+                draft.note = (f"version {draft.version} of '{name}' was published below version {higher}: "
+                              f"config.pbtxt was kept as version {higher} has it (it is the config Triton serves "
+                              f"version {higher} with), so a latest version_policy goes on serving {higher}, not "
+                              f"{draft.version}; to serve this build, build it without 'version:' (it takes the "
+                              "next number)")
+            else:
+                os.replace(staged_model / "config.pbtxt", target_model / "config.pbtxt")
         draft.path = destination

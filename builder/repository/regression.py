@@ -29,13 +29,22 @@ LIMIT_KEYS = {"latency": "percent slower", "accuracy": "percentage points lost",
 
 
 def parse_limits(text: str | None) -> dict[str, float]:
-    """``latency=20,accuracy=0.5,rel_l2=1e-3`` -> {"latency": 20.0, ...}; errors name --max-regression."""
-    if not text:
+    """``latency=20,accuracy=0.5,rel_l2=1e-3`` -> {"latency": 20.0, ...}; errors name --max-regression.
+    None: no gate. An empty or blank value is an error, not "no gate": it is what a CI job's unset
+    variable passes (--max-regression "$LIMITS"), and a gate silently off would pass every regression."""
+    if text is None:
         return {}
+    form = (f"KEY=NUMBER[,KEY=NUMBER...] (finite, >= 0) with KEY one of "
+            f"{', '.join(f'{k} ({v})' for k, v in LIMIT_KEYS.items())}; e.g. --max-regression latency=20,accuracy=0.5")
+    if not text.strip():
+        raise UserInputError(f"--max-regression is empty (an unset variable?): give {form}, or leave the flag out "
+                             "for no gate")
     limits: dict[str, float] = {}
     for part in text.split(","):
         key, _, value = part.partition("=")
         key = key.strip()
+        if key in limits:  # accuracy=0.5,accuracy=3 kept the last one: which did the user mean?
+            raise UserInputError(f"--max-regression: {key} is given twice ({text.strip()!r}); give each limit once")
         try:
             if key not in LIMIT_KEYS:
                 raise ValueError
@@ -43,9 +52,7 @@ def parse_limits(text: str | None) -> dict[str, float]:
             if not math.isfinite(limits[key]) or limits[key] < 0:  # nan/inf would switch the gate off
                 raise ValueError
         except ValueError:
-            raise UserInputError(f"--max-regression: {part.strip()!r} is not KEY=NUMBER (finite, >= 0) with KEY one of "
-                                 f"{', '.join(f'{k} ({v})' for k, v in LIMIT_KEYS.items())}; e.g. "
-                                 "--max-regression latency=20,accuracy=0.5") from None
+            raise UserInputError(f"--max-regression: {part.strip()!r} is not {form}") from None
     return limits
 
 

@@ -1,21 +1,27 @@
 """`triton-builder select`: on the serving host, re-measure a build's verified variants and publish the
 winner, sized to this host, as a new version of the model (no re-export).
 
-The candidates are the variants the repository holds for model ``<name>``: each variant among the
-versions of ``<name>`` itself, and the ``<name>__<variant>`` models a build published with
-``--publish-variants`` (without it, only the served variant is a candidate: select then re-sizes
-serving to this host). Each candidate is replayed against the stored reference (reference.npz of
-``<name>``'s latest version, the candidate's own tolerance) and measured in-process here; the best
+The candidates are the variants the repository holds for model ``<name>`` from the build that made its
+latest (served) version: each variant among the versions of ``<name>`` itself, and the
+``<name>__<variant>`` models a build published with ``--publish-variants`` (without it, only the served
+variant is a candidate: select then re-sizes serving to this host). A version of another build (other
+weights or model code, another interface: metadata.yaml ``source`` and ``spec``) is listed as excluded
+with what differs, and so is one whose files no longer match its metadata.yaml's hashes or, with a key,
+its signature (builder/repository/provenance.py): each candidate is replayed against its own
+reference.npz, which another model - or a tampered one - passes as well. The served version failing
+those checks refuses the whole select. Each candidate is replayed against its version's reference.npz (else
+``<name>``'s latest version's; the candidate's own tolerance) and measured in-process here; the best
 by the build's objective (throughput or latency; a candidate further from the reference only when it is
 faster by more than the noise: builder/objective.py prefer_accurate) is published with this host's profile, its
 serving size (builder/host.py size_serving; only where the build sized it, not where the spec set
-deploy.instances or the target is a GPU), its batching delay re-sized from the winner measured here
-at batch 1 and at a larger batch (host.size_queue_delay; only where the build sized the delay, not where
-the spec set it) and the measurements in metadata.yaml. Objective
+deploy.instances, `tune --publish` chose it on the running server, or the target is a GPU), its batching
+delay re-sized from the winner measured here at batch 1 and at a larger batch (host.size_queue_delay; only
+where the build sized the delay, not where the spec set it) and these measurements as its metadata.yaml
+``benchmark`` (the build host's figures under ``benchmark_on_build_host``, with that host). Objective
 ``tradeoff`` ranks by the build's J (builder/objective.py: the candidate's build-time accuracy, its p50
 measured here, its recorded peak memory, the weights the build used). Where the winner,
 the size and the delay are what the latest version already serves, measured on a host like this one, nothing is
-published.
+published. Republishing the files (also `tune --publish`): builder/repository/republish.py.
 
 Usage::
 
@@ -35,15 +41,17 @@ import numpy as np
 from builder.errors import UserInputError
 from builder.host import compare_hosts, host_profile, size_queue_delay, size_serving
 from builder.objective import prefer_accurate, speed, tradeoff_terms
-from builder.repository.description import VersionDescription
-from builder.repository.layout import (existing_versions, latest_version, model_dir, not_in_repository,
-                                       require_writable, reserve_version)
+from builder.repository.layout import existing_versions, latest_version, model_dir, not_in_repository, require_writable
 from builder.repository.metadata import read_metadata, read_reference
+from builder.repository.provenance import build_difference, integrity_failure, verifying_key
+# publish_tuned, resolve_signing_key: imported from here by tune (builder/tuning/tune.py)
+from builder.repository.republish import (COPIED_EXTRAS, TUNED, publish_tuned, renamed_config,  # noqa: F401
+                                          republish, require_key_if_signed, resolve_signing_key, version_model_files)
 from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures, worst_metric
 
 # measure(candidate label, runner, batch-1 inputs, threads) -> {"throughput": inferences/s, "p50_ms": ...}
 Measure = Callable[[str, Callable, dict[str, np.ndarray], int], dict[str, float]]
-COPIED_EXTRAS = ("drift_profile.json",)
+BUILD_BENCHMARK = "benchmark_on_build_host"  # metadata.yaml of a version select published: its build's figures
 
 
 @dataclass
@@ -65,7 +73,9 @@ class SelectReport:
     candidates: list[Candidate] = field(default_factory=list)
     winner: Candidate | None = None
     sizing: tuple[int, int] | None = None
-    size_kept: str | None = None  # why the served instances x threads are kept (the spec set them); None: sized here
+    size_kept: str | None = None  # why the served instances x threads are kept (spec, tune); None: sized here
+    config_size: tuple[int, int | None] | None = None  # written into the winner's config (None: kept as it is)
+    batched: tuple[int, float] | None = None  # (batch, samples/s) of the winner measured here for the delay
     delay: tuple[int, str] | None = None  # (max_queue_delay_microseconds, why) re-sized here; None: kept as built
     published: dict[str, Any] | None = None
     why: str = ""
@@ -104,9 +114,13 @@ def default_measure(seconds: float = 2.0, clock: Callable[[], float] | None = No
     return run
 
 
-def _candidates(repository: Path, name: str) -> list[Candidate]:
+def _candidates(repository: Path, name: str, served: dict[str, Any], served_number: int) -> list[Candidate]:
+    """One candidate per variant: its newest version from the served version's build (provenance.py
+    build_difference). A version of another build met first (the one select took before it checked
+    builds) is listed too, excluded with what differs, so the user sees why it was passed over."""
     main = model_dir(repository, name)
     found: dict[str, Candidate] = {}
+    other: dict[str, Candidate] = {}
     folders = [(name, main)] + sorted((p.name, p) for p in repository.iterdir()
                                       if p.is_dir() and p.name.startswith(f"{name}__"))
     for model, folder in folders:
@@ -116,8 +130,39 @@ def _candidates(repository: Path, name: str) -> list[Candidate]:
                 continue
             meta = read_metadata(meta_path)
             variant = meta["artifact"]["variant"]
-            found.setdefault(variant, Candidate(f"{model}/{number}", variant, folder / str(number), meta))
-    return list(found.values())
+            if variant in found:
+                continue
+            candidate = Candidate(f"{model}/{number}", variant, folder / str(number), meta,
+                                  excluded=build_difference(meta, served, served_number))
+            if not candidate.excluded:
+                found[variant] = candidate
+            else:
+                other.setdefault(variant, candidate)
+    return list(found.values()) + list(other.values())
+
+
+def _checked_candidates(repository: Path, name: str, number: int, served: dict[str, Any], key,
+                        public_key) -> list[Candidate]:
+    """The candidates (``_candidates``), each checked to be what was published (provenance.py
+    integrity_failure: files_sha256, the signature where there is a key) before anything is replayed:
+    select copies the winner and signs the copy, so a tampered version would come out re-signed. The
+    served version failing it refuses the whole select (UserInputError)."""
+    from builder.repository.signing import SIGNATURE_FILE
+
+    main = model_dir(repository, name)
+    served_folder = main / str(number)
+    signed = (served_folder / SIGNATURE_FILE).is_file()
+    with verifying_key(public_key, key, repository) as verify_with:
+        why = integrity_failure(served_folder, number, verify_with, signed)
+        if why:
+            raise UserInputError(f"{served_folder}: {name} version {number}, the served version select starts from, "
+                                 f"is not what was published ({why}); run `triton-builder validate {main}` to see "
+                                 "every problem: nothing was measured or published")
+        candidates = _candidates(repository, name, served, number)
+        for c in candidates:
+            if not c.excluded and c.folder != served_folder:
+                c.excluded = integrity_failure(c.folder, int(c.folder.name), verify_with, signed)
+    return candidates
 
 
 def _batch1(inputs: dict[str, np.ndarray], batching: bool) -> dict[str, np.ndarray]:
@@ -135,14 +180,20 @@ def _weights(served: dict[str, Any]) -> dict[str, float]:
     variant's benchmark, else the spec's defaults."""
     from builder.spec import TRADEOFF_DEFAULTS
 
-    recorded = (served.get("selection") or {}).get("weights") or ((served.get("benchmark") or {}).get("tradeoff") or {})
+    recorded = (served.get("selection") or {}).get("weights") or (_build_benchmark(served).get("tradeoff") or {})
     return {k: float(recorded.get(k, v)) for k, v in TRADEOFF_DEFAULTS.items()}
+
+
+def _build_benchmark(meta: dict[str, Any]) -> dict[str, Any]:
+    """The benchmark its build recorded: a version select published holds select's measurements under
+    ``benchmark`` and its build's under BUILD_BENCHMARK (``_publish``)."""
+    return (meta[BUILD_BENCHMARK] if BUILD_BENCHMARK in meta else meta.get("benchmark")) or {}
 
 
 def _add_tradeoff(c: Candidate, weights: dict[str, float]) -> None:
     """J of a measured candidate: its build-time accuracy, its p50 here, its peak memory (measured here
     when the measure reports it, else as recorded by its build)."""
-    memory = c.measured.get("peak_memory_mb", ((c.meta.get("benchmark") or {}).get("peak_memory_mb")))
+    memory = c.measured.get("peak_memory_mb", _build_benchmark(c.meta).get("peak_memory_mb"))
     terms = tradeoff_terms(c.meta.get("accuracy"), c.measured.get("p50_ms"), memory, weights)
     if terms is not None:
         c.measured.update({"J": terms["J"], "accuracy": terms["accuracy"], "memory_mb": terms["memory_mb"]})
@@ -150,10 +201,13 @@ def _add_tradeoff(c: Candidate, weights: dict[str, float]) -> None:
 
 def select_for_host(repository: str | Path, name: str, *, measure: Measure | None = None,
                     current_host: dict[str, Any] | None = None, dry_run: bool = False, signing_key=None,
+                    public_key: str | Path | None = None,
                     progress: Callable[[str], object] = lambda message: None) -> SelectReport:
     """Re-measure ``name``'s variants on this host and publish the winner as a new version (see the
     module's docstring). ``measure`` and ``current_host`` are injectable (tests; default: measured here).
-    ``signing_key`` (a PEM path or SigningKey; default $TRITON_BUILDER_SIGNING_KEY) signs the new version."""
+    ``signing_key`` (a PEM path or SigningKey; default $TRITON_BUILDER_SIGNING_KEY) signs the new version;
+    ``public_key`` (default $TRITON_BUILDER_PUBLIC_KEY, else the signing key's public half) verifies the
+    signatures of the served version and the candidates first."""
     from builder.runtime import open_runner
 
     repository = Path(repository)
@@ -170,6 +224,7 @@ def select_for_host(repository: str | Path, name: str, *, measure: Measure | Non
     if not dry_run:
         require_key_if_signed(repository, name, key)
     served = read_metadata(main / str(number) / "metadata.yaml")
+    candidates = _checked_candidates(repository, name, number, served, key, public_key)
     cases, outputs = read_reference(main / str(number) / "reference.npz")
     host = current_host if current_host is not None else host_profile()
     cores = int(host.get("usable_cores") or 1)
@@ -177,8 +232,10 @@ def select_for_host(repository: str | Path, name: str, *, measure: Measure | Non
     objective = (served.get("selection") or {}).get("objective") or "throughput"
     batching = int(served["spec"].get("max_batch_size") or 0) > 0
     report = SelectReport(name, objective, weights=_weights(served) if objective == "tradeoff" else None)
-    for c in _candidates(repository, name):
+    for c in candidates:
         report.candidates.append(c)
+        if c.excluded:  # another build's, or not what was published (_checked_candidates)
+            continue
         artifact = c.meta["artifact"]
         output_names = [o["name"] for o in c.meta["spec"]["outputs"]]
         input_names = [i["name"] for i in c.meta["spec"]["inputs"]]
@@ -222,15 +279,20 @@ def select_for_host(repository: str | Path, name: str, *, measure: Measure | Non
                                      objective, report, progress)
     report.winner = winner
     serving = served.get("serving") or {}
+    served_variant = served["artifact"]["variant"]
     if _size_was_sized(serving):
         report.sizing = size_serving(cores, winner.measured["p50_ms"] / 1000.0)
-    else:  # the user's choice (deploy.instances) or a GPU target's: select re-measures variants, not that
+        report.config_size = report.sizing
+    else:  # the user's choice (deploy.instances), tune's (measured on the server) or a GPU target's: kept
         report.sizing = (int(serving.get("instances") or 1), int(serving.get("intra_op_threads") or 1))
         report.size_kept = str(serving.get("sized") or "from the spec")
+        if report.size_kept.startswith(TUNED) and winner.folder.parent != main:
+            # the served config is the tuned one; another model folder's config was never tuned: size it as tuned
+            report.config_size = (report.sizing[0], serving.get("intra_op_threads"))
     if batching and _delay_was_sized(serving):
-        report.delay = _size_delay(winner, cases[0]["inputs"], measure, cores, int(served["spec"]["max_batch_size"]),
-                                   progress)
-    served_variant = served["artifact"]["variant"]
+        delay_us, delay_why, report.batched = _size_delay(winner, cases[0]["inputs"], measure, cores,
+                                                          int(served["spec"]["max_batch_size"]), progress)
+        report.delay = (delay_us, delay_why)
     served_size = (serving.get("instances"), serving.get("intra_op_threads"))
     # the same decision on the same kind of host: nothing to publish (a different host is recorded anew,
     # so serve/check/validate stop warning)
@@ -240,6 +302,9 @@ def select_for_host(repository: str | Path, name: str, *, measure: Measure | Non
     where = f"{host.get('cpu_model')} ({host.get('isa_class')}, {cores} usable cores)"
     delay = f", batching delay {report.delay[0]} us" if report.delay else ""
     delay += f" (instances kept: {report.size_kept})" if report.size_kept else ""
+    if report.size_kept and report.size_kept.startswith(TUNED) and winner.variant != served_variant:
+        delay += (f" - tuned for {served_variant}: run `triton-builder tune --publish` again for {winner.variant} "
+                  "(its batching delay and batch sizes are its build's)")
     if same:
         report.why = (f"{name} version {number} already serves {served_variant} with {report.sizing[0]} instance(s) x "
                       f"{report.sizing[1]} thread(s){delay}, the best on {where}: nothing published")
@@ -289,8 +354,10 @@ def _confirm_change(winner: Candidate, incumbent: Candidate, measure: Measure, i
 
 
 def _size_was_sized(serving: dict[str, Any]) -> bool:
-    """The served instances x threads were sized from a measurement (not set by the spec, not a GPU target's)."""
-    return not str(serving.get("sized") or "").startswith(("from the spec", "GPU target"))
+    """The served instances x threads were sized from an in-process measurement: not set by the spec, not
+    a GPU target's, and not chosen by `tune --publish` (measured on the running server under load, which
+    select's batch-1 in-process figures cannot overrule)."""
+    return not str(serving.get("sized") or "").startswith(("from the spec", "GPU target", TUNED))
 
 
 def _delay_was_sized(serving: dict[str, Any]) -> bool:
@@ -300,63 +367,26 @@ def _delay_was_sized(serving: dict[str, Any]) -> bool:
 
 
 def _size_delay(winner: Candidate, inputs: dict[str, np.ndarray], measure: Measure, cores: int, max_batch: int,
-                progress) -> tuple[int, str]:
+                progress) -> tuple[int, str, tuple[int, float]]:
     """host.size_queue_delay from the winner measured here at batch 1 (already) and at a larger batch: the
-    best batch of its build's benchmark, else the max batch size (at most 32)."""
-    built = (winner.meta.get("benchmark") or {}).get("best_batch")
+    best batch of its build's benchmark, else the max batch size (at most 32). Also (that batch, its
+    samples/s here): the new version's benchmark records it."""
+    built = _build_benchmark(winner.meta).get("best_batch")
     batch = int(built) if built and 1 < int(built) <= max_batch else min(max_batch, 32)
     progress(f"select: measuring {winner.variant} at batch {batch} on this host (the batching delay)")
     batched = {k: np.concatenate([v[:1]] * batch) for k, v in inputs.items()}
     per_call = measure(f"{winner.label} batch {batch}", winner.runner, batched, cores)["throughput"]
     rates = {1: winner.measured["throughput"], batch: per_call * batch}
     delay, why = size_queue_delay(winner.measured["p50_ms"] / 1000.0, rates)
-    return delay, f"{why} (measured on this host by triton-builder select)"
-
-
-def _model_files(folder: Path, artifact: dict[str, Any]) -> list[Path]:
-    """The version's model file first, then its companions (ONNX external data; an IR's model.bin)."""
-    main = artifact["file"]
-    companions = [p for p in folder.iterdir() if p.name != main and (
-        p.name.startswith(main) or (artifact["format"] == "openvino" and p.name == Path(main).stem + ".bin"))]
-    return [folder / main, *sorted(companions)]
-
-
-def _config_text(winner_model: Path, name: str, sizing: tuple[int, int] | None, text: str | None = None,
-                 delay_us: int | None = None):
-    """The winner's config.pbtxt (or ``text``) renamed to ``name`` and sized (``delay_us``: the batching
-    delay, where it batches), through Triton's schema: (text, the ModelConfig of its name, backend and
-    tensors that publish_model checks)."""
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
-
-    from builder.repository.config import DynamicBatching, ModelConfig, TensorConfig, parse_config
-
-    where = str(winner_model / "config.pbtxt")
-    message = parse_config(text if text is not None else Path(where).read_text(), where)
-    message.name = name
-    for group in message.instance_group if sizing else ():
-        if group.kind != group.KIND_GPU:
-            group.count = sizing[0]
-    for key in ("intra_op_threads", "INFERENCE_NUM_THREADS"):  # python backend, openvino backend
-        if sizing and key in message.parameters:
-            message.parameters[key].string_value = str(sizing[1])
-    if delay_us is not None and message.HasField("dynamic_batching"):
-        message.dynamic_batching.max_queue_delay_microseconds = delay_us
-
-    def tensors(items):
-        return [TensorConfig(t.name, model_config_pb2.DataType.Name(t.data_type), list(t.dims) or [1]) for t in items]
-    batching = DynamicBatching() if message.HasField("dynamic_batching") else None
-    config = ModelConfig(name=name, backend=message.backend or message.platform, max_batch_size=message.max_batch_size,
-                         inputs=tensors(message.input), outputs=tensors(message.output), dynamic_batching=batching)
-    return text_format.MessageToString(message), config
+    return delay, f"{why} (measured on this host by triton-builder select)", (batch, rates[batch])
 
 
 def _publish(repository: Path, name: str, served_number: int, winner: Candidate, report: SelectReport,
              host: dict[str, Any], key=None) -> dict[str, Any]:
-    text, config = _config_text(winner.folder.parent, name, None if report.size_kept else report.sizing,
-                                delay_us=report.delay[0] if report.delay else None)
+    text, config = renamed_config(winner.folder.parent, name, report.config_size,
+                                  delay_us=report.delay[0] if report.delay else None)
     artifact = winner.meta["artifact"]
-    model_files = _model_files(winner.folder, artifact)
+    model_files = version_model_files(winner.folder, artifact)
     runtime = {n: winner.folder / n for n in ("model.py", "drift.py") if (winner.folder / n).is_file()}
     own = winner.folder / "reference.npz"  # the winner's own reference (its outputs, if it changed the function)
     extra: dict[str, bytes] = {"reference.npz": (own if own.is_file() else
@@ -368,6 +398,9 @@ def _publish(repository: Path, name: str, served_number: int, winner: Candidate,
         "model_name": name,
         "build_date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "host": host,
+        # this host's figures (select's, batch 1): `host` says where; the build host's stay under their own key
+        "benchmark": _benchmark_here(winner, report, host),
+        BUILD_BENCHMARK: _build_host_figures(winner.meta),
         "serving": {"instances": report.sizing[0], "intra_op_threads": report.sizing[1],
                     "sized": (report.size_kept
                               or f"by triton-builder select on this host ({host.get('usable_cores')} usable cores)"),
@@ -377,90 +410,41 @@ def _publish(repository: Path, name: str, served_number: int, winner: Candidate,
                       **({"weights": report.weights} if report.weights is not None else {}),
                       "why": (f"best {report.objective} of the candidates re-measured on this host by "
                               f"triton-builder select" + (f"; {report.tie_rule}" if report.tie_rule else "")),
-                      "candidates": {c.variant: (c.excluded or c.measured) for c in report.candidates}},
+                      "candidates": _candidate_record(report.candidates)},
         "reselected_from": {"model": winner.label, "served_version": served_number,
                             "measured_on": winner.meta.get("host")},
     })
-    return _republish(repository, name, artifact["format"], model_files, runtime, extra, record, text, config,
-                      key)
+    return republish(repository, name, artifact["format"], model_files, runtime, extra, record, text, config, key)
 
 
-def resolve_signing_key(value, repository: Path):
-    """A SigningKey from ``value`` (a PEM path, a SigningKey, or None: $TRITON_BUILDER_SIGNING_KEY), or None."""
-    from builder.repository.signing import SigningKey, signing_key
-
-    return value if isinstance(value, SigningKey) else signing_key(value, repository)
-
-
-def require_key_if_signed(repository: Path, name: str, key) -> None:
-    """Refuse to publish an unsigned version on top of a signed latest one: the new version would be the
-    served one, and `serve --require-signature` would then refuse the whole repository."""
-    from builder.repository.signing import KEY_ENV, SIGNATURE_FILE
-
-    main = model_dir(repository, name)
-    number = latest_version(main) if main.is_dir() else None
-    if key is not None or number is None or not (main / str(number) / SIGNATURE_FILE).is_file():
-        return
-    raise UserInputError(f"{main / str(number) / SIGNATURE_FILE}: {name} version {number} is signed, but no signing "
-                         f"key was given, so the new version would be published unsigned (validate and serve "
-                         f"--require-signature refuse it); pass --signing-key PEM or set ${KEY_ENV}")
+def _benchmark_here(winner: Candidate, report: SelectReport, host: dict[str, Any]) -> dict[str, Any]:
+    """The new version's ``benchmark``: the winner as select measured it on this host (in-process, batch 1,
+    and the larger batch it measured for the batching delay), in the build benchmark's keys."""
+    rates = {"1": round(winner.measured["throughput"], 1)}
+    if report.batched:
+        rates[str(report.batched[0])] = round(report.batched[1], 1)
+    best = max(rates, key=lambda batch: rates[batch])
+    return {"measured_by": (f"triton-builder select on this host ({host.get('cpu_model')}, {host.get('usable_cores')} "
+                            f"usable cores): in-process, batch {' and '.join(rates)}"),
+            "latency_ms_b1": {"p50": round(winner.measured["p50_ms"], 4)},
+            "throughput_by_batch": rates, "best_throughput": rates[best], "best_batch": int(best),
+            "threads": host.get("usable_cores"),
+            **({"peak_memory_mb": winner.measured["peak_memory_mb"]} if "peak_memory_mb" in winner.measured else {})}
 
 
-def _republish(repository, name, model_format, model_files, runtime, extra, record, text, config,
-               key=None) -> dict[str, Any]:
-    """A new version of ``name`` from these parts, signed while staged when ``key`` is given (as build does)."""
-    from builder.repository.publish import publish_model
-
-    with reserve_version(repository, name, None) as reservation:
-        description = VersionDescription(name=name, version=reservation.version, config=config,
-                                         model_format=model_format, model_files=model_files,
-                                         runtime_files=runtime, extra_files=extra, metadata=record,
-                                         config_text=text, signing_key=key)
-        return publish_model(repository, description, reservation)
+def _build_host_figures(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The build's benchmark with the host it was measured on (kept as it is where ``meta`` is already a
+    copy select made); None where the build measured nothing."""
+    if BUILD_BENCHMARK in meta:
+        return meta[BUILD_BENCHMARK]
+    figures = meta.get("benchmark")
+    return {"host": meta.get("host"), **figures} if isinstance(figures, dict) and figures else None
 
 
-def publish_tuned(repository: str | Path, name: str, config_text: str, tuning: dict[str, Any],
-                  signing_key=None) -> dict[str, Any]:
-    """`tune --publish`: the latest version of ``name`` again (same files, no re-export) as a new version
-    served with ``config_text`` (the tuned config), ``tuning.json`` inside it and the chosen instances and
-    threads in metadata.yaml's ``serving``; signed with ``signing_key`` (a PEM path or SigningKey;
-    default $TRITON_BUILDER_SIGNING_KEY). Only scheduling may change (the backend, inputs and outputs
-    must stay: BuilderError otherwise)."""
-    import json
-
-    from builder.errors import BuilderError
-    from builder.repository.config import config_as_dict
-
-    repository = Path(repository)
-    signer = resolve_signing_key(signing_key, repository)
-    main = model_dir(repository, name)
-    if not main.is_dir():
-        raise not_in_repository(name, repository)
-    number = latest_version(main)
-    if number is None:
-        raise UserInputError(f"model '{name}' has no version in {repository.resolve()}; build it first")
-    require_key_if_signed(repository, name, signer)
-    folder = main / str(number)
-    new, old = config_as_dict(config_text), config_as_dict((main / "config.pbtxt").read_text())
-    for key in ("backend", "platform", "input", "output"):
-        if new.get(key) != old.get(key):
-            raise BuilderError(f"tuned config of '{name}' changes '{key}': tuning may only change scheduling")
-    text, config = _config_text(main, name, None, config_text)
-    meta = read_metadata(folder / "metadata.yaml")
-    artifact = meta["artifact"]
-    model_files = _model_files(folder, artifact)
-    runtime = {n: folder / n for n in ("model.py", "drift.py") if (folder / n).is_file()}
-    extra: dict[str, bytes] = {n: (folder / n).read_bytes() for n in ("reference.npz",) + COPIED_EXTRAS
-                               if (folder / n).is_file()}
-    extra["tuning.json"] = (json.dumps(tuning, indent=2, default=str) + "\n").encode()
-    threads = (new.get("parameters") or {}).get("intra_op_threads", {}).get("string_value")
-    record = dict(meta)
-    record.update({
-        "build_date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "serving": {"instances": sum(int(g.get("count", 1)) for g in new.get("instance_group") or [{}]),
-                    "intra_op_threads": int(threads) if threads else None,
-                    "sized": "by triton-builder tune (measured on the running server; tuning.json)"},
-        "tuned_from": {"version": number},
-    })
-    return _republish(repository, name, artifact["format"], model_files, runtime, extra, record, text, config,
-                      signer)
+def _candidate_record(candidates: list[Candidate]) -> dict[str, Any]:
+    """metadata.yaml selection.candidates: by variant; a variant's version from another build, excluded,
+    by its label when the variant's candidate already holds the key."""
+    record: dict[str, Any] = {}
+    for c in sorted(candidates, key=lambda c: bool(c.excluded)):
+        record[c.variant if c.variant not in record else c.label] = c.excluded or c.measured
+    return record

@@ -128,19 +128,31 @@ def verify_version(folder: Path, number: int, key: Path) -> list[str]:
     return []
 
 
-def verify_model(folder: Path, versions: list[int], key: Path | None, required: bool = False) -> list[str]:
+def verify_model(folder: Path, versions: list[int], key: Path | None, required: bool = False,
+                 warnings: list[str] | None = None) -> list[str]:
     """Check the signatures of ``versions`` of the model in ``folder`` with ``key`` (None: only
     whether they are signed, if ``required``), and that config.pbtxt is the latest version's signed
-    copy. Returns failure lines naming version and file."""
+    copy. Returns failure lines naming version and file; ``warnings`` (when given) gets a line per
+    version a ``key`` could not check (unsigned: only its hashes vouch for it)."""
     failures: list[str] = []
     if required and key is None:
         raise UserInputError(f"--require-signature needs a public key: pass --public-key or set ${PUBLIC_KEY_ENV}")
     for number in versions:
         version_folder = folder / str(number)
         if not (version_folder / SIGNATURE_FILE).is_file():
-            if required:
+            if (version_folder / SIGNED_CONFIG).is_file():
+                # only a signing publish writes the signed copy, and always with model.sig: a version holding
+                # one without the other had its signature removed, which would pass it as merely unsigned
+                failures.append(f"version {number}: {SIGNATURE_FILE} is missing but {SIGNED_CONFIG} is there: the "
+                                "version was signed and its signature removed (tampered?); restore the version from "
+                                "where it was published, or rebuild it with --signing-key")
+            elif required:
                 failures.append(f"version {number}: unsigned (no {SIGNATURE_FILE}); --require-signature refuses it: "
                                 "rebuild with --signing-key (or $" + KEY_ENV + ")")
+            elif key is not None and warnings is not None:
+                warnings.append(f"version {number}: unsigned (no {SIGNATURE_FILE}): not checked with the public "
+                                "key, only against metadata.yaml's hashes (which anyone can rewrite); "
+                                "--require-signature refuses unsigned versions")
             continue
         if key is not None:
             failures.extend(verify_version(version_folder, number, key))
@@ -150,6 +162,9 @@ def verify_model(folder: Path, versions: list[int], key: Path | None, required: 
         if signed.is_file() and (folder / "config.pbtxt").read_bytes() != signed.read_bytes():
             failures.append(f"config.pbtxt: differs from {newest}/{SIGNED_CONFIG}, the config signed with "
                             "the latest version (edited or tuned after signing): rebuild, or restore the signed copy")
+        elif not signed.is_file() and warnings is not None and not (folder / str(newest) / SIGNATURE_FILE).is_file():
+            warnings.append(f"config.pbtxt: not checked with the public key: the latest version {newest} is unsigned, "
+                            "so no signed copy vouches for it")
     return failures
 
 

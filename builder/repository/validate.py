@@ -5,10 +5,12 @@ names the model folder, and describes the interface each version was built for (
 spec: inputs, outputs, max_batch_size; builder/repository/interface.py); every file's sha256 matches
 metadata.yaml (every published file but metadata.yaml and the signature is listed there; a version
 published before reference.npz and the reports were hashed gets a note, and a file nobody published
-a warning naming it); the model file, run in-process, reproduces reference.npz within the tolerance recorded
-at build time. A TensorRT plan is first checked against the target GPU and TensorRT (``--gpu`` /
-``--tensorrt-version``, else this machine; builder/tensorrt/compatibility.py): an incompatible or
-uncheckable plan is a failure.
+a warning naming it; validate.hash_failures, shared with ``publish`` and ``register``); metadata.yaml's
+``version`` is the folder's number (a renamed or copied folder fails), and no folder has a leading zero
+(Triton skips "02"); the model file, run in-process, reproduces reference.npz within the tolerance recorded
+at build time. A damaged metadata.yaml is a failure naming what is wrong with it, never a raw error.
+A TensorRT plan is first checked against the target GPU and TensorRT (``--gpu`` / ``--tensorrt-version``,
+else this machine; builder/tensorrt/compatibility.py): an incompatible or uncheckable plan is a failure.
 
 Usage::
 
@@ -26,7 +28,7 @@ from builder.errors import UserInputError
 from builder.files import sha256_file
 from builder.repository.config import parse_config
 from builder.repository.interface import version_mismatch
-from builder.repository.layout import existing_versions
+from builder.repository.layout import existing_versions, misnamed_versions
 from builder.host import host_warnings
 from builder.repository.metadata import read_metadata, read_reference
 from builder.repository.signing import SIGNATURE_FILE, SIGNED_CONFIG, public_key as signature_key, verify_model
@@ -58,6 +60,7 @@ class ValidationReport:
     versions: list[VersionCheck] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     host_warnings: list[str] = field(default_factory=list)  # this host differs from the build's (not a failure)
+    warnings: list[str] = field(default_factory=list)  # model-level, not failures (config.pbtxt not signed)
     regression: RegressionCheck | None = None  # the checked version vs the one before it (regression.py)
 
     @property
@@ -66,7 +69,8 @@ class ValidationReport:
                 and not (self.regression and self.regression.failures))
 
     def lines(self) -> list[str]:
-        out = [f"- {f}" for f in self.failures] + [f"- host: {w}" for w in self.host_warnings]
+        out = ([f"- {f}" for f in self.failures] + [f"- warning: {w}" for w in self.warnings]
+               + [f"- host: {w}" for w in self.host_warnings])
         for v in self.versions:
             if v.skipped:
                 out.append(f"version {v.version}: SKIPPED ({v.skipped})")
@@ -102,30 +106,114 @@ def validate_model(model_path: str | Path, version: int | None = None, *, gpu: s
     if config.name != folder.name:
         report.failures.append(f"config.pbtxt: name '{config.name}' != folder name '{folder.name}'")
     versions = existing_versions(folder)
+    misnamed = misnamed_versions(folder)
+    report.failures.extend(_misnamed_failure(folder, name) for name in misnamed)
     if version is not None:
         if version not in versions:
-            raise UserInputError(f"{folder.name} has no version {version} (it has: {versions or 'none'})")
+            hint = (f"; {', '.join(n + '/' for n in misnamed)} is no version folder (a leading zero), rename it"
+                    if misnamed else "")
+            raise UserInputError(f"{folder.name} has no version {version} (it has: {versions or 'none'}){hint}")
         versions = [version]
     if not versions:
         report.failures.append("no version folders")
     # signatures first (builder/repository/signing.py): a version that fails them is not loaded or replayed
-    signature_failures = verify_model(folder, versions, signature_key(public_key, folder.parent), require_signature)
+    unsigned: list[str] = []
+    signature_failures = verify_model(folder, versions, signature_key(public_key, folder.parent), require_signature,
+                                      warnings=unsigned)
     report.failures.extend(signature_failures)
+    report.warnings.extend(line for line in unsigned if not line.startswith("version "))
     for number in versions:
         if any(line.startswith(f"version {number}: ") for line in signature_failures):
             report.versions.append(VersionCheck(number, skipped="signature check failed: not loaded or replayed"))
             continue
         report.versions.append(_check_version(folder / str(number), number, gpu, tensorrt_version, config))
-        if triton_release:  # can that Triton release's runtimes load and reproduce it (runtime_gate.py)
+        report.versions[-1].notes += [f"warning: {line.split(': ', 1)[1]}" for line in unsigned
+                                      if line.startswith(f"version {number}: ")]
+        if triton_release and not record_problem(folder / str(number) / "metadata.yaml"):
+            # can that Triton release's runtimes load and reproduce it (runtime_gate.py)
             gate_version(report.versions[-1], folder / str(number), triton_release, progress)
     signed_ok = not any(line.startswith(f"version {versions[-1]}: ") for line in signature_failures) if versions \
         else True  # a version whose signature failed is not read further (its metadata.yaml may be anything)
-    if versions and signed_ok and (folder / str(versions[-1]) / "metadata.yaml").is_file():
+    if versions and signed_ok and not record_problem(folder / str(versions[-1]) / "metadata.yaml"):
         meta_path = folder / str(versions[-1]) / "metadata.yaml"
         report.host_warnings = host_warnings(read_metadata(meta_path), folder.name, current_host, source=meta_path)
     if versions and not report.versions[-1].failures and not report.versions[-1].skipped:
-        report.regression = regression_vs_previous(folder, versions[-1], limits, regression_seconds)
+        report.regression = _regression(folder, versions[-1], limits, regression_seconds)
     return report
+
+
+def _misnamed_failure(folder: Path, name: str) -> str:
+    canonical = str(int(name))
+    fix = (f"rename it: mv {folder / name} {folder / canonical}" if not (folder / canonical).exists()
+           else f"{canonical}/ exists too: remove whichever of the two is not version {canonical}")
+    return (f"{name}/: not a version folder Triton loads (a leading zero: Triton skips it with a warning and "
+            f"serves no version {canonical} from it); version folders are plain numbers: {fix}")
+
+
+def metadata_problem(meta: object) -> str | None:
+    """What is wrong with a parsed metadata.yaml's shape (the fields validate and the regression read), or None."""
+    if not isinstance(meta, dict):
+        return f"not a mapping of fields as build writes it (it reads as a YAML {type(meta).__name__})"
+    artifact, spec = meta.get("artifact"), meta.get("spec")
+    if not isinstance(artifact, dict) or not all(isinstance(artifact.get(k), str) for k in ("format", "file")):
+        return "its 'artifact' lacks the model's 'format' and 'file'"
+    if not isinstance(spec, dict) or not all(
+            isinstance(spec.get(k), list) and all(isinstance(t, dict) and "name" in t for t in spec[k])
+            for k in ("inputs", "outputs")):
+        return "its 'spec' lacks the 'inputs' and 'outputs' (lists of tensors with a 'name')"
+    if not isinstance(meta.get("files_sha256") or {}, dict):
+        return "its 'files_sha256' is not a mapping of file name to sha256"
+    return None
+
+
+def record_problem(path: Path, fields: bool = True) -> str | None:
+    """Why ``path`` (a version's metadata.yaml) cannot be read as build writes it, or None; ``fields``
+    False: only what a copy needs (a mapping whose files_sha256 is one), not what a replay reads."""
+    import yaml
+    if not path.is_file():
+        return "is missing"
+    try:
+        meta = read_metadata(path)
+    except yaml.YAMLError as err:
+        return f"is not valid YAML ({str(err).splitlines()[0][:120]})"
+    if fields:
+        problem = metadata_problem(meta)
+    elif not isinstance(meta, dict):
+        problem = f"not a mapping of fields as build writes it (it reads as a YAML {type(meta).__name__})"
+    else:
+        problem = None if isinstance(meta.get("files_sha256") or {}, dict) else \
+            "its 'files_sha256' is not a mapping of file name to sha256"
+    return f"is damaged: {problem}" if problem else None
+
+
+def _regression(folder: Path, version: int, limits: dict, seconds: float) -> RegressionCheck | None:
+    """regression_vs_previous, after checking the previous version's metadata.yaml: a damaged one is named
+    with what is wrong (it read as a raw TypeError), and still fails a --max-regression gate."""
+    previous = max((v for v in existing_versions(folder) if v < version), default=None)
+    problem = record_problem(folder / str(previous) / "metadata.yaml") if previous is not None else None
+    if problem is None:
+        return regression_vs_previous(folder, version, limits, seconds)
+    check = RegressionCheck(version, previous, skipped=f"{folder / str(previous) / 'metadata.yaml'} {problem}; "
+                                                       f"restore it (validate --version {previous} names what else "
+                                                       "changed), or remove that version")
+    if limits:
+        check.failures.append(f"could not compare with version {previous} (its metadata.yaml {problem}); "
+                              "--max-regression needs both versions runnable here")
+    return check
+
+
+def hash_failures(folder: Path, declared: dict[str, str], digests: dict[str, str] | None = None) -> list[str]:
+    """One line per file of metadata.yaml's ``declared`` {name: sha256} that is missing from ``folder`` or
+    differs; ``digests`` ({name: sha256} already computed) spares hashing a large model twice. Shared by
+    validate, ``publish --to s3`` and ``register``: a version is checked the same way wherever it goes."""
+    failures = []
+    for name, expected in declared.items():
+        path = folder / name
+        if not path.is_file():
+            failures.append(f"{name}: missing")
+        elif (digests.get(name) if digests and name in digests else sha256_file(path)) != expected:
+            failures.append(f"{name}: sha256 differs from metadata.yaml (file changed after the build)")
+    return failures
 
 
 def _unlisted_files(folder: Path, declared: dict) -> list[str]:
@@ -151,7 +239,24 @@ def _unlisted_files(folder: Path, declared: dict) -> list[str]:
 def _check_version(folder: Path, number: int, gpu: str | None, tensorrt_version: str | None,
                    config=None) -> VersionCheck:
     check = VersionCheck(number)
+    if not (folder / "metadata.yaml").is_file():
+        read_metadata(folder / "metadata.yaml")  # raises, naming the file (exit 2, as it always did)
+    problem = record_problem(folder / "metadata.yaml")
+    if problem:
+        check.failures.append(f"metadata.yaml {problem}: changed after the build; restore the version from where "
+                              "it was published, or rebuild it")
+        return check
     meta = read_metadata(folder / "metadata.yaml")
+    # the number is the folder's name, which nothing signs or hashes: a renamed or copied folder serves
+    # as another version than the one built (and can shadow it under version_policy latest)
+    if meta.get("version") != number:
+        built = meta.get("version")
+        check.failures.append(
+            f"metadata.yaml says version {built}, but its folder is {number}/ (Triton serves it as version {number}): "
+            f"the folder was renamed or copied; move it back to {built}/, or build the model again to publish "
+            "a new version" if isinstance(built, int) else
+            f"metadata.yaml names no version (version: {built!r}), but its folder is {number}/: not as build wrote it; "
+            "rebuild the version")
     # the model folder's one config.pbtxt must describe the interface this version was built for
     mismatch = version_mismatch(meta, config) if config is not None else []
     if mismatch:
@@ -160,12 +265,7 @@ def _check_version(folder: Path, number: int, gpu: str | None, tensorrt_version:
             "spec -> config.pbtxt): a later version (or an edit) changed it, so Triton cannot serve this version "
             "with it (version_policy all, or a rollback to it); build this version's spec again as a new version, "
             "or publish the other interface under a new model name")
-    for name, expected in (meta.get("files_sha256") or {}).items():
-        path = folder / name
-        if not path.is_file():
-            check.failures.append(f"{name}: missing")
-        elif sha256_file(path) != expected:
-            check.failures.append(f"{name}: sha256 differs from metadata.yaml (file changed after the build)")
+    check.failures += hash_failures(folder, meta.get("files_sha256") or {})
     check.notes += _unlisted_files(folder, meta.get("files_sha256") or {})
     artifact = meta["artifact"]
     if artifact["format"] == "plan":

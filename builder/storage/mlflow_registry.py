@@ -6,10 +6,13 @@ MLflow client enters triton-builder's environment (mlflow 3 wants numpy 2; nvidi
 numpy<2). ``MlflowServer`` runs a real ``mlflow server`` (sqlite backend, artifacts served by the
 server, 127.0.0.1) from its own cached virtualenv (``~/.cache/triton-builder/tools/mlflow-X``).
 
-What a registered version carries: the version folder and config.pbtxt as run artifacts under
-``model/``; metrics (accuracy, accuracy drop, batch-1 latency, best throughput); tags (the host
-profile and the variant table as JSON, the triton-builder model name and version). The registry
-version's source is that ``model/`` folder.
+What a registered version carries: the version folder and its config.pbtxt as run artifacts under
+``model/`` (the version's own signed copy where it has one: the model folder's config.pbtxt is the
+latest version's; see register_version); metrics (accuracy, accuracy drop, batch-1 latency, best
+throughput); tags (the host profile and the variant table as JSON, the triton-builder model name and
+version, which config was attached). The registry version's source is that ``model/`` folder. A
+version is checked before anything is sent, and one already registered with the same content is not
+registered twice.
 
 Usage::
 
@@ -129,9 +132,8 @@ def _artifact_root(run: dict) -> str:
     return uri[len("mlflow-artifacts:/"):].lstrip("/")
 
 
-def registry_url(registry: str | None, where: str = "--registry") -> str:
-    """The MLflow server to talk to: ``registry``, else $MLFLOW_TRACKING_URI; checked to answer, so a build
-    that registers fails before it writes anything rather than after it published."""
+def _registry_given(registry: str | None, where: str = "--registry") -> str:
+    """The registry URL as given (or $MLFLOW_TRACKING_URI), checked for form only: nothing is asked of it."""
     url = registry or os.environ.get(REGISTRY_ENV)
     if not url:
         raise UserInputError(f"{where}: which MLflow server? pass --registry URL or set ${REGISTRY_ENV}")
@@ -140,6 +142,13 @@ def registry_url(registry: str | None, where: str = "--registry") -> str:
         raise UserInputError(f"{where} {url}: only http(s) MLflow tracking servers are supported; give the MLflow "
                              "server's http(s):// URL (e.g. http://127.0.0.1:5000), or serve a local store with "
                              "`mlflow server --backend-store-uri <store>`")
+    return url
+
+
+def registry_url(registry: str | None, where: str = "--registry") -> str:
+    """The MLflow server to talk to: ``registry``, else $MLFLOW_TRACKING_URI; checked to answer, so a build
+    that registers fails before it writes anything rather than after it published."""
+    url = _registry_given(registry, where)
     status, _ = http_get(f"{url.rstrip('/')}/health", timeout=5)
     if status != 200:
         raise UserInputError(f"{where} {url}: no MLflow server answers there (GET /health -> {status or 'no answer'});"
@@ -150,22 +159,44 @@ def registry_url(registry: str | None, where: str = "--registry") -> str:
 def register_version(registry: str, model_folder: Path, version: int | None = None, alias: str | None = None,
                      name: str | None = None) -> dict[str, Any]:
     """Register ``version`` (default: the latest) of the model in ``model_folder``; returns
-    {"name", "version" (the registry's), "run_id", "source", "uri"}."""
+    {"name", "version" (the registry's), "run_id", "source", "uri", "metrics", "config" (which config.pbtxt
+    was attached), "note" (what to tell the user, or "")}. Checked before anything is sent: the version's
+    files against metadata.yaml (as validate and ``publish --to s3`` check them), and the config it is
+    registered with (_version_config). A Triton version already registered under ``name`` with the same
+    files and config is not registered again (its registry version is returned, "already" True, and
+    "note" says so); another build with the same number, or another config, is a new registry version."""
     from builder.repository.layout import existing_versions, latest_version
     from builder.repository.metadata import read_metadata
+    from builder.storage.s3 import local_version_files
 
     folder = _model_folder(Path(model_folder))
-    version = version or latest_version(folder)
-    if version is None or not (folder / str(version)).is_dir():
+    version = latest_version(folder) if version is None else version
+    if version is None or not (folder / str(version)).is_dir() or version not in existing_versions(folder):
         have = ", ".join(map(str, existing_versions(folder))) or "none"
         asked = f" {version}" if version is not None else ""
         raise UserInputError(f"{folder}: no version{asked} to register (versions there: {have}); pass --version "
                              "with one of them, or build one first")
     name = name or folder.name
-    meta = read_metadata(folder / str(version) / "metadata.yaml")
+    version_dir = folder / str(version)
+    _registry_given(registry)  # a missing or unsupported --registry is said first; asked only once all is checked
+    local_version_files(version_dir, "register")  # a changed or renamed version is refused before anything is sent
+    meta = read_metadata(version_dir / "metadata.yaml")
+    config_path, config_said, config_note = _version_config(folder, version, meta)
     rest = _Rest(registry_url(registry))
+    same = _already_registered(rest, name, version, version_dir, config_path)
+    if same is not None:
+        if alias:
+            rest.call("POST", "api/2.0/mlflow/registered-models/alias",
+                      {"name": name, "alias": alias, "version": same["version"]})
+        note = (f"{folder.name} version {version} is already registered as models:/{name}/{same['version']} with "
+                "the same files and config; nothing new registered"
+                + (f" (alias {alias} now points at it)" if alias else ""))
+        return {"name": name, "version": int(same["version"]), "run_id": same.get("run_id", ""),
+                "source": same["source"], "uri": f"models:/{name}/{same['version']}", "metrics": _numbers(meta),
+                "config": config_said, "note": note, "already": True}
     experiment = _experiment_id(rest)
     tags = {"triton_builder.model": folder.name, "triton_builder.version": str(version),
+            "triton_builder.config": config_said,
             "host": json.dumps(meta.get("host") or {})[:TAG_LIMIT],
             "variants": json.dumps((meta.get("selection") or {}).get("candidates") or {})[:TAG_LIMIT],
             "variant": str((meta.get("artifact") or {}).get("variant", ""))}
@@ -174,12 +205,12 @@ def register_version(registry: str, model_folder: Path, version: int | None = No
         "tags": [{"key": k, "value": v} for k, v in tags.items()]})["run"]
     run_id, root = run["info"]["run_id"], _artifact_root(run)
     now = int(time.time() * 1000)
-    metrics = {k: v for k, v in _metrics(meta).items() if isinstance(v, (int, float))}
+    metrics = _numbers(meta)
     rest.call("POST", "api/2.0/mlflow/runs/log-batch", {"run_id": run_id, "metrics": [
         {"key": k, "value": float(v), "timestamp": now, "step": 0} for k, v in metrics.items()]})
-    files = [(f"model/{version}/{p.relative_to(folder / str(version))}", p)
-             for p in sorted((folder / str(version)).rglob("*")) if p.is_file()]
-    files.append(("model/config.pbtxt", folder / "config.pbtxt"))
+    files = [(f"model/{version}/{p.relative_to(version_dir)}", p) for p in sorted(version_dir.rglob("*"))
+             if p.is_file() and "__pycache__" not in p.relative_to(version_dir).parts]
+    files.append(("model/config.pbtxt", config_path))
     for relative, path in files:
         rest.call("PUT", f"api/2.0/mlflow-artifacts/artifacts/{root}/{urllib.parse.quote(relative)}",
                   path.read_bytes())
@@ -193,12 +224,90 @@ def register_version(registry: str, model_folder: Path, version: int | None = No
     source = f"mlflow-artifacts:/{root}/model"
     created = rest.call("POST", "api/2.0/mlflow/model-versions/create", {
         "name": name, "source": source, "run_id": run_id,
-        "tags": [{"key": "triton_builder.version", "value": str(version)}]})["model_version"]
+        "tags": [{"key": "triton_builder.version", "value": str(version)},
+                 {"key": "triton_builder.model", "value": folder.name}]})["model_version"]
     if alias:
         rest.call("POST", "api/2.0/mlflow/registered-models/alias",
                   {"name": name, "alias": alias, "version": created["version"]})
     return {"name": name, "version": int(created["version"]), "run_id": run_id, "source": source,
-            "uri": f"models:/{name}/{created['version']}", "metrics": metrics}
+            "uri": f"models:/{name}/{created['version']}", "metrics": metrics, "config": config_said,
+            "note": config_note, "already": False}
+
+
+def _numbers(meta: dict[str, Any]) -> dict[str, float]:
+    return {k: v for k, v in _metrics(meta).items() if isinstance(v, (int, float))}
+
+
+def _version_config(folder: Path, version: int, meta: dict[str, Any]) -> tuple[Path, str, str]:
+    """The config.pbtxt to register ``version`` with: (path, which one it is, a note for the user or "").
+    The model folder's config.pbtxt is the LATEST version's (each publish replaces it), so an older
+    version is registered with its own signed copy where it has one; without one, with the current config
+    only when that still describes its interface (said in the note and a tag), else refused: a registry
+    version whose config does not fit its model fails validate and serve."""
+    from builder.repository.config import parse_config
+    from builder.repository.interface import version_mismatch
+    from builder.repository.layout import latest_version
+    from builder.repository.signing import SIGNED_CONFIG
+
+    own = folder / str(version) / SIGNED_CONFIG
+    if own.is_file():
+        return own, f"{version}/{SIGNED_CONFIG} (the config published with version {version})", ""
+    latest = latest_version(folder)
+    current = folder / "config.pbtxt"
+    mismatch = version_mismatch(meta, parse_config(current.read_text(), str(current)))
+    if version == latest and mismatch:
+        raise UserInputError(
+            f"{current} does not describe version {version}'s interface ({'; '.join(mismatch)}; metadata.yaml's "
+            "spec -> config.pbtxt): edited since the build, so the registry version would fail validate and serve; "
+            "restore the config (rebuild, or `triton-builder tune --publish` for a tuned one)")
+    if version == latest:
+        return current, f"config.pbtxt (the config of version {version}, the latest)", ""
+    if mismatch:
+        raise UserInputError(
+            f"{current} is version {latest}'s config and does not describe version {version}'s interface "
+            f"({'; '.join(mismatch)}), and version {version} holds no copy of its own config (no {SIGNED_CONFIG}: "
+            f"built unsigned): registered with it, models:/... would fail validate and serve; register version "
+            f"{latest}, or build version {version}'s spec again (a new version) and register that")
+    said = f"config.pbtxt of version {latest} (version {version} holds no config of its own)"
+    return current, said, (f"version {version} is registered with the model's current config.pbtxt, version "
+                           f"{latest}'s (version {version} was built unsigned and holds no copy of its own): it "
+                           f"describes version {version}'s inputs and outputs, but its other settings (instances, "
+                           f"batching) are version {latest}'s")
+
+
+def _already_registered(rest: _Rest, name: str, version: int, version_dir: Path,
+                        config: Path) -> dict[str, Any] | None:
+    """The registry version of ``name`` that already holds Triton ``version`` with the same metadata.yaml
+    (it pins every file's sha256) and the same config, or None. Only the content says "the same": another
+    build numbered alike (a CI job building into a fresh repository always publishes version 1), or the
+    version with a config tuned since, is a new registry version, as MLflow numbers them."""
+    ours = {"metadata.yaml": (version_dir / "metadata.yaml").read_bytes(), "config.pbtxt": config.read_bytes()}
+    token, holding = None, []
+    while True:
+        query = {"filter": f"name='{name}'", "max_results": 1000, **({"page_token": token} if token else {})}
+        found = rest.call("GET", "api/2.0/mlflow/model-versions/search", query=query)
+        holding += [r for r in found.get("model_versions", [])
+                    if any(t.get("key") == "triton_builder.version" and t.get("value") == str(version)
+                           for t in r.get("tags", []))]
+        token = found.get("next_page_token")
+        if not token:
+            break
+    for record in sorted(holding, key=lambda r: int(r["version"])):
+        source = record.get("source", "")
+        if not source.startswith("mlflow-artifacts:/"):
+            continue
+        prefix = source[len("mlflow-artifacts:/"):].lstrip("/")
+        same = True
+        for what, path in (("metadata.yaml", f"{prefix}/{version}/metadata.yaml"),
+                           ("config.pbtxt", f"{prefix}/config.pbtxt")):
+            try:
+                theirs = rest.call("GET", f"api/2.0/mlflow-artifacts/artifacts/{urllib.parse.quote(path)}", raw=True)
+            except ServerError:  # gone from the artifact store: not the same content
+                theirs = None
+            same = same and theirs == ours[what]
+        if same:
+            return record
+    return None
 
 
 def _model_folder(folder: Path) -> Path:

@@ -124,13 +124,21 @@ class PublishedVersion:
                 f"versions {', '.join(map(str, self.served_versions))}")
 
 
-def local_version_files(folder: Path) -> dict[str, tuple[Path, str, int]]:
+def local_version_files(folder: Path, action: str = "publish") -> dict[str, tuple[Path, str, int]]:
     """``{relative name: (path, sha256, size)}`` of a local version folder (``__pycache__`` and hidden
-    names left out), checked against metadata.yaml's ``files_sha256``: ``UserInputError`` on a mismatch."""
+    names left out), checked as ``validate`` checks it (validate.hash_failures, one function for both):
+    every file metadata.yaml's ``files_sha256`` lists is there and unchanged, and metadata.yaml names
+    this folder's version. ``UserInputError`` naming every problem otherwise; ``action`` (publish,
+    register) is what the message says was refused."""
     from builder.files import sha256_file
     from builder.repository.metadata import read_metadata
+    from builder.repository.validate import hash_failures, record_problem
 
-    declared = (read_metadata(folder / "metadata.yaml").get("files_sha256") or {})
+    problem = record_problem(folder / "metadata.yaml", fields=False)
+    if problem:
+        raise UserInputError(f"{folder / 'metadata.yaml'} {problem}: not {action}ing a version that is not as build "
+                             "wrote it; run `triton-builder validate` on it, and rebuild it")
+    meta = read_metadata(folder / "metadata.yaml")
     files: dict[str, tuple[Path, str, int]] = {}
     for path in sorted(folder.rglob("*")):
         rel = path.relative_to(folder)
@@ -139,14 +147,43 @@ def local_version_files(folder: Path) -> dict[str, tuple[Path, str, int]]:
         if path.is_symlink() or not path.is_file():
             continue
         files[rel.as_posix()] = (path, sha256_file(path), path.stat().st_size)
-    for name, expected in declared.items():
-        if name not in files:
-            raise UserInputError(f"{folder / name} is listed in metadata.yaml's files_sha256 but missing; "
-                                 "rebuild this version (triton-builder build)")
-        if files[name][1] != expected:
-            raise UserInputError(f"{folder / name}: sha256 differs from metadata.yaml (the file changed after the "
-                                 "build); run `triton-builder validate` and rebuild rather than publish it")
+    failures = hash_failures(folder, meta.get("files_sha256") or {},
+                             {name: digest for name, (_p, digest, _s) in files.items()})
+    if meta.get("version") != _folder_number(folder):
+        failures.append(f"metadata.yaml says version {meta.get('version')}, but its folder is {folder.name}/ (renamed "
+                        "or copied?)")
+    if failures:
+        raise UserInputError(f"{folder}: {'; '.join(failures)}; not {action}ing it: run `triton-builder validate` on "
+                             f"it, and rebuild it rather than {action} it")
     return files
+
+
+def _folder_number(folder: Path) -> int | None:
+    return int(folder.name) if folder.name.isascii() and folder.name.isdigit() else None
+
+
+#: what a differing file means, most telling first: the model and its weights, the reference it is checked
+#: against, the record of both; then the backend's code and the signature; reports and the rest last
+_WEIGHT_SUFFIXES = (".onnx", ".pt", ".plan", ".engine", ".xml", ".bin", ".data", ".pb", ".savedmodel")
+
+
+def _rank(name: str) -> int:
+    base = name.rsplit("/", 1)[-1]
+    if base.startswith("model.") and base not in ("model.py", "model.sig") or base.endswith(_WEIGHT_SUFFIXES):
+        return 0
+    if base in ("reference.npz", "metadata.yaml"):
+        return 1
+    if base.endswith(".py") or base in ("model.sig", "signed_config.pbtxt", "config.pbtxt"):
+        return 2
+    return 3
+
+
+def _name_files(names: Iterable[str], shown: int = 5) -> str:
+    """Up to ``shown`` file names, the model's own files first, and how many others: an alphabetical cut
+    named the build reports and hid model.onnx."""
+    ordered = sorted(names, key=lambda n: (_rank(n), n))
+    rest = len(ordered) - shown
+    return ", ".join(ordered[:shown]) + (f" and {rest} other file{'s' if rest != 1 else ''}" if rest > 0 else "")
 
 
 def _local_versions(repository: Path, models: Sequence[str] | None,
@@ -245,10 +282,10 @@ def publish_repository(repository: str | Path, to: str, *, models: Sequence[str]
                     results.append(PublishedVersion(model, number, "identical", url=url))
                     say(f"  {model} version {number}: already published with the same files; skipped")
                     continue
-                differing = sorted(n for n in set(theirs) | set(ours) if theirs.get(n) != ours.get(n))
+                differing = [n for n in set(theirs) | set(ours) if theirs.get(n) != ours.get(n)]
                 raise UserInputError(
                     f"version {number} of model '{model}' already exists at {url} with different files "
-                    f"({', '.join(differing[:5])}); versions are never overwritten: build a new version "
+                    f"({_name_files(differing)}); versions are never overwritten: build a new version "
                     "(triton-builder build takes the next free number) and publish that")
             _upload_version(store, model, number, files, folder / str(number), say)
             changed = True

@@ -89,9 +89,11 @@ def test_an_edited_served_config_and_an_added_file_are_refused(signed, tmp_path)
 
 def test_unsigned_versions_are_refused_only_when_required(signed, tmp_path):
     repo, public = _copy(signed[0], tmp_path), signed[2]
-    (repo / "digits_cnn" / "1" / signing.SIGNATURE_FILE).unlink()
+    (repo / "digits_cnn" / "1" / signing.SIGNATURE_FILE).unlink()  # unsigned: neither file (one alone is tampered)
+    (repo / "digits_cnn" / "1" / signing.SIGNED_CONFIG).unlink()
     proc = run_cli("validate", str(repo / "digits_cnn"), "--public-key", str(public))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "warning: unsigned (no model.sig)" in proc.stdout
     proc = run_cli("validate", str(repo / "digits_cnn"), "--public-key", str(public), "--require-signature")
     assert proc.returncode == 1
     assert "version 1: unsigned (no model.sig); --require-signature refuses it" in proc.stdout

@@ -1,0 +1,143 @@
+"""Publishing a version's files again as a new version of a model, with another config and metadata
+(no re-export): `triton-builder select` (builder/repository/reselect.py, the winner re-measured on the
+serving host) and `tune --publish` (``publish_tuned``, the tuned config). Signed while staged where a
+signing key is given, as build signs; an unsigned version is refused on top of a signed latest one.
+
+Usage::
+
+    publish_tuned(Path("model_repository"), "digits_cnn", tuned_config_text, tuning_record, signing_key=key)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+from builder.errors import UserInputError
+from builder.repository.description import VersionDescription
+from builder.repository.layout import latest_version, model_dir, not_in_repository, reserve_version
+from builder.repository.metadata import read_metadata
+
+COPIED_EXTRAS = ("drift_profile.json",)  # besides reference.npz: copied with the model files
+TUNED = "by triton-builder tune"  # metadata.yaml serving.sized of a version `tune --publish` published
+
+
+def version_model_files(folder: Path, artifact: dict[str, Any]) -> list[Path]:
+    """The version's model file first, then its companions (ONNX external data; an IR's model.bin)."""
+    main = artifact["file"]
+    companions = [p for p in folder.iterdir() if p.name != main and (
+        p.name.startswith(main) or (artifact["format"] == "openvino" and p.name == Path(main).stem + ".bin"))]
+    return [folder / main, *sorted(companions)]
+
+
+def renamed_config(winner_model: Path, name: str, sizing: tuple[int, int | None] | None, text: str | None = None,
+                   delay_us: int | None = None):
+    """The config.pbtxt of model folder ``winner_model`` (or ``text``) renamed to ``name`` and sized
+    (``sizing``: instances x threads, threads None: kept; ``delay_us``: the batching delay, where it
+    batches), through Triton's schema: (text, the ModelConfig of its name, backend and tensors that
+    publish_model checks)."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from builder.repository.config import DynamicBatching, ModelConfig, TensorConfig, parse_config
+
+    where = str(winner_model / "config.pbtxt")
+    message = parse_config(text if text is not None else Path(where).read_text(), where)
+    message.name = name
+    for group in message.instance_group if sizing else ():
+        if group.kind != group.KIND_GPU:
+            group.count = sizing[0]
+    for key in ("intra_op_threads", "INFERENCE_NUM_THREADS"):  # python backend, openvino backend
+        if sizing and sizing[1] and key in message.parameters:
+            message.parameters[key].string_value = str(sizing[1])
+    if delay_us is not None and message.HasField("dynamic_batching"):
+        message.dynamic_batching.max_queue_delay_microseconds = delay_us
+
+    def tensors(items):
+        return [TensorConfig(t.name, model_config_pb2.DataType.Name(t.data_type), list(t.dims) or [1]) for t in items]
+    batching = DynamicBatching() if message.HasField("dynamic_batching") else None
+    config = ModelConfig(name=name, backend=message.backend or message.platform, max_batch_size=message.max_batch_size,
+                         inputs=tensors(message.input), outputs=tensors(message.output), dynamic_batching=batching)
+    return text_format.MessageToString(message), config
+
+
+def resolve_signing_key(value, repository: Path):
+    """A SigningKey from ``value`` (a PEM path, a SigningKey, or None: $TRITON_BUILDER_SIGNING_KEY), or None."""
+    from builder.repository.signing import SigningKey, signing_key
+
+    return value if isinstance(value, SigningKey) else signing_key(value, repository)
+
+
+def require_key_if_signed(repository: Path, name: str, key) -> None:
+    """Refuse to publish an unsigned version on top of a signed latest one: the new version would be the
+    served one, and `serve --require-signature` would then refuse the whole repository."""
+    from builder.repository.signing import KEY_ENV, SIGNATURE_FILE
+
+    main = model_dir(repository, name)
+    number = latest_version(main) if main.is_dir() else None
+    if key is not None or number is None or not (main / str(number) / SIGNATURE_FILE).is_file():
+        return
+    raise UserInputError(f"{main / str(number) / SIGNATURE_FILE}: {name} version {number} is signed, but no signing "
+                         f"key was given, so the new version would be published unsigned (validate and serve "
+                         f"--require-signature refuse it); pass --signing-key PEM or set ${KEY_ENV}")
+
+
+def republish(repository, name, model_format, model_files, runtime, extra, record, text, config,
+               key=None) -> dict[str, Any]:
+    """A new version of ``name`` from these parts, signed while staged when ``key`` is given (as build does)."""
+    from builder.repository.publish import publish_model
+
+    with reserve_version(repository, name, None) as reservation:
+        description = VersionDescription(name=name, version=reservation.version, config=config,
+                                         model_format=model_format, model_files=model_files,
+                                         runtime_files=runtime, extra_files=extra, metadata=record,
+                                         config_text=text, signing_key=key)
+        return publish_model(repository, description, reservation)
+
+
+def publish_tuned(repository: str | Path, name: str, config_text: str, tuning: dict[str, Any],
+                  signing_key=None) -> dict[str, Any]:
+    """`tune --publish`: the latest version of ``name`` again (same files, no re-export) as a new version
+    served with ``config_text`` (the tuned config), ``tuning.json`` inside it and the chosen instances and
+    threads in metadata.yaml's ``serving``; signed with ``signing_key`` (a PEM path or SigningKey;
+    default $TRITON_BUILDER_SIGNING_KEY). Only scheduling may change (the backend, inputs and outputs
+    must stay: BuilderError otherwise)."""
+    import json
+
+    from builder.errors import BuilderError
+    from builder.repository.config import config_as_dict
+
+    repository = Path(repository)
+    signer = resolve_signing_key(signing_key, repository)
+    main = model_dir(repository, name)
+    if not main.is_dir():
+        raise not_in_repository(name, repository)
+    number = latest_version(main)
+    if number is None:
+        raise UserInputError(f"model '{name}' has no version in {repository.resolve()}; build it first")
+    require_key_if_signed(repository, name, signer)
+    folder = main / str(number)
+    new, old = config_as_dict(config_text), config_as_dict((main / "config.pbtxt").read_text())
+    for key in ("backend", "platform", "input", "output"):
+        if new.get(key) != old.get(key):
+            raise BuilderError(f"tuned config of '{name}' changes '{key}': tuning may only change scheduling")
+    text, config = renamed_config(main, name, None, config_text)
+    meta = read_metadata(folder / "metadata.yaml")
+    artifact = meta["artifact"]
+    model_files = version_model_files(folder, artifact)
+    runtime = {n: folder / n for n in ("model.py", "drift.py") if (folder / n).is_file()}
+    extra: dict[str, bytes] = {n: (folder / n).read_bytes() for n in ("reference.npz",) + COPIED_EXTRAS
+                               if (folder / n).is_file()}
+    extra["tuning.json"] = (json.dumps(tuning, indent=2, default=str) + "\n").encode()
+    threads = (new.get("parameters") or {}).get("intra_op_threads", {}).get("string_value")
+    record = dict(meta)
+    record.update({
+        "build_date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "serving": {"instances": sum(int(g.get("count", 1)) for g in new.get("instance_group") or [{}]),
+                    "intra_op_threads": int(threads) if threads else None,
+                    "sized": f"{TUNED} (measured on the running server; tuning.json)"},
+        "tuned_from": {"version": number},
+    })
+    return republish(repository, name, artifact["format"], model_files, runtime, extra, record, text, config,
+                     signer)
