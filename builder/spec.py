@@ -23,8 +23,8 @@ from builder.spec_compression import CompressionSpec, parse_compression, parse_t
 from builder.spec_fields import collect_unknown_keys, is_number, read_yaml, validate_tensor_name
 from builder.spec_fields import Fields as _Fields
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
-MODULE_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}\Z")
+MODULE_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*\Z")
 
 # numpy dtype name -> Triton data type. The single place dtypes are defined.
 TRITON_DTYPES = {

@@ -31,7 +31,7 @@ from typing import Any
 
 from builder.spec_fields import Fields, is_number
 
-CALLABLE_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+CALLABLE_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*\Z")
 _KEYS = ("prune_ratio", "prune_steps", "steps", "seconds", "batch_size", "learning_rate", "temperature", "alpha",
          "student", "feature_matching", "seed")
 

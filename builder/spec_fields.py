@@ -22,7 +22,7 @@ import yaml
 from builder.errors import UserInputError
 
 # tensor names may also hold '.' and ':' (PyTorch's legacy exporter names inputs 'input.1', tf2onnx 'x:0')
-TENSOR_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$")
+TENSOR_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}\Z")
 
 # (field, text) of every mapping's unknown keys while collect_unknown_keys runs; None: raise at once
 _UNKNOWN_KEYS: ContextVar[list[tuple[str, str]] | None] = ContextVar("unknown_keys", default=None)

@@ -85,7 +85,7 @@ DEFAULT_CONFIG = assets.monitoring_dir() / "prometheus" / "prometheus.yml"
 INSTALL_HINT = "run scripts/install-system-deps.sh (or `make setup`): it installs Debian's `prometheus` package"
 
 _STOP_TIMEOUT_S = 10.0
-_DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
+_DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+\Z")
 _DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
 _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 

@@ -41,7 +41,7 @@ from builder.processes import LocalService, free_port, port_open, run_command
 __all__ = ["NginxBalancer", "find_nginx", "render_config"]
 
 INSTALL_HINT = "run scripts/install-system-deps.sh (apt-get install -y --no-install-recommends nginx)"
-_ADDRESS = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
+_ADDRESS = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}\Z")
 
 
 def find_nginx(binary: str | os.PathLike | None = None) -> str:

@@ -174,10 +174,10 @@ def _check_args(replicas: int, min_replicas: int, max_replicas: int, metric: str
         raise UserInputError(f"--poll-seconds {poll_seconds}: must be >= 1")
     if model_control not in ("poll", "explicit"):
         raise UserInputError(f"--model-control {model_control!r}: use poll or explicit")
-    dns = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    dns = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
     if namespace is not None and not dns.match(namespace):
         raise UserInputError(f"--namespace {namespace!r}: use a DNS label (lowercase letters, digits, '-')")
-    if not re.match(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$", secret_name):
+    if not re.match(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\Z", secret_name):
         raise UserInputError(f"--secret {secret_name!r}: not a valid Secret name (lowercase letters, digits, '-', '.')")
 
 
@@ -207,7 +207,7 @@ def render_manifests(repository_url: str, out: str | Path, *, replicas: int = 2,
     check_image(locust_image, "--locust-image")
     monitor_labels = dict(monitor_labels or {})
     if release is not None:
-        if not re.match(r"^[a-z0-9A-Z]([-a-zA-Z0-9_.]{0,61}[a-zA-Z0-9])?$", release):
+        if not re.match(r"^[a-z0-9A-Z]([-a-zA-Z0-9_.]{0,61}[a-zA-Z0-9])?\Z", release):
             raise UserInputError(f"--release {release!r}: not a valid label value (letters, digits, '-', '_', '.'; "
                                  "the Helm release name of kube-prometheus-stack)")
         monitor_labels["release"] = release

@@ -17,9 +17,9 @@ from typing import Any
 
 from builder.errors import UserInputError
 
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-_SEGMENT = re.compile(r"^[A-Za-z0-9._-]+$")
-_HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
+_SEGMENT = re.compile(r"^[A-Za-z0-9._-]+\Z")
+_HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?\Z")
 _FORMS = ("s3://BUCKET/PREFIX (AWS; endpoint from AWS_ENDPOINT_URL if set) or "
           "s3://HOST:PORT/BUCKET/PREFIX (an S3-compatible endpoint such as MinIO)")
 

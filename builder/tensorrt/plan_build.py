@@ -64,7 +64,7 @@ LOG_FILE = "trtexec.log"
 PLAN_FILE = "model.plan"
 LOCK_FILE = ".triton-builder.lock"  # the same lock builder.repository.layout takes
 PRECISION_FLAGS = {"fp32": [], "fp16": ["--fp16"]}
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}\Z")
 _REQUIRED = ("schema", "source", "plan_model", "precision", "profiles", "trtexec_shape_args", "config_pbtxt", "metadata")
 
 

@@ -39,7 +39,7 @@ def test_example_specs_load():
         assert spec.source.weights is None or spec.source.weights.is_file()
 
 
-@pytest.mark.parametrize("name", ["../x", 'a"b', "a b", "", "x/y", "a" * 129, 5])
+@pytest.mark.parametrize("name", ["../x", 'a"b', "a b", "", "x/y", "a" * 129, 5, "digits_nl\n"])
 def test_bad_model_names_are_refused(name):
     with pytest.raises(UserInputError, match=r"field 'name'.*letters, digits, '_' and '-'"):
         parse_spec(spec_with(name=name))

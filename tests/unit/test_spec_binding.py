@@ -161,7 +161,7 @@ def test_tensor_names_with_dots_and_colons_build(tmp_path, quiet):
     assert [o["name"] for o in config["output"]] == ["logits:0"]
 
 
-@pytest.mark.parametrize("bad", ["a/b", "x y", 'q"', ".hidden"])
+@pytest.mark.parametrize("bad", ["a/b", "x y", 'q"', ".hidden", "logits\n"])
 def test_tensor_names_with_paths_quotes_or_spaces_are_refused(tmp_path, quiet, bad):
     spec = write_spec(tmp_path, TWO_INPUTS, [vector("query"), vector("key")], [{"name": bad}])
     with pytest.raises(UserInputError, match=r"field 'outputs\[0\]\.name'.*not a valid tensor name"):
