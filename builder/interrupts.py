@@ -35,18 +35,32 @@ def stop_signals() -> Iterator[list[int]]:
             signal.signal(sig, handler)
 
 
+_RECEIVED: list[int] = []  # the stop signals terminate_as_interrupt turned into KeyboardInterrupt
+
+
 @contextlib.contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
     """Inside, SIGTERM raises KeyboardInterrupt (as Ctrl-C does), so ``finally`` blocks that put a server
     back as it was run when a job is killed politely (``kill``, a CI timeout); the previous handler after.
-    Outside the main thread (where handlers cannot be installed) it changes nothing."""
-    previous = None
+    Both signals are also recorded, for ``raise_if_stopped``. Outside the main thread (where handlers
+    cannot be installed) it changes nothing."""
+    previous = {}
     if threading.current_thread() is threading.main_thread():
         def interrupt(signum, _frame):
+            _RECEIVED.append(signum)
             raise KeyboardInterrupt(f"signal {signum}")
-        previous = signal.signal(signal.SIGTERM, interrupt)
+        previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _RECEIVED.clear()
+
+
+def raise_if_stopped() -> None:
+    """KeyboardInterrupt again where a stop signal arrived earlier: the one it raised can be swallowed by
+    code that catches BaseException (an import machinery, a library's retry loop), and the work would then
+    go on to its end - a build killed by a CI timeout published its version. Called between steps."""
+    if _RECEIVED:
+        raise KeyboardInterrupt(f"signal {_RECEIVED[-1]} (received during the previous step)")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from builder.errors import BuilderError, VerificationError
+from builder.interrupts import raise_if_stopped
 from builder.progress import bar
 from builder.repository.layout import check_version_free
 from builder.scratch import WORK_PREFIX, OwnedFolder, sweep
@@ -96,6 +97,7 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = "model_reposito
             for index, (name, module, required) in enumerate(PIPELINE, 1):
                 progress(f"[{index}/{len(PIPELINE)}] {name} ...")
                 result = _run_stage(module, ctx, name, work.path)
+                raise_if_stopped()  # a stop signal whose interrupt a library swallowed: never go on to publish
                 ctx.results.append(result)
                 reason = result.reason.splitlines()[0] if result.reason else ""
                 progress(f"[{index}/{len(PIPELINE)}] {name}: {result.status.value} ({result.seconds:.1f} s) {reason}")
