@@ -159,6 +159,7 @@ class EmbeddedServer(ModelControl, LocalService):
         self._environ: dict[str, str] | None = None
         self._link: Path | None = None  # <workdir>/repository -> a repository path the stub cannot take
         self._bytecode: set[Path] = set()  # __pycache__ folders in the repository before the start
+        self._shm: set[str] = set()  # the python backend's /dev/shm files before the start
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -230,6 +231,7 @@ class EmbeddedServer(ModelControl, LocalService):
 
     def _prepare(self) -> None:
         self._bytecode = startup.bytecode_dirs(self._local_repository)
+        self._shm = startup.shm_files()
         self._workdir = make_workdir()
         startup.sweep_killed_workdirs(self._workdir)
         if self._log_in_workdir:
@@ -249,6 +251,7 @@ class EmbeddedServer(ModelControl, LocalService):
 
     def _cleanup(self) -> None:
         startup.remove_new_bytecode(self._local_repository, self._bytecode)
+        startup.remove_orphan_shm(self._shm)
         if self._workdir is not None:
             shutil.rmtree(self._workdir / "backends", ignore_errors=True)
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from builder.serving.embedded import EmbeddedServer
 
 __all__ = ["SERVER_ENVIRONMENT", "bytecode_dirs", "remove_new_bytecode", "sweep_killed_workdirs", "new_server_id",
-           "answers_as", "busy_port_error", "wait_for_start_models", "load_error"]
+           "answers_as", "busy_port_error", "wait_for_start_models", "load_error", "shm_files", "remove_orphan_shm"]
 
 SERVER_ENVIRONMENT = {
     # no bytecode next to served files from any python the server starts (the stub's own interpreter
@@ -55,6 +55,52 @@ def remove_new_bytecode(repository: Path | None, before: set[Path]) -> None:
     for folder in bytecode_dirs(repository) - before:
         shutil.rmtree(folder, ignore_errors=True)
 
+
+
+SHM = Path("/dev/shm")
+# the python backend's shared-memory regions, and model.py's shared drift windows
+SHM_PREFIXES = ("triton_python_backend_shm_region_", "triton_builder_drift_")
+
+
+def shm_files(folder: Path = SHM) -> set[str]:
+    """The names in ``folder`` that a tritonserver's python backend and our model.py create."""
+    try:
+        return {p.name for p in folder.iterdir() if p.name.startswith(SHM_PREFIXES)}
+    except OSError:
+        return set()
+
+
+def _in_use(folder: Path) -> set[str]:
+    """The names in ``folder`` some process maps or holds open (every /proc/<pid>/maps and fd/ readable here)."""
+    used: set[str] = set()
+    prefix = str(folder) + "/"
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            used.update(line.split(prefix, 1)[1].split()[0] for line in (proc / "maps").read_text().splitlines()
+                        if prefix in line)
+            for fd in (proc / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith(prefix):
+                    used.add(target[len(prefix):].split()[0])
+        except OSError:  # gone, or another user's: its files are not ours to remove (sticky /dev/shm) either
+            continue
+    return used
+
+
+def remove_orphan_shm(before: set[str], folder: Path = SHM) -> list[str]:
+    """Remove what appeared in ``folder`` since ``before`` (``shm_files``) and no process maps or holds open:
+    a server that failed to start (its ports taken by a racing one) or was killed leaves the python backend's
+    1 MB regions and the drift windows behind, and nothing else removes them. The names removed."""
+    new = shm_files(folder) - before
+    if not new:
+        return []
+    orphans = sorted(new - _in_use(folder))
+    for name in orphans:
+        try:
+            (folder / name).unlink()
+        except OSError:
+            pass
+    return orphans
 
 def sweep_killed_workdirs(workdir: Path) -> None:
     """Mark ``workdir`` as this process's and remove the ``triton-embedded-*`` folders beside it whose
