@@ -148,10 +148,11 @@ def _why_not_writable(folder: Path) -> str | None:
     return "permission denied"
 
 
-def require_writable(repository: Path, where: str = "--repository") -> None:
+def require_writable(repository: Path, where: str = "--repository", staged: bool = True) -> None:
     """Refuse, before any work, a repository that a publish could not write: a read-only mount or
-    another user's folder would otherwise fail only at the end (the lock file, the rename). Writes
-    nothing: a repository that does not exist yet is judged by the nearest folder that does."""
+    another user's folder would otherwise fail only at the end (the lock file, the rename); ``staged``
+    (a new version, not a config rewritten in place): also where its staging folder could not be made.
+    Writes nothing: a repository that does not exist yet is judged by the nearest folder that does."""
     root = Path(repository).resolve()
     existing = root
     while not existing.exists() and existing != existing.parent:
@@ -163,6 +164,27 @@ def require_writable(repository: Path, where: str = "--repository") -> None:
         reason = f"its {LOCK_FILE} cannot be opened for writing"
     if reason is not None:
         raise not_writable(root, reason if existing == root else f"{existing}: {reason}", where)
+    if staged:
+        _require_staging_beside(root, existing, where)
+
+
+def _require_staging_beside(root: Path, existing: Path, where: str) -> None:
+    """Versions are staged beside the repository (Triton tries to load every folder inside it, hidden ones
+    too) and renamed in, which needs the parent writable and on the same file system: a repository that is
+    itself a mount point (a Docker or Kubernetes volume, NFS) failed at the very end with EXDEV."""
+    parent = staging_parent(root)
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    fix = (f"pass a folder inside it instead ({where} {root / 'model_repository'}) and point Triton's "
+           "--model-repository there, or mount the volume one level up")
+    if existing == root and parent.is_dir() and os.stat(parent).st_dev != os.stat(root).st_dev:
+        raise UserInputError(f"{where} {root}: the repository is a mount point (its parent {parent} is another file "
+                             "system), and versions are staged beside it so that each appears in one rename; "
+                             + fix)
+    reason = _why_not_writable(parent) if parent.is_dir() else None
+    if reason is not None:
+        raise UserInputError(f"{where} {root}: its parent folder {parent} is not writable ({reason}), and versions "
+                             "are staged beside the repository so that each appears in one rename; " + fix)
 
 
 @contextlib.contextmanager

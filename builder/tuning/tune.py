@@ -136,7 +136,7 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
                              "--publish adds the winner as a new version)")
     if write or publish:  # the winner is written at the end: a read-only repository is refused before the search
         from builder.repository.layout import require_writable
-        require_writable(Path(repository))
+        require_writable(Path(repository), staged=publish)
     config_path, base_text, base = _read_config(repository, model, max_batch_sizes, batch_size)
     if write and not publish:  # a signed version refuses an in-place config: say so before the search, not after
         from builder.repository.tuned import refuse_if_signed
