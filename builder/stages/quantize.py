@@ -244,7 +244,8 @@ def _search(ctx: BuildContext, base: Variant, prepared: Path, quantize, first, o
     stop = (lambda rows: bool(nothing) or (  # noqa: E731
         q.search == "auto" and len(rows) == 1 and rows[0].verdict == quant_search.PASS
         and not quant_search.stably_slower(rows[0], remeasure)))
-    ctx.progress(f"  quantisation search ({q.search}, budget {q.search_seconds:g} s) ...")
+    kind = "dynamic" if first.quant_format == "dynamic" else "static"  # a build may search both: say which
+    ctx.progress(f"  quantisation search, {kind} INT8 ({q.search}, budget {q.search_seconds:g} s) ...")
     rows = quant_search.search(candidates, evaluate, q.search_seconds, clock, stop_when=stop)
     if nothing:
         _remove(trial)
