@@ -97,10 +97,13 @@ def cmd_clean(args: argparse.Namespace, reporter: Reporter) -> int:
     # a build killed before its first publish left work folders but never created its repository
     removed = clean(None if missing else repository)
     logs = _dead_replicas_logs()
-    for folder in removed + logs:
+    from builder.serving.startup import remove_dead_server_folders
+    servers = remove_dead_server_folders(Path(tempfile.gettempdir()))
+    for folder in removed + logs + servers:
         print(f"removed {folder}")
     said = ([f"{len(removed)} folder(s) left by dead builds"] if removed else []) + \
-        ([f"{len(logs)} log folder(s) of ended replicas sessions (in {tempfile.gettempdir()})"] if logs else [])
+        ([f"{len(logs)} log folder(s) of ended replicas sessions (in {tempfile.gettempdir()})"] if logs else []) + \
+        ([f"{len(servers)} folder(s) of ended tritonservers (their logs, in {tempfile.gettempdir()})"] if servers else [])
     print(f"removed {' and '.join(said)}" if said else "nothing to clean")
     if missing:
         print(f"--repository {repository}: no such folder (nothing was published there yet, or a typo), so only the "

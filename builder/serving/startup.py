@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from builder.serving.embedded import EmbeddedServer
 
 __all__ = ["SERVER_ENVIRONMENT", "bytecode_dirs", "remove_new_bytecode", "sweep_killed_workdirs", "new_server_id",
-           "answers_as", "busy_port_error", "wait_for_start_models", "load_error", "shm_files", "remove_orphan_shm"]
+           "answers_as", "busy_port_error", "wait_for_start_models", "load_error", "shm_files", "remove_orphan_shm",
+           "remove_dead_server_folders"]
 
 SERVER_ENVIRONMENT = {
     # no bytecode next to served files from any python the server starts (the stub's own interpreter
@@ -116,6 +117,22 @@ def sweep_killed_workdirs(workdir: Path) -> None:
         if owner is not None and other != workdir and not pid_alive(owner):
             shutil.rmtree(other, ignore_errors=True)
 
+
+
+def remove_dead_server_folders(parent: Path) -> list[Path]:
+    """Remove every ``triton-embedded-*`` folder in ``parent`` whose owner has ended (``clean``): those a
+    killed owner left, and those a failed start, a crash or a hung stop kept for their log (the error named
+    it; by now it has been read). A live owner's is in use; another user's is left alone. The removed ones."""
+    removed = []
+    for other in sorted(parent.glob("triton-embedded-*")):
+        try:
+            owner = int((other / "owner.pid").read_text())
+        except (OSError, ValueError):  # another user's, or from before owner.pid was written
+            continue
+        if not pid_alive(owner):
+            shutil.rmtree(other, ignore_errors=True)
+            removed.append(other)
+    return removed
 
 def new_server_id() -> str:
     """A name for one tritonserver process (``--id``; ``GET /v2`` answers it as "name")."""
