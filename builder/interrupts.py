@@ -11,9 +11,18 @@ import threading
 from typing import Iterator
 
 
+def _stop_signals() -> list[int]:
+    """SIGINT, SIGTERM and SIGHUP (the terminal closed: `serve` died without its clean-up, leaving its
+    temp folder), but not a SIGHUP that is ignored (``nohup``: the process is meant to outlive the terminal)."""
+    signals = [signal.SIGINT, signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signals.append(signal.SIGHUP)
+    return signals
+
+
 @contextlib.contextmanager
 def stop_signals() -> Iterator[list[int]]:
-    """Record SIGINT/SIGTERM instead of dying, for foreground loops that must stop their services
+    """Record SIGINT/SIGTERM/SIGHUP (``_stop_signals``) instead of dying, for foreground loops that must stop their services
     cleanly; yields the list of signals received and restores the previous handlers on exit.
     Outside the main thread (where handlers cannot be installed) it records nothing.
 
@@ -26,7 +35,7 @@ def stop_signals() -> Iterator[list[int]]:
     received: list[int] = []
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in _stop_signals():
             previous[sig] = signal.signal(sig, lambda signum, _frame: received.append(signum))
     try:
         yield received
@@ -49,7 +58,7 @@ def terminate_as_interrupt() -> Iterator[None]:
         def interrupt(signum, _frame):
             _RECEIVED.append(signum)
             raise KeyboardInterrupt(f"signal {signum}")
-        previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+        previous = {sig: signal.signal(sig, interrupt) for sig in _stop_signals()}
     try:
         yield
     finally:
