@@ -89,6 +89,9 @@ def _check_arguments(spec, load_seconds: float, users: int) -> None:
         raise UserInputError(f"--users {users}: give a whole number of load-test users >= 1 (default 8)")
     if not (isinstance(load_seconds, (int, float)) and math.isfinite(load_seconds) and load_seconds > 0):
         raise UserInputError(f"--load-seconds {load_seconds}: give the load test's length in seconds, > 0 (default 10)")
+    from builder.serving.install import require_stub_safe_tmpdir
+
+    require_stub_safe_tmpdir()  # the server needs it, after the build: said before the build
     target = load_spec(spec).deploy.target
     if target != "embedded":
         raise UserInputError(

@@ -148,13 +148,18 @@ def shell_safe(path: Path | str) -> bool:
     return shlex.quote(str(path)) == str(path)
 
 
-def make_workdir(prefix: str = "triton-embedded-") -> Path:
-    """A new temp dir; ``UserInputError`` naming TMPDIR if its path would break the stub's command line
-    (the backend dir is made in it)."""
+def require_stub_safe_tmpdir() -> None:
+    """``UserInputError`` naming TMPDIR if its path would break the stub's command line (the backend dir
+    is made in it); `run` asks before it builds, not when it starts the server."""
     if not shell_safe(tempfile.gettempdir()):
         raise UserInputError(f"TMPDIR {tempfile.gettempdir()!r}: tritonserver's python backend starts its stub "
                              "through a shell command line that splits this path; set TMPDIR to a folder "
                              "whose path has no spaces or shell characters (e.g. TMPDIR=/tmp)")
+
+
+def make_workdir(prefix: str = "triton-embedded-") -> Path:
+    """A new temp dir (``require_stub_safe_tmpdir``)."""
+    require_stub_safe_tmpdir()
     return Path(tempfile.mkdtemp(prefix=prefix))
 
 

@@ -140,3 +140,15 @@ def test_the_scratch_repository_is_not_emptied_under_a_live_server(tmp_path, mon
         fake.kill()
         fake.wait()
     assert (repository / "m" / "1" / "model.onnx").exists()
+
+
+def test_a_tmpdir_the_server_cannot_use_is_refused_before_the_build(tmp_path, monkeypatch, digits_copy):
+    import tempfile
+
+    repository = _scratch(tmp_path, monkeypatch)
+    spaced = tmp_path / "my temp"
+    spaced.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spaced))
+    with pytest.raises(UserInputError, match=r"TMPDIR '.*my temp': tritonserver's python backend starts its stub"):
+        run_main_job(digits_copy / "spec.yaml")
+    assert (repository / "m" / "1" / "model.onnx").exists()  # refused before anything was built or removed
