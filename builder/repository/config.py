@@ -22,6 +22,8 @@ from builder.spec import NAME_PATTERN, TRITON_DTYPES
 from builder.spec_fields import TENSOR_NAME_PATTERN
 
 INSTANCE_KINDS = ("KIND_CPU", "KIND_GPU", "KIND_AUTO")
+# python backend parameter: the scalars of a model without a batch dimension (names, comma-separated)
+SCALAR_TENSORS = "scalar_tensors"
 
 
 @dataclass(frozen=True)
@@ -76,13 +78,17 @@ class TensorConfig:
     data_type: str
     dims: list[int]
     reshape: list[int] | None = None  # what the model sees; [] = a scalar per sample (dims [1])
+    scalar: bool = False  # the model's tensor is one scalar per sample (spec shape [])
 
     @classmethod
-    def per_sample(cls, name: str, data_type: str, shape: list[int]) -> "TensorConfig":
+    def per_sample(cls, name: str, data_type: str, shape: list[int], batching: bool = True) -> "TensorConfig":
         """Triton's dims cannot be empty: a scalar per sample is dims [1] with reshape [] (Triton's
-        convention), so clients send and receive [batch, 1] while the model sees [batch]."""
+        convention), so clients send and receive [batch, 1] while the model sees [batch]. Without a batch
+        dimension Triton refuses an empty reshape ("scalar tensors are not supported"): the scalar is
+        dims [1] with no reshape, and the python backend's model.py hands the model a 0-d array
+        (parameter scalar_tensors, set by ModelConfig); no other backend can serve it (ModelConfig refuses)."""
         if not shape:
-            return cls(name, data_type, [1], reshape=[])
+            return cls(name, data_type, [1], reshape=[] if batching else None, scalar=True)
         return cls(name, data_type, list(shape))
 
 
@@ -147,6 +153,10 @@ class ModelConfig:
                 problems.append(f"tensor {t.name}: data_type {t.data_type} is not one of {sorted(valid_types)}")
             if not t.dims or any(d == 0 or d < -1 for d in t.dims):
                 problems.append(f"tensor {t.name}: dims {t.dims} must be non-empty, each > 0 or -1")
+            if self.max_batch_size == 0 and t.reshape is not None and not t.reshape:
+                problems.append(f"tensor {t.name}: reshape [] without a batch dimension (max_batch_size 0) is "
+                                "refused by Triton; make it with TensorConfig.per_sample(..., batching=False)")
+        self._serve_unbatched_scalars()
         if self.dynamic_batching is not None:
             if self.max_batch_size == 0:
                 problems.append("dynamic_batching needs max_batch_size > 0")
@@ -165,6 +175,30 @@ class ModelConfig:
                 problems.append(f"warmup {w.name}: dims must be concrete (no -1)")
         if problems:
             raise InternalError(f"invalid model config for '{self.name}': " + "; ".join(problems))
+
+    def _serve_unbatched_scalars(self) -> None:
+        """A scalar of a model without a batch dimension travels as dims [1] with no reshape (Triton's rule):
+        the python backend's model.py reads their names from the parameter scalar_tensors and gives the
+        model a 0-d array (and its 0-d answer back as [1]). Triton's onnxruntime, libtorch, openvino and
+        tensorrt backends pass dims [1] to the model as they are, which it refuses: refused here, before
+        anything is written, naming the tensor and the fixes."""
+        if self.max_batch_size > 0:
+            return
+        scalars = [(kind, t.name) for kind, tensors in (("inputs", self.inputs), ("outputs", self.outputs))
+                   for t in tensors if t.scalar and t.reshape is None]
+        if not scalars:
+            return
+        if self.backend == "python":
+            self.parameters = {**self.parameters, SCALAR_TENSORS: ",".join(name for _, name in scalars)}
+            return
+        kind, name = scalars[0]
+        listed = ", ".join(f"{k[:-1]} '{n}'" for k, n in scalars)
+        raise UserInputError(
+            f"field '{kind}': {listed} {'is a scalar' if len(scalars) == 1 else 'are scalars'} (shape []) and "
+            f"max_batch_size is 0: Triton's {backend_info(self.backend).triton_backend} backend cannot serve a "
+            "scalar without a batch dimension (its dims cannot be empty, and Triton refuses reshape [] for a model "
+            "that does not batch). Fix: deploy.target embedded (the python backend serves it as dims [1]), or "
+            f"max_batch_size > 0, or make the model take/return '{name}' as shape [1]")
 
     @property
     def default_model_filename(self) -> str:

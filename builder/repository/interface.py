@@ -52,7 +52,8 @@ def recorded_interface(meta: dict[str, Any]) -> dict[str, Any] | None:
     def tensors(items) -> list[Tensor]:
         out = []
         for t in items or []:
-            per_sample = TensorConfig.per_sample(t["name"], "", [int(d) for d in t.get("shape") or []])
+            per_sample = TensorConfig.per_sample(t["name"], "", [int(d) for d in t.get("shape") or []],
+                                                 batching=spec.get("max_batch_size") != 0)
             out.append((t["name"], TRITON_DTYPES.get(str(t.get("dtype"))), per_sample.dims, per_sample.reshape))
         return out
     return {"max_batch_size": spec.get("max_batch_size"), "backend": (meta.get("artifact") or {}).get("backend"),

@@ -46,9 +46,9 @@ def config_for(spec: ModelSpec, variant_format: str, target: str, name: str,
     instances, threads = spec.deploy.instances, 1
     if sizing is not None and target != "gpu" and spec.deploy.instances_auto:
         instances, threads = sizing
-    inputs = [TensorConfig.per_sample(t.name, t.triton_dtype, list(t.shape)) for t in spec.inputs]
+    inputs = [TensorConfig.per_sample(t.name, t.triton_dtype, list(t.shape), spec.batching) for t in spec.inputs]
     outputs = [TensorConfig.per_sample(o.name, TRITON_DTYPES[output_signature[o.name][0]],
-                                       list(output_signature[o.name][1])) for o in spec.outputs]
+                                       list(output_signature[o.name][1]), spec.batching) for o in spec.outputs]
     batching = None
     if spec.batching and spec.deploy.dynamic_batching:
         delay = spec.deploy.max_queue_delay_microseconds

@@ -3,6 +3,10 @@ is published: Triton runs it while loading the model, and a model failing it is 
 ``serve``, the whole repository then fails to start. Every published model is replayed, the
 ``NAME__variant`` companions of ``--publish-variants`` too (the build's checks ran only on reference data).
 
+A python-backend version then has its served code path replayed too (served_replay.py: its own
+model.py, on the reference cases and the warm-ups); a failure there raises VerificationError, naming
+the model, the version and what failed, before anything is written.
+
 Usage::
 
     why = warmup_failure(description)   # None, or why Triton would fail this model's warm-up
@@ -14,6 +18,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from builder.errors import VerificationError
+from builder.repository.config import config_as_dict, render_config
+from builder.repository.served_replay import model_shapes, served_path_failures
 from builder.spec import TRITON_DTYPES
 
 if TYPE_CHECKING:
@@ -27,7 +34,8 @@ def warmup_inputs(description: "VersionDescription") -> list[dict[str, np.ndarra
     """One feed per warm-up: zeros of each input's warm-up dims, reshaped as Triton reshapes them for the
     model (a scalar per sample: dims [1], reshape []), with the batch dimension when batched."""
     config = description.config
-    reshapes = {t.name: t.reshape for t in config.inputs}
+    # from the text Triton reads (a republished version's description holds no reshape of its own)
+    reshapes = model_shapes(config_as_dict(description.config_text or render_config(config)))
     feeds = []
     for warmup in config.warmups:
         feed = {}
@@ -43,7 +51,28 @@ def warmup_inputs(description: "VersionDescription") -> list[dict[str, np.ndarra
 
 
 def warmup_failure(description: "VersionDescription") -> str | None:
-    """Why Triton would fail this version's warm-up (the runtime's error), or None when it runs."""
+    """Why Triton would fail this version's warm-up (the runtime's error), or None when it runs. Then the
+    served code path (served_replay.py): raises VerificationError when it fails."""
+    failure = _runner_warmup_failure(description)
+    if failure is None:
+        _check_served_path(description)
+    return failure
+
+
+def _check_served_path(description: "VersionDescription") -> None:
+    failures = served_path_failures(description)
+    if failures:
+        version = f"version {description.version}" if description.version is not None else "its new version"
+        served = ("its model.py, run in-process as Triton's python backend runs it" if
+                  description.config.backend == "python" else "its model file, as Triton's backend loads it")
+        raise VerificationError(
+            f"'{description.name}' {version} was not published: {served}, fails where the build's verification "
+            f"(the builder's own runner on the same {description.model_format} file) passed, so Triton would not "
+            "serve it as verified; nothing of it was written and models published before it in this run stay. "
+            "Build it without this variant (--variants) and report this (a triton-builder bug)", failures)
+
+
+def _runner_warmup_failure(description: "VersionDescription") -> str | None:
     from builder.runtime import open_runner
 
     feeds = warmup_inputs(description)

@@ -168,7 +168,7 @@ def finish_export(exporter: str, spec, raw: Path, dest: Path) -> int:
     """Finalize an export (finalize_onnx) to ``dest`` and, for the dynamo exporter with dynamic dims,
     check that onnxruntime runs it away from the export example's sizes; the opset. Raises, naming the
     cause, when the export is unusable, so that the caller records it and tries the next exporter."""
-    opset = finalize_onnx(raw, [o.name for o in spec.outputs], rename=True, dest=dest)
+    opset = finalize_onnx(raw, [o.name for o in spec.outputs], rename=True, dest=dest, spec=spec)
     if exporter == "dynamo" and (spec.batching or spec.has_dynamic_dims):
         # the dynamo exporter may fix a dynamic size it traced into the graph (a bidirectional GRU/LSTM
         # reshapes to the example's sequence length): export succeeds, then every run at another size fails
@@ -274,15 +274,36 @@ def rename_outputs(graph, output_names: list[str]) -> None:
         named.add(wanted)
 
 
-def finalize_onnx(path: Path, output_names: list[str], rename: bool, dest: Path | None = None) -> int:
-    """Rename outputs to the spec's names (moving clashing internal names aside), run the checker and
-    shape inference, save (external data for large weights), return the default-domain opset."""
+def finalize_onnx(path: Path, output_names: list[str], rename: bool, dest: Path | None = None, spec=None) -> int:
+    """Rename outputs to the spec's names (moving clashing internal names aside), give back the spec inputs
+    the exporter dropped (``spec``: an export of the spec's model), run the checker and shape inference,
+    save (external data for large weights), return the default-domain opset."""
+    import copy
+
     import onnx
 
     model = onnx.load(str(path))
     graph = model.graph
     if rename:
         rename_outputs(graph, output_names)
+    present = {i.name for i in graph.input}
+    missing = [t for t in spec.inputs if t.name not in present] if spec is not None else []
+    if missing:
+        # an input forward() never reads is dropped by the exporters, but the config lists every spec input:
+        # Triton's onnxruntime backend refuses a config input the graph lacks ("unexpected inference input").
+        # Given back as a graph input no node reads (onnxruntime takes a feed for it and ignores it), at
+        # the spec's dtype and dims (-1: symbolic), in the spec's order
+        batch = next((i.type.tensor_type.shape.dim[0].dim_param for i in graph.input
+                      if spec.batching and i.type.tensor_type.shape.dim), "") or "batch"
+        for t in missing:
+            dims = [batch] if spec.batching else []
+            dims += [d if d != -1 else f"{t.name}_dim{i}" for i, d in enumerate(t.shape)]
+            graph.input.append(onnx.helper.make_tensor_value_info(
+                t.name, onnx.helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype)), dims))
+        order = {t.name: i for i, t in enumerate(spec.inputs)}
+        ordered = sorted((copy.deepcopy(i) for i in graph.input), key=lambda i: order.get(i.name, len(order)))
+        del graph.input[:]
+        graph.input.extend(ordered)
     model = onnx.shape_inference.infer_shapes(model)
     target = dest or path
     weights = sum(len(t.raw_data) for t in graph.initializer)

@@ -6,6 +6,7 @@ Settings come from config.pbtxt parameters:
   model_file        file name in the version folder (model.onnx / model.pt / model.xml)
   runtime           onnxruntime | torchscript | openvino
   intra_op_threads  threads per model instance (default 1: Triton scales with instances)
+  scalar_tensors    a model without batching: its scalars (dims [1] on the wire, 0-d for the model)
   intra_op_spinning onnxruntime with several intra-op threads: off (default) | on. Spinning threads
                     busy-wait for work; on a host shared with Triton's frontend, the client or other
                     work they collapse when descheduled (convnet64, 1 x 2 threads, one other busy
@@ -61,6 +62,10 @@ class TritonPythonModel:
         self.model_shapes = {i["name"]: [int(d) for d in i["reshape"].get("shape", [])]
                              for i in config["input"] if "reshape" in i}
         self.wire_dims = {o["name"]: [int(d) for d in o["dims"]] for o in config["output"] if "reshape" in o}
+        # a scalar without batching: Triton refuses reshape [] there, so dims [1] and the names in scalar_tensors
+        scalars = set(params.get("scalar_tensors", "").split(","))
+        self.model_shapes.update({name: [] for name, _ in self.inputs if name in scalars})
+        self.wire_dims.update({name: [1] for name, _ in self.outputs if name in scalars})
         model_file, runtime = params.get("model_file", "model.onnx"), params.get("runtime", "onnxruntime")
         if not os.path.exists(os.path.join(folder, model_file)):
             # a model's versions share one config.pbtxt: a version built as another format has its own file
@@ -81,7 +86,9 @@ class TritonPythonModel:
             options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning == "on" else "0")
             session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
             names = [name for name, _ in self.outputs]
-            self._run = lambda feeds: dict(zip(names, session.run(names, feeds)))
+            # clients send every config input; an exporter drops one the model never reads from the graph
+            declared = [i.name for i in session.get_inputs()]
+            self._run = lambda feeds: dict(zip(names, session.run(names, {n: feeds[n] for n in declared})))
         elif runtime == "torchscript":
             import torch
 
@@ -93,9 +100,9 @@ class TritonPythonModel:
             def run_torch(feeds):
                 with torch.inference_mode():
                     result = module(*[torch.from_numpy(np.ascontiguousarray(feeds[n])) for n in order])
-                if isinstance(result, torch.Tensor):
-                    result = [result]
-                return {n: r.numpy() for n, r in zip(names, result)}
+                if isinstance(result, dict) and all(n in result for n in names):
+                    result = [result[n] for n in names]  # the spec's own keys, in any order
+                return dict(zip(names, (t.numpy() for t in _tensors(result))))
 
             self._run = run_torch
         elif runtime == "openvino":
@@ -190,6 +197,16 @@ class TritonPythonModel:
         if self.drift is not None:
             self.drift.close()
         self.drift = None
+
+
+def _tensors(result):
+    """A TorchScript result as builder/runtime.py flatten_outputs takes it: tuples, lists and dict values
+    in order, nested ones flattened (an LSTM's (out, (h, c)) is three tensors)."""
+    if isinstance(result, dict):
+        result = list(result.values())
+    if isinstance(result, (list, tuple)):
+        return [t for item in result for t in _tensors(item)]
+    return [result]
 
 
 def _import_openvino():
