@@ -140,7 +140,7 @@ def publish_model(repository: Path, description: VersionDescription,
                 (draft.folder / SIGNED_CONFIG).write_text(draft.config_text)
             sign_version(draft.folder, description.signing_key)
     return {"name": config.name, "version": draft.version, "path": str(draft.path), "backend": config.backend,
-            "platform": backend_info(config.backend).name}
+            "platform": backend_info(config.backend).name, **({"note": draft.note} if draft.note else {})}
 
 
 @contextlib.contextmanager

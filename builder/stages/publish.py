@@ -142,6 +142,10 @@ def _publish_one(ctx: BuildContext, variant: Variant, name: str, version: int | 
         published = publish_model(ctx.options.repository, description, reservation)
     if said:
         ctx.progress(said)
+    if published.get("note"):  # published below a higher version: its config (and so what is served) was kept
+        ctx.notes.append(f"warning: {published['note']}")
+        ctx.progress(f"warning: {published['note']}")
+        warnings.append(published["note"])
     return published
 
 
