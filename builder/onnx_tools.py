@@ -15,6 +15,7 @@ Everything heavy (onnx, onnxruntime, onnxoptimizer, onnxslim) is imported inside
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import shutil
 import warnings
@@ -118,6 +119,8 @@ def standard_passes(model) -> tuple[Any, list[str]]:
     import onnx
 
     ran: list[str] = []
+    interface = [copy.deepcopy(i) for i in model.graph.input
+                 if i.name not in {init.name for init in model.graph.initializer}]
     try:
         import onnxoptimizer
 
@@ -141,7 +144,20 @@ def standard_passes(model) -> tuple[Any, list[str]]:
         ran.append("onnxslim")
     except Exception as exc:  # noqa: BLE001
         ran.append(f"onnxslim skipped ({short_error(exc)})")
+    _keep_inputs(model, interface)
     return model, ran
+
+
+def _keep_inputs(model, interface) -> None:
+    """Put back the graph inputs a pass removed as dead (an input forward() never reads): config.pbtxt
+    declares every spec input, and Triton's onnxruntime backend refuses a model missing one."""
+    present = {i.name: i for i in model.graph.input}
+    if all(i.name in present for i in interface):
+        return
+    rest = [i for i in model.graph.input if i.name not in {j.name for j in interface}]
+    ordered = [present.get(i.name, i) for i in interface] + rest
+    del model.graph.input[:]
+    model.graph.input.extend(ordered)
 
 
 def ort_optimize(src: Path, dst: Path, level: str, threads: int | None = None) -> None:
