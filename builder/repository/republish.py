@@ -54,8 +54,9 @@ def renamed_config(winner_model: Path, name: str, sizing: tuple[int, int | None]
     if delay_us is not None and message.HasField("dynamic_batching"):
         message.dynamic_batching.max_queue_delay_microseconds = delay_us
 
-    def tensors(items):
-        return [TensorConfig(t.name, model_config_pb2.DataType.Name(t.data_type), list(t.dims) or [1]) for t in items]
+    def tensors(items):  # with their reshape: what publish_model's checks and the warm-up replay read
+        return [TensorConfig(t.name, model_config_pb2.DataType.Name(t.data_type), list(t.dims) or [1],
+                             reshape=list(t.reshape.shape) if t.HasField("reshape") else None) for t in items]
     batching = DynamicBatching() if message.HasField("dynamic_batching") else None
     config = ModelConfig(name=name, backend=message.backend or message.platform, max_batch_size=message.max_batch_size,
                          inputs=tensors(message.input), outputs=tensors(message.output), dynamic_batching=batching)

@@ -252,3 +252,16 @@ def test_a_served_version_changed_after_signing_refuses_select(signed, tmp_path,
                                              r"`triton-builder validate "):
         select_for_host(repo, "digits_cnn", measure=measure, current_host=HERE, signing_key=private)
     assert not (repo / "digits_cnn/2").exists()
+
+
+def test_a_republished_config_keeps_each_tensors_reshape(tmp_path):
+    """A scalar per sample is dims [1] + reshape []: the config select and tune --publish check and replay
+    must say so, as the text they write does."""
+    from builder.repository.republish import renamed_config
+
+    text = ('name: "m"\nbackend: "python"\nmax_batch_size: 8\n'
+            'input [{ name: "x" data_type: TYPE_FP32 dims: [4] }]\n'
+            'output [{ name: "p" data_type: TYPE_INT64 dims: [1] reshape: { shape: [] } }]\n')
+    written, config = renamed_config(tmp_path, "m2", None, text=text)
+    assert config.outputs[0].reshape == [] and config.inputs[0].reshape is None
+    assert 'name: "m2"' in written and "reshape" in written
