@@ -10,11 +10,13 @@ Usage::
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 import traceback
 import zipfile
 from pathlib import Path
+from typing import Mapping
 
 from builder.errors import UserInputError
 
@@ -39,6 +41,32 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:400] or type(exc).__name__
 
 
+# the user's modules import_factory loaded, which it may drop for another spec's module of the same
+# name; every other entry of sys.modules is triton-builder's or a library's, and never dropped
+_USER_MODULES: set[str] = set()
+
+
+@functools.cache  # scanning every distribution's metadata takes a few tenths of a second
+def _installed_top_level() -> Mapping[str, list[str]]:
+    from importlib.metadata import packages_distributions
+
+    return packages_distributions()
+
+
+def _shadowed(top: str) -> str | None:
+    """What a user's module named ``top`` would replace for the rest of this process, or None:
+    triton-builder's own package (its modules then failed to import: "'builder' is not a package"),
+    an installed package (imported later by the build: onnx at export) or a module already imported."""
+    if top == __name__.split(".")[0]:
+        return "triton-builder's own package"
+    if top in _installed_top_level():
+        return f"the installed package '{top}' (from {', '.join(sorted(set(_installed_top_level()[top])))})"
+    if top in sys.modules and top not in _USER_MODULES:
+        found = getattr(sys.modules[top], "__file__", None)
+        return f"the module '{top}' this process already uses ({found or 'built into Python'})"
+    return None
+
+
 def import_factory(ref: str, spec_dir: Path, origin: str) -> tuple:
     """The torch.nn.Module that `ref` ("python.module:callable") returns, in eval mode, and the source
     files it came from (the factory's module, and the spec folder's modules this import loaded), for
@@ -51,8 +79,16 @@ def import_factory(ref: str, spec_dir: Path, origin: str) -> tuple:
     file = f"{module_name.replace('.', '/')}.py"
     field = f"{origin}: field 'source.module'"
     search = [str(spec_dir), str(Path.cwd())]
-    # two specs may both say "model:build"; drop a cached module of that name from elsewhere
-    for name in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
+    shadowed = _shadowed(top)
+    if shadowed is not None:  # before anything is imported or dropped: the build itself would break
+        what, renamed = (f"{top}.py", f"{top}_model.py") if top == module_name else (f"the folder {top}/",
+                                                                                   f"{top}_model/")
+        raise UserInputError(f"{field}: '{module_name}' is the name of {shadowed}, which importing the spec's "
+                             f"{what} would replace for the whole build; rename {what} to a name of your own "
+                             f"(e.g. {renamed}) and set source.module to match ({ref.replace(top, top + '_model', 1)})")
+    # two specs may both say "model:build"; drop a cached module of that name from elsewhere (only the
+    # user's: dropping triton-builder's own modules broke every later import of them)
+    for name in [m for m in sys.modules if (m == top or m.startswith(top + ".")) and m in _USER_MODULES]:
         cached = getattr(sys.modules[name], "__file__", None) or ""
         if not cached.startswith(str(spec_dir)):
             del sys.modules[name]
@@ -88,6 +124,8 @@ def import_factory(ref: str, spec_dir: Path, origin: str) -> tuple:
     finally:
         for path in search:
             sys.path.remove(path)
+        _USER_MODULES.update(n for n in set(sys.modules) - before if n == top or n.startswith(top + ".")
+                             or _inside(Path(getattr(sys.modules.get(n), "__file__", None) or "/"), spec_dir))
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise UserInputError(f"{field}: '{module_name}' has no callable '{attr}'")

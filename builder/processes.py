@@ -29,7 +29,6 @@ import atexit
 import os
 import queue
 import signal
-import socket
 import subprocess
 import threading
 import urllib.error
@@ -38,8 +37,10 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from builder.errors import UserInputError  # standard library only as well
 from builder.interrupts import stop_signals, terminate_as_interrupt  # noqa: F401 (re-exported)
+# the port helpers live in builder.ports; re-exported, as every service imports them from here
+from builder.ports import (bind_refusal, client_host, free_port, free_ports, port_in_use,  # noqa: F401
+                           port_open, refuse_taken_ports)
 
 
 # local services on 127.0.0.1: a proxy from the environment must not intercept readiness probes
@@ -56,77 +57,6 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int | None, bytes]:
         return err.code, err.read() if err.fp is not None else b""
     except (urllib.error.URLError, OSError):
         return None, b""
-
-
-def client_host(host: str) -> str:
-    """The address a client on this machine uses for a service bound to ``host`` (any-address binds
-    are reached on loopback; IPv6 literals are bracketed)."""
-    if host in ("0.0.0.0", ""):
-        return "127.0.0.1"
-    if host == "::":
-        return "[::1]"
-    return f"[{host}]" if ":" in host else host
-
-
-_HANDED_OUT: dict[int, float] = {}  # port -> when free_ports gave it, in this process
-_HANDED_OUT_LOCK = threading.Lock()
-
-
-def free_ports(host: str, count: int) -> list[int]:
-    """``count`` distinct ports free on ``host`` now, none given by this process in the last 2 minutes:
-    replicas started side by side pick ports before binding them, and the OS may give a port just
-    released to the next caller (a replica's HTTP port was another one's metrics port)."""
-    with _HANDED_OUT_LOCK:
-        now = time.monotonic()
-        [_HANDED_OUT.pop(port) for port, when in list(_HANDED_OUT.items()) if now - when > 120]
-        sockets, ports = [], []
-        try:
-            while len(ports) < count:
-                if len(sockets) >= count + 256:
-                    raise OSError(f"no {count} free ports on {host}")
-                s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-                s.bind((host, 0))
-                sockets.append(s)
-                if s.getsockname()[1] not in _HANDED_OUT:
-                    ports.append(s.getsockname()[1])
-        finally:
-            for s in sockets:
-                s.close()
-        _HANDED_OUT.update({port: now for port in ports})
-        return ports
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    return free_ports(host, 1)[0]
-
-
-def port_in_use(host: str, port: int) -> bool:
-    """Whether another socket listens on ``host:port`` (a port in TIME_WAIT is free, as for servers)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-def refuse_taken_ports(host: str, requested) -> None:
-    """``UserInputError`` naming the option of the first ``(option, port)`` of ``requested`` another
-    process listens on (None ports are skipped): a service asked for a fixed port must not start
-    there, since a readiness probe would be answered by the other process."""
-    for option, port in requested:
-        if port is not None and port_in_use(host, port):
-            raise UserInputError(f"{option} {port}: {host}:{port} is in use by another process; choose "
-                                 f"another port, or leave {option} out to have a free one picked")
-
-
-def port_open(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def killpg(pgid: int, sig: int) -> None:

@@ -20,12 +20,13 @@ Usage::
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from typing import Callable, Iterator, TextIO
 
 Progress = Callable[[str], object]
 
-__all__ = ["Progress", "Reporter", "bar", "report"]
+__all__ = ["Progress", "Reporter", "bar", "closed_pipe_safe_output", "report"]
 
 
 class Reporter:
@@ -95,3 +96,68 @@ def bar(progress: Progress | None, description: str, total: float | None) -> con
     if isinstance(progress, Reporter):
         return progress.bar(description, total)
     return contextlib.nullcontext(_no_advance)
+
+
+class _ClosedPipeSafe:
+    """sys.stdout (or sys.stderr) as the CLI uses it: once the reader of a pipe is gone (``build ... |
+    head -2``), every later write goes to /dev/null instead of raising BrokenPipeError, so the command
+    still does its work and ends with its own exit code. Everything else is the wrapped stream's."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def _reader_gone(self) -> None:
+        # Python's recipe for SIGPIPE (docs: signal, "Note on SIGPIPE"): point the file descriptor at
+        # /dev/null, so the text still buffered and the interpreter's flush at exit go nowhere quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self._stream.fileno())
+        finally:
+            os.close(devnull)
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._reader_gone()
+            return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._reader_gone()
+            with contextlib.suppress(BrokenPipeError):  # the buffered rest, now into /dev/null
+                self._stream.flush()
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def closed_pipe_safe_output() -> Iterator[None]:
+    """While inside, ``sys.stdout`` and ``sys.stderr`` survive their reader closing the pipe (see
+    ``_ClosedPipeSafe``; ``... 2>&1 | head -1`` closes both); a stream without a file descriptor (a
+    test's capture) is left as it is."""
+    names = [name for name in ("stdout", "stderr") if _has_fileno(getattr(sys, name))]
+    saved = {name: getattr(sys, name) for name in names}
+    for name in names:
+        setattr(sys, name, _ClosedPipeSafe(saved[name]))
+    try:
+        yield
+    finally:
+        for name in names:
+            if isinstance(getattr(sys, name), _ClosedPipeSafe):
+                setattr(sys, name, saved[name])
+
+
+def _has_fileno(stream: TextIO | None) -> bool:
+    try:
+        stream.fileno()  # type: ignore[union-attr]
+    except (AttributeError, OSError, ValueError):
+        return False
+    return True

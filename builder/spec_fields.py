@@ -90,8 +90,17 @@ def validate_tensor_name(name: Any, where: str) -> str:
 def read_yaml(path: Path) -> Any:
     """The YAML data of a spec file; a syntax error, a key given twice or an empty file is a
     UserInputError naming the file and the line."""
+    raw = path.read_bytes()
     try:
-        data = yaml.load(path.read_text(), Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+        # UTF-8 whatever the locale (LC_ALL=C made read_text() ASCII: a UnicodeDecodeError traceback);
+        # utf-8-sig takes a byte-order mark off, as editors on Windows write one
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise UserInputError(f"{path.name}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at line {line}); save it "
+                             "as UTF-8") from None
+    try:
+        data = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except DuplicateKeyError as exc:
         raise UserInputError(f"{path.name}: {exc.problem}") from None
     except yaml.YAMLError as exc:

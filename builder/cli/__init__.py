@@ -3,12 +3,14 @@ function (build.py: build, validate, run; serving.py: serve, check; tuning.py: l
 tune; scaleout.py: publish, replicas, k8s).
 
 Exit codes: 0 success; 1 verification/check failure; 2 user input or server unreachable
-(see builder/errors.py). Errors print one clear message, never a traceback.
+(see builder/errors.py); 3 an internal error (a bug: one line, the traceback in a file it names);
+130 stopped by Ctrl-C or SIGTERM. Errors print one clear message, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import re
@@ -17,7 +19,7 @@ import sys
 from pathlib import Path
 
 from builder.errors import BuilderError
-from builder.progress import Reporter
+from builder.progress import Reporter, closed_pipe_safe_output
 
 DEFAULT_REPOSITORY = "model_repository"
 
@@ -76,7 +78,7 @@ def _closed_folder(path: Path) -> Path | None:
 
 def file_system_error(exc: OSError, reading: bool = False) -> str | None:
     """The one-line message for an OSError the user can fix (a read-only mount, permissions, a full
-    disk), naming the file; None for any other OSError (a bug: it keeps its traceback). ``reading``:
+    disk), naming the file; None for any other OSError (a bug: exit 3, see internal_error). ``reading``:
     the verb only reads, so permission advice is about reading, not writing."""
     fix = _FILE_SYSTEM_FIXES.get(exc.errno or 0)
     if fix is None:
@@ -140,10 +142,51 @@ def quiet_environment() -> None:
         os.environ["MPLCONFIGDIR"] = str(private)
 
 
+def internal_error(exc: BaseException, verbose: bool = False) -> int:
+    """Exit 3 for an exception nothing else explained (a triton-builder bug): one line naming it and the
+    file its traceback went to, for the report; under -v the traceback is printed as well. Exit 1 (as a
+    traceback gave) would read as a verification failure in CI."""
+    import tempfile
+    import traceback
+
+    trace = "".join(traceback.format_exception(exc))
+    where = "the traceback below"
+    try:
+        handle, name = tempfile.mkstemp(prefix="triton-builder-traceback-", suffix=".txt")
+        with os.fdopen(handle, "w", encoding="utf-8", errors="backslashreplace") as out:
+            out.write(f"triton-builder {_version()}, Python {sys.version.split()[0]}\n"
+                      f"command: {' '.join(sys.argv)}\n\n{trace}")
+        where = name
+    except OSError:
+        verbose = True  # no file to keep it in: print it, or the report has nothing to go on
+    text = _ESCAPES.sub("", _one_line(str(exc)))
+    print(f"error: internal error (a triton-builder bug): {type(exc).__name__}: {text}; please report it with "
+          f"the traceback: {where}", file=sys.stderr, flush=True)
+    if verbose:
+        print(trace, file=sys.stderr, end="", flush=True)
+    return 3
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
 def main(argv: list[str] | None = None) -> int:
     quiet_environment()
     parser = make_parser()
     args = parser.parse_args(argv)
+    # an ASCII-only locale (LC_ALL=C): non-ASCII text from a spec in a printed line comes out escaped
+    # instead of ending the command in a UnicodeEncodeError (stderr does this by default)
+    with contextlib.suppress(AttributeError, ValueError):
+        sys.stdout.reconfigure(errors="backslashreplace")
+    # a closed stdout (`build ... | head -2`) stops the printing, never the build: it still publishes and
+    # ends with its own exit code (stderr too: `2>&1 | head` closes both)
+    with closed_pipe_safe_output():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     reporter = Reporter(quiet=args.quiet, verbose=args.verbose)
     from builder.interrupts import terminate_as_interrupt
 
@@ -160,13 +203,15 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         text = file_system_error(exc, reading=args.command in READ_ONLY_VERBS)
         if text is None:
-            raise
+            return internal_error(exc, args.verbose)
         print(f"error: {text}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt as exc:
         by = " by SIGTERM" if str(exc) == f"signal {int(signal.SIGTERM)}" else ""
         print(f"interrupted{by}; stopped after cleaning up", file=sys.stderr, flush=True)
         return 130
+    except Exception as exc:  # noqa: BLE001 - the last resort: a bug gets exit 3 and a report, not a traceback
+        return internal_error(exc, args.verbose)
 
 
 if __name__ == "__main__":

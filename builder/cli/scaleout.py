@@ -15,6 +15,7 @@ import argparse
 import os
 
 from builder.cli.arguments import finite_float
+from builder.cli.serving import port_number, refuse_shared_ports
 from builder.progress import Reporter
 
 
@@ -39,6 +40,7 @@ def cmd_register(args: argparse.Namespace, reporter: Reporter) -> int:
 def cmd_replicas(args: argparse.Namespace, reporter: Reporter) -> int:
     from builder.scaleout.replicas import run_replicas
 
+    refuse_shared_ports({"--http-port": args.http_port, "--grpc-port": args.grpc_port})
     return run_replicas(args.repository, args.replicas, http_port=args.http_port, grpc_port=args.grpc_port,
                         prometheus=args.prometheus, watch_seconds=args.watch_seconds)
 
@@ -93,8 +95,8 @@ def register(sub, common: argparse.ArgumentParser) -> None:
                                         "Prometheus and gated rolling updates, until Ctrl-C")
     p.add_argument("--repository", default="model_repository", help="folder or s3:// URL (default: %(default)s)")
     p.add_argument("--replicas", type=int, default=2, help="Triton replicas behind the balancer (default: %(default)s)")
-    p.add_argument("--http-port", type=int, help="the balancer's HTTP port (default: a free one)")
-    p.add_argument("--grpc-port", type=int, help="the balancer's gRPC port (default: a free one)")
+    p.add_argument("--http-port", type=port_number, help="the balancer's HTTP port (default: a free one)")
+    p.add_argument("--grpc-port", type=port_number, help="the balancer's gRPC port (default: a free one)")
     p.add_argument("--watch-seconds", type=finite_float, default=10.0,
                    help="how often to look for newly published versions to roll out (default: %(default)s)")
     group = p.add_mutually_exclusive_group()

@@ -6,11 +6,39 @@ from __future__ import annotations
 import argparse
 
 from builder.cli.output import add_signature_arguments, print_json
+from builder.errors import UserInputError
 from builder.progress import Reporter
 
 
 # Triton's own defaults, which `check`, `loadtest`, `sweep` and `tune` assume too
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+
+
+def port_number(text: str) -> int:
+    """The argparse type of every port flag: 1 to 65535. Port 0 ("any free port") started a server no
+    client could find (60 s, then "not live on 127.0.0.1:0") and 70000 ended in an OverflowError."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a port number: give one from 1 to 65535") from None
+    if not 0 < value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port: give one from 1 to 65535, or leave the flag "
+                                         "out to have one picked")
+    return value
+
+
+def refuse_shared_ports(flags: dict[str, int | None]) -> None:
+    """A ``UserInputError`` naming both flags when two of ``{flag: port}`` are the same port, before
+    anything starts: the server would fail to bind the second after loading every model, and print
+    its whole usage text before the reason."""
+    first: dict[int, str] = {}
+    for flag, port in flags.items():
+        if port is None:
+            continue
+        if port in first:
+            raise UserInputError(f"{first[port]} {port} and {flag} {port}: one port cannot serve both; give each "
+                                 "its own port, or leave one out to have a free one picked")
+        first[port] = flag
 
 
 def _bindable(host: str, port: int) -> bool:
@@ -24,13 +52,18 @@ def _ports(args: argparse.Namespace, reporter: Reporter) -> dict[str, int | None
     verbs' defaults reach this server), else free ones, said plainly. Another server may still take a
     default between this check and the bind: the server's start then fails naming the port and option."""
     asked = {"http": args.http_port, "grpc": args.grpc_port, "metrics": args.metrics_port}
+    refuse_shared_ports({f"--{kind}-port": port for kind, port in asked.items()})
     unset = [kind for kind, port in asked.items() if port is None]
     if not unset:
         return asked
-    if all(_bindable(args.host, DEFAULT_PORTS[kind]) for kind in unset):
+    # a default another flag was given (--http-port 8001) is as unusable as one in use
+    given = [k for k in unset if DEFAULT_PORTS[k] in asked.values()]
+    busy = [k for k in unset if k not in given and not _bindable(args.host, DEFAULT_PORTS[k])]
+    if not given and not busy:
         return {kind: DEFAULT_PORTS[kind] if port is None else port for kind, port in asked.items()}
-    busy = ", ".join(str(DEFAULT_PORTS[k]) for k in unset if not _bindable(args.host, DEFAULT_PORTS[k]))
-    reporter(f"note: port(s) {busy} in use here: serving on free ports instead; pass the printed addresses to "
+    reasons = [f"port(s) {', '.join(str(DEFAULT_PORTS[k]) for k in kinds)} {why}"
+               for kinds, why in ((busy, "in use here"), (given, "given to another flag")) if kinds]
+    reporter(f"note: {'; '.join(reasons)}: serving on free ports instead; pass the printed addresses to "
              "check/loadtest with --url (or choose ports with --http-port/--grpc-port/--metrics-port)")
     return asked
 
@@ -72,9 +105,10 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("serve", parents=[common], help="serve a repository on the embedded tritonserver until Ctrl-C")
     p.add_argument("--repository", default="model_repository",
                    help="model repository folder or s3:// URL (default: %(default)s)")
-    p.add_argument("--http-port", type=int, help="HTTP port (default: 8000, as check/loadtest assume; a free one if busy)")
-    p.add_argument("--grpc-port", type=int, help="gRPC port (default: 8001; a free one if busy)")
-    p.add_argument("--metrics-port", type=int, help="metrics port (default: 8002; a free one if busy)")
+    p.add_argument("--http-port", type=port_number,
+                   help="HTTP port (default: 8000, as check/loadtest assume; a free one if busy)")
+    p.add_argument("--grpc-port", type=port_number, help="gRPC port (default: 8001; a free one if busy)")
+    p.add_argument("--metrics-port", type=port_number, help="metrics port (default: 8002; a free one if busy)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     p.add_argument("--latency-summaries", action="store_true",
                    help="publish p50/p95/p99 latency summaries (the dashboards' percentile panels need them; "

@@ -107,8 +107,9 @@ def test_serve_takes_tritons_default_ports_or_says_why_not(monkeypatch):
         holder.listen()
         assert serving._ports(args, lines.append) == {"http": None, "grpc": None, "metrics": None}
     assert len(lines) == 1 and f"port(s) {defaults['grpc']} in use" in lines[0] and "--url" in lines[0]
-    explicit = make_parser().parse_args(["serve", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"])
-    assert serving._ports(explicit, lines.append) == {"http": 0, "grpc": 0, "metrics": 0}
+    explicit = make_parser().parse_args(["serve", "--http-port", "18000", "--grpc-port", "18001",
+                                         "--metrics-port", "18002"])
+    assert serving._ports(explicit, lines.append) == {"http": 18000, "grpc": 18001, "metrics": 18002}
 
 
 def test_select_measures_here_and_dry_run_publishes_nothing(built_repository, tmp_path):
