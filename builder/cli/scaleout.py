@@ -33,7 +33,10 @@ def cmd_register(args: argparse.Namespace, reporter: Reporter) -> int:
     from builder.storage.mlflow_registry import register_version
 
     done = register_version(args.registry, args.model, version=args.version, alias=args.alias)
-    print(f"registered {args.model} as {done['uri']} (run {done['run_id']}; source {done['source']})")
+    verb = "already registered" if done.get("already") else "registered"
+    print(f"{verb} {args.model} as {done['uri']} (run {done['run_id']}; source {done['source']})")
+    if done.get("note"):  # which config was attached, or that nothing new was sent
+        print(f"note: {done['note']}")
     return 0
 
 

@@ -34,7 +34,9 @@ def run(ctx: BuildContext) -> StageResult:
                        f"--registry {registry}`", registered=registered)
         registered.append({"name": item["name"], "version": item["version"], "uri": done["uri"],
                            "run_id": done["run_id"], **({"alias": alias} if alias else {})})
-        ctx.progress(f"  registered {item['name']} version {item['version']} as {done['uri']}"
-                     + (f" (alias {alias})" if alias else ""))
+        ctx.progress(f"  {'already registered' if done.get('already') else 'registered'} {item['name']} version "
+                     f"{item['version']} as {done['uri']}" + (f" (alias {alias})" if alias else ""))
+        if done.get("note"):
+            ctx.progress(f"  note: {done['note']}")
     uris = ", ".join(r["uri"] for r in registered)
     return StageResult.ok(STAGE, f"registered in {registry}: {uris}", registered=registered)
