@@ -43,8 +43,10 @@ def test_register_then_validate_and_serve_by_uri(server, built_repository, tmp_p
     assert "registered " in proc.stdout and "as models:/digits_cnn/1 " in proc.stdout
     again = run_cli("register", str(built_repository / "digits_cnn"), "--registry", server.url, "--alias", "prod")
     assert again.returncode == 0, again.stdout + again.stderr
-    assert again.stdout.startswith(f"already registered {built_repository / 'digits_cnn'} as models:/digits_cnn/1 "), again.stdout
-    assert "\nnote: digits_cnn version 1 is already registered as models:/digits_cnn/1 with the same files" in again.stdout
+    folder = built_repository / "digits_cnn"
+    assert again.stdout.startswith(f"already registered {folder} as models:/digits_cnn/1 "), again.stdout
+    assert "\nnote: digits_cnn version 1 is already registered as models:/digits_cnn/1 with the same files" \
+        in again.stdout
     # what the registry holds: metrics and tags on the run, the version with its source
     version = _get(f"{server.url}/api/2.0/mlflow/model-versions/get?name=digits_cnn&version=1")["model_version"]
     run = _get(f"{server.url}/api/2.0/mlflow/runs/get?run_id={version['run_id']}")["run"]
