@@ -13,7 +13,8 @@ from builder.repository.triton_releases import onnx_runtime_for, triton_release
 from builder.runtime import open_runner, tensorrt_unavailable_reason
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import accuracy_drop_failure, judged_precision
-from builder.tensors import beyond_the_cases, compare_outputs, merge_case_metrics, tolerance_failures, top1_accuracy
+from builder.tensors import (UNMEASURED, beyond_the_cases, compare_outputs, merge_case_metrics, tolerance_failures,
+                             top1_accuracy)
 
 STAGE = "verify"
 
@@ -54,7 +55,7 @@ def verify_variant(ctx: BuildContext, variant: Variant) -> list[str]:
             variant.notes.append(why)
             ctx.progress(f"  {variant.name}: {why}")
     if variant.verified_by == "task_accuracy":
-        failures = _task_accuracy_only(ctx, variant, own)
+        failures = _task_accuracy_only(ctx, variant, own, metrics)
     else:
         failures = tolerance_failures(metrics, tolerance)
 
@@ -83,16 +84,19 @@ def verify_variant(ctx: BuildContext, variant: Variant) -> list[str]:
     return failures
 
 
-def _task_accuracy_only(ctx: BuildContext, variant: Variant, own: list[dict]) -> list[str]:
+def _task_accuracy_only(ctx: BuildContext, variant: Variant, own: list[dict], metrics: dict) -> list[str]:
     """A variant that changes the function by design (stage compress) is held to the task accuracy
-    below, not to closeness: its rel L2 vs the reference is recorded, not judged. Its own outputs
-    on the reference cases become its reference.npz, which the served gate (check) compares with."""
+    below, not to closeness: its rel L2 vs the reference is recorded, not judged. But an output it no
+    longer gives, gives in another shape (a pruned layer feeding a returned tensor: the config's dims
+    no longer fit) or gives NaN/Inf for is a failure like any variant's. Its own outputs on the reference
+    cases become its reference.npz, which the served gate (check) compares with."""
     variant.own_outputs = own
     variant.verification["tolerance_applies_to"] = "the served answers vs this variant's own outputs (reference.npz)"
     if ctx.reference.labels is None:
         return ["verified by task accuracy, which needs labelled validation data: data.validation with a "
                 "'labels' array"]
-    return []
+    broken = {name: m for name, m in metrics.items() if set(UNMEASURED) & set(m)}
+    return tolerance_failures(broken, {}) if broken else []
 
 
 def run(ctx: BuildContext) -> StageResult:
