@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -57,20 +56,40 @@ def require_command(command: str, package: str) -> str:
 @contextlib.contextmanager
 def served_model_py(stand_in, module_name: str = "served_model_py"):
     """templates/python_backend/model.py imported outside Triton, with ``stand_in`` as its
-    triton_python_backend_utils (restored afterwards): the served code's own logic, without a server."""
-    saved = sys.modules.get("triton_python_backend_utils")
-    sys.modules["triton_python_backend_utils"] = stand_in
-    try:
-        spec = importlib.util.spec_from_file_location(module_name, ROOT / "templates/python_backend/model.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        if saved is None:
-            sys.modules.pop("triton_python_backend_utils", None)
-        else:
-            sys.modules["triton_python_backend_utils"] = saved
+    triton_python_backend_utils: the served code's own logic, without a server."""
+    from builder.repository.served_replay import import_model_py
 
+    yield import_model_py(ROOT / "templates/python_backend/model.py", stand_in, module_name)
+
+
+
+def ec_key_pair(folder: Path, name: str = "signing", password: bytes | None = None) -> tuple[Path, Path]:
+    """A new elliptic-curve signing key as <folder>/<name>.pem (PKCS8, encrypted with ``password`` when
+    given) and its public half as <name>.pub."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    encryption = serialization.BestAvailableEncryption(password) if password else serialization.NoEncryption()
+    private, public = folder / f"{name}.pem", folder / f"{name}.pub"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption))
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                      serialization.PublicFormat.SubjectPublicKeyInfo))
+    return private, public
+
+
+@pytest.fixture
+def aws_mock(monkeypatch):
+    """moto's in-process S3 (extras dev, s3), with credentials of its own and no endpoint of the host's."""
+    moto = require("moto", "dev")
+    require("boto3", "s3")
+    for key in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "unit-test-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "unit-test-secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with moto.mock_aws():
+        yield
 
 def edit_spec(folder: Path, **changes) -> Path:
     """Rewrite folder/spec.yaml with top-level keys changed (None removes a key); returns its path."""

@@ -95,7 +95,7 @@ def _replay(description: "VersionDescription", config: dict[str, Any], tmp: Path
     for name, content in extras.items():
         (folder / name).write_bytes(content() if callable(content) else content)
     pb_utils_stand_in.LOGGED.clear()  # what the previous replay logged
-    module = _import_model_py(folder / "model.py")
+    module = import_model_py(folder / "model.py")
     # the drift window every instance of the version shares: in the temp folder, not /dev/shm
     module._SharedWindow.folder = classmethod(lambda cls: str(tmp))
     torch = sys.modules.get("torch")
@@ -137,12 +137,14 @@ def _runner_opens(description: "VersionDescription") -> bool:
     return True
 
 
-def _import_model_py(path: Path):
-    """The version's model.py as a fresh module bound to the stand-in (never registered in sys.modules)."""
+def import_model_py(path: Path, stand_in=pb_utils_stand_in, module_name: str | None = None):
+    """A python-backend model.py as a fresh module bound to ``stand_in`` as its triton_python_backend_utils
+    (never registered in sys.modules; the previous binding of that name is restored)."""
     saved = sys.modules.get("triton_python_backend_utils")
-    sys.modules["triton_python_backend_utils"] = pb_utils_stand_in
+    sys.modules["triton_python_backend_utils"] = stand_in
     try:
-        spec = importlib.util.spec_from_file_location(f"triton_builder_served_{next(_MODULE_NUMBERS)}", path)
+        spec = importlib.util.spec_from_file_location(module_name or f"triton_builder_served_{next(_MODULE_NUMBERS)}",
+                                                      path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module

@@ -30,17 +30,10 @@ def _free_ports(count: int) -> list[int]:
 
 
 def test_a_signed_repository_is_verified_and_served(tmp_path):
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
     from builder.pipeline import build
+    from tests.conftest import ec_key_pair
 
-    key = ec.generate_private_key(ec.SECP256R1())
-    private, public = tmp_path / "k.pem", tmp_path / "k.pub"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    private, public = ec_key_pair(tmp_path, "k")
     repo = tmp_path / "model_repository"
     build(EXAMPLES / "digits/spec.yaml", repo, variants=["onnx"], benchmark_seconds=0, signing_key=private)
     http, grpc, metrics = _free_ports(3)

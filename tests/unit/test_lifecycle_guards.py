@@ -26,7 +26,7 @@ from builder.spec import parse_spec
 from builder.stages import publish as publish_stage
 from builder.stages.base import BuildContext, BuildOptions, Reference, Variant
 from builder.storage.mlflow_registry import register_version
-from tests.conftest import require, run_cli
+from tests.conftest import ec_key_pair, require, run_cli
 
 NO_SERVER = "http://127.0.0.1:9"  # nothing answers: a refusal must come before the registry is asked
 
@@ -207,15 +207,7 @@ def test_register_of_an_older_unsigned_version_says_which_config_it_carries(tmp_
 # -- 3. signatures ------------------------------------------------------------------------------------------
 
 def _key_pair(folder: Path) -> tuple[Path, Path]:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    key = ec.generate_private_key(ec.SECP256R1())
-    private, public = folder / "signing.pem", folder / "signing.pub"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                      serialization.PublicFormat.SubjectPublicKeyInfo))
-    return private, public
+    return ec_key_pair(folder)
 
 
 @pytest.fixture
@@ -338,27 +330,19 @@ output { name: "y" data_type: TYPE_FP32 dims: [ 4 ] }
 """
 
 
-def test_publish_names_the_model_file_first_and_counts_the_others(tmp_path, monkeypatch):
-    moto = require("moto", "dev")
-    require("boto3", "s3")
+def test_publish_names_the_model_file_first_and_counts_the_others(tmp_path, aws_mock):
     from builder.storage.s3 import S3Store, publish_repository
-    for key in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "unit-test-key")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "unit-test-secret")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     repo = tmp_path / "repo"
     _version_with_reports(repo, "first build")
-    with moto.mock_aws():
-        store = S3Store("s3://models/prod")
-        store.client.create_bucket(Bucket="models")
+    store = S3Store("s3://models/prod")
+    store.client.create_bucket(Bucket="models")
+    publish_repository(repo, "s3://models/prod", client=store.client)
+    shutil.rmtree(repo)  # version 1 built again: every file differs
+    _version_with_reports(repo, "second build")
+    with pytest.raises(UserInputError, match=re.escape(
+            "already exists at s3://models/prod/m/1 with different files (model.onnx, metadata.yaml, reference.npz, "
+            "model.py, build_report.json and 3 other files); versions are never overwritten")):
         publish_repository(repo, "s3://models/prod", client=store.client)
-        shutil.rmtree(repo)  # version 1 built again: every file differs
-        _version_with_reports(repo, "second build")
-        with pytest.raises(UserInputError, match=re.escape(
-                "already exists at s3://models/prod/m/1 with different files (model.onnx, metadata.yaml, reference.npz, "
-                "model.py, build_report.json and 3 other files); versions are never overwritten")):
-            publish_repository(repo, "s3://models/prod", client=store.client)
 
 
 # -- 7. a damaged previous metadata.yaml -------------------------------------------------------------

@@ -18,7 +18,7 @@ from builder.errors import UserInputError
 from builder.repository.layout import publish_version
 from builder.storage.s3 import (MARKER, S3Store, parse_s3_url, pin_versions, policy_versions,
                                        publish_repository)
-from tests.conftest import require, run_cli
+from tests.conftest import run_cli
 
 URL = "s3://models/prod"  # AWS form: moto's mock answers for AWS's endpoint, nothing goes out
 
@@ -32,18 +32,10 @@ version_policy: { latest { num_versions: 1 } }
 
 
 @pytest.fixture
-def s3(monkeypatch):
-    moto = require("moto", "dev")
-    require("boto3", "s3")
-    for key in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "unit-test-key")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "unit-test-secret")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    with moto.mock_aws():
-        store = S3Store(URL)
-        store.client.create_bucket(Bucket="models")
-        yield store
+def s3(aws_mock):
+    store = S3Store(URL)
+    store.client.create_bucket(Bucket="models")
+    return store
 
 
 def _add_version(repo: Path, body: str = "weights-1") -> int:

@@ -180,18 +180,10 @@ def test_the_published_benchmark_is_this_hosts_and_the_build_hosts_is_kept_apart
 def signed(tmp_path_factory):
     """digits built once, onnx served and torchscript published beside it, both signed."""
     pytest.importorskip("model_signing")
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
     from builder.pipeline import build
+    from tests.conftest import ec_key_pair
 
-    keys = tmp_path_factory.mktemp("keys")
-    key = ec.generate_private_key(ec.SECP256R1())
-    private, public = keys / "signing.pem", keys / "signing.pub"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    private, public = ec_key_pair(tmp_path_factory.mktemp("keys"))
     repo = tmp_path_factory.mktemp("signed") / "model_repository"
     build(EXAMPLES / "digits/spec.yaml", repo, variants=["onnx", "torchscript"], benchmark_seconds=0,
           publish_variants=True, progress=lambda m: None, signing_key=private)

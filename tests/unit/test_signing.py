@@ -7,26 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES, require, run_cli
+from tests.conftest import EXAMPLES, ec_key_pair, require, run_cli
 
 require("model_signing", "signing")
 require("OpenSSL", "signing")
-
-from cryptography.hazmat.primitives import serialization  # noqa: E402
-from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
 
 from builder.errors import UserInputError, VerificationError  # noqa: E402
 from builder.repository import signing  # noqa: E402
 
 
 def _key_pair(folder: Path, name: str, password: bytes | None = None) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    encryption = serialization.BestAvailableEncryption(password) if password else serialization.NoEncryption()
-    private, public = folder / f"{name}.pem", folder / f"{name}.pub"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                      serialization.PublicFormat.SubjectPublicKeyInfo))
-    return private, public
+    return ec_key_pair(folder, name, password)
 
 
 @pytest.fixture(scope="module")
