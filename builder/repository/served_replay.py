@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from builder.repository.description import VersionDescription
 
 _MODULE_NUMBERS = itertools.count()
+REPLAY_PREFIX = "triton-builder-served-replay-"  # the replay's temp folder, owned (builder/scratch.py)
 
 
 def served_path_failures(description: "VersionDescription") -> list[str]:
@@ -49,8 +50,15 @@ def served_path_failures(description: "VersionDescription") -> list[str]:
         return _onnx_interface_failures(description.model_files[0], config)
     if backend != "python" or "model.py" not in description.runtime_files or not description.model_files:
         return []
-    with tempfile.TemporaryDirectory(prefix="triton-builder-served-replay-") as tmp:
-        return _replay(description, config, Path(tmp))
+    from builder.scratch import OwnedFolder, sweep
+
+    root = Path(tempfile.gettempdir())
+    sweep(root, REPLAY_PREFIX)  # those a killed build left (its lock is gone with it)
+    work = OwnedFolder.create(root, REPLAY_PREFIX)
+    try:
+        return _replay(description, config, work.path)
+    finally:
+        work.release()
 
 
 def model_shapes(config: dict[str, Any]) -> dict[str, list[int]]:
@@ -96,8 +104,10 @@ def _replay(description: "VersionDescription", config: dict[str, Any], tmp: Path
         (folder / name).write_bytes(content() if callable(content) else content)
     pb_utils_stand_in.LOGGED.clear()  # what the previous replay logged
     module = import_model_py(folder / "model.py")
-    # the drift window every instance of the version shares: in the temp folder, not /dev/shm
-    module._SharedWindow.folder = classmethod(lambda cls: str(tmp))
+    # the drift window every instance of the version shares: in the temp folder, not /dev/shm (a model.py
+    # published by an older triton-builder, which select and tune --publish copy, may keep it otherwise)
+    if hasattr(module, "_SharedWindow"):
+        module._SharedWindow.folder = classmethod(lambda cls: str(tmp))
     torch = sys.modules.get("torch")
     threads = torch.get_num_threads() if torch is not None else None  # model.py sets the process-wide count
     instance = module.TritonPythonModel()
@@ -184,8 +194,10 @@ def _warmup_failures(instance, config: dict[str, Any]) -> list[str]:
         for name, value in (warmup.get("inputs") or {}).items():
             dtype = pb_utils_stand_in.NUMPY_TYPES.get(value.get("data_type", ""))
             if dtype is None or dtype is np.object_:
-                return []  # strings: Triton's zero_data is empty bytes, nothing to replay
+                break  # strings: Triton's zero_data is empty bytes, nothing to replay in this warm-up
             feeds[name] = np.zeros(([count] if batching else []) + [int(d) for d in value.get("dims", [])], dtype)
+        if not feeds or len(feeds) != len(warmup.get("inputs") or {}):
+            continue
         try:
             _execute(instance, feeds, config)
         except Exception as exc:  # noqa: BLE001

@@ -69,7 +69,8 @@ def _check_served_path(description: "VersionDescription") -> None:
             f"'{description.name}' {version} was not published: {served}, fails where the build's verification "
             f"(the builder's own runner on the same {description.model_format} file) passed, so Triton would not "
             "serve it as verified; nothing of it was written and models published before it in this run stay. "
-            "Build it without this variant (--variants) and report this (a triton-builder bug)", failures)
+            "A build: build it without this variant (--variants); select or tune --publish: the served version "
+            "stays as it is. Report this (a triton-builder bug)", failures)
 
 
 def _runner_warmup_failure(description: "VersionDescription") -> str | None:

@@ -242,3 +242,27 @@ def test_the_replay_leaves_nothing_in_the_version_folder_or_dev_shm(tmp_path):
                                                      "model.py", "reference.npz"]
     shm_after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     assert not [n for n in shm_after - shm_before if "drift_replay_7f3a" in n]
+
+
+def test_a_model_py_of_an_older_release_is_replayed_as_it_is(tmp_path):
+    """select and tune --publish copy the served version's model.py: one published before the shared drift
+    window (no _SharedWindow) crashed the replay, so neither could publish."""
+    served = tmp_path / "model.py"
+    text = (ROOT / "templates/python_backend/model.py").read_text()
+    served.write_text(text.replace("_SharedWindow", "_WindowOfAnOlderRelease"))
+    published = publish_model(tmp_path / "repo", _dict_description(tmp_path, "dict_ts", model_py=served))
+    assert published["version"] == 1
+
+
+def test_a_replay_folder_a_killed_build_left_is_removed_by_the_next_replay(tmp_path, monkeypatch):
+    import tempfile
+
+    from builder.repository.served_replay import REPLAY_PREFIX
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    left = scratch / f"{REPLAY_PREFIX}999999999-dead"  # its owner's pid, long gone
+    (left / "dict_ts" / "1").mkdir(parents=True)
+    publish_model(tmp_path / "repo", _dict_description(tmp_path, "dict_ts"))
+    assert not left.exists() and not list(scratch.glob(REPLAY_PREFIX + "*"))  # and its own is gone too
