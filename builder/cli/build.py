@@ -70,6 +70,7 @@ def cmd_select(args: argparse.Namespace, reporter: Reporter) -> int:
     from builder.repository.reselect import default_measure, select_for_host
 
     report = select_for_host(args.repository, args.name, measure=default_measure(args.seconds),
+                             public_key=args.public_key,
                              dry_run=args.dry_run, signing_key=args.signing_key, progress=reporter)
     for line in report.lines():
         print(line)
@@ -155,6 +156,9 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="measure and say what would be published; publish nothing")
     p.add_argument("--signing-key", help="elliptic-curve private key (PEM) that signs the published version "
                    "(default: $TRITON_BUILDER_SIGNING_KEY; its password only via $TRITON_BUILDER_SIGNING_KEY_PASSWORD)")
+    p.add_argument("--public-key", help="public key (PEM) the repository's versions were signed with, to check them "
+                   "before one is copied (default: $TRITON_BUILDER_PUBLIC_KEY, else the signing key's public half: "
+                   "give the old one after a key change)")
     p.set_defaults(func=cmd_select)
 
     p = sub.add_parser("clean", parents=[common],

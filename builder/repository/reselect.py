@@ -155,9 +155,12 @@ def _checked_candidates(repository: Path, name: str, number: int, served: dict[s
     with verifying_key(public_key, key, repository) as verify_with:
         why = integrity_failure(served_folder, number, verify_with, signed)
         if why:
+            rotated = ("; if it was signed with another key (a key change), give that key's public half: "
+                       "--public-key PEM or $TRITON_BUILDER_PUBLIC_KEY" if public_key is None and "signature" in why
+                       else "")
             raise UserInputError(f"{served_folder}: {name} version {number}, the served version select starts from, "
                                  f"is not what was published ({why}); run `triton-builder validate {main}` to see "
-                                 "every problem: nothing was measured or published")
+                                 f"every problem: nothing was measured or published{rotated}")
         candidates = _candidates(repository, name, served, number)
         for c in candidates:
             if not c.excluded and c.folder != served_folder:

@@ -257,3 +257,22 @@ def test_a_republished_config_keeps_each_tensors_reshape(tmp_path):
     written, config = renamed_config(tmp_path, "m2", None, text=text)
     assert config.outputs[0].reshape == [] and config.inputs[0].reshape is None
     assert 'name: "m2"' in written and "reshape" in written
+
+
+def test_after_a_key_change_select_names_the_public_key_and_takes_the_old_one(signed, tmp_path, monkeypatch):
+    from builder.repository import signing
+    from tests.conftest import ec_key_pair
+
+    monkeypatch.delenv(signing.PUBLIC_KEY_ENV, raising=False)
+    repo, old_public = _copy(signed[0], tmp_path), signed[2]
+    new_private, _ = ec_key_pair(tmp_path, "rotated")
+
+    def measure(label, runner, inputs, threads):
+        return {"throughput": 100.0, "p50_ms": 1.0}
+    with pytest.raises(UserInputError, match=r"was it signed with another key\?.*if it was signed with another key "
+                                             r"\(a key change\), give that key's public half: --public-key PEM or "
+                                             r"\$TRITON_BUILDER_PUBLIC_KEY"):
+        select_for_host(repo, "digits_cnn", measure=measure, current_host=HERE, signing_key=new_private)
+    report = select_for_host(repo, "digits_cnn", measure=measure, current_host=HERE, signing_key=new_private,
+                             public_key=old_public, dry_run=True)
+    assert not [c for c in report.candidates if "signature" in c.excluded], [c.excluded for c in report.candidates]
