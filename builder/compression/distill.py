@@ -2,7 +2,9 @@
 ``alpha * T^2 * KL(softmax(teacher / T) || softmax(student / T)) + (1 - alpha) * CE(student, labels)``,
 and optionally feature matching: the features entering the student's output layer are projected
 (a learned linear map when the widths differ) onto the teacher's and their mean squared error is
-added.
+added. The soft targets and the labels are those of the task output (``data.output``, the class
+scores the labels score); the teacher's other float outputs (an embedding beside the logits) are
+matched too (relative squared error, train.TaskLoss), so the student still returns them.
 
 Usage::
 
@@ -17,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from builder.compression.prune import output_layers
-from builder.compression.train import Budget, TrainingData, TrainLog, fine_tune, first_output
+from builder.compression.prune import task_layer
+from builder.compression.train import Budget, TaskLoss, TrainingData, TrainLog, fine_tune, model_outputs
 from builder.errors import UserInputError
 
 
@@ -67,27 +69,30 @@ def distill(teacher, student, data: TrainingData, settings, budget: Budget, *, e
 
     torch.manual_seed(settings.seed)
     teacher.eval()
-    for p in teacher.parameters():
-        p.requires_grad_(False)
     t, alpha = settings.temperature, settings.alpha
+    task = TaskLoss(teacher, data)
     taps, projection = None, None
     if settings.feature_matching:
         example = [x[:2] for x in data.inputs]
-        taps = (_FeatureTap(output_layers(teacher, example)[-1]), _FeatureTap(output_layers(student, example)[-1]))
+        # (found on autograd's graph: before the teacher's weights stop asking for gradients)
+        taps = (_FeatureTap(task_layer(teacher, example, data.output)),
+                _FeatureTap(task_layer(student, example, data.output)))
         with torch.no_grad():
             teacher(*example)
             student.eval()
             student(*example)
         width_t, width_s = taps[0].value.flatten(1).shape[1], taps[1].value.flatten(1).shape[1]
         projection = torch.nn.Linear(width_s, width_t, bias=False) if width_s != width_t else torch.nn.Identity()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
 
     def loss_fn(model, inputs, labels):
-        with torch.no_grad():
-            soft = first_output(teacher(*inputs)).reshape(len(labels), -1)
-            target_features = taps[0].value.flatten(1) if taps else None
-        logits = first_output(model(*inputs)).reshape(len(labels), -1)
+        wanted = task.teacher_outputs(inputs)
+        target_features = taps[0].value.flatten(1) if taps else None
+        returned = model_outputs(model(*inputs))
+        soft, logits = (r[task.index].reshape(len(labels), -1) for r in (wanted, returned))
         kd = F.kl_div(F.log_softmax(logits / t, dim=1), F.softmax(soft / t, dim=1), reduction="batchmean") * t * t
-        loss = alpha * kd + (1.0 - alpha) * F.cross_entropy(logits, labels)
+        loss = alpha * kd + (1.0 - alpha) * F.cross_entropy(logits, labels) + task.keep_term(returned, wanted)
         if taps:
             loss = loss + F.mse_loss(projection(taps[1].value.flatten(1)), target_features)
         return loss

@@ -5,8 +5,11 @@ Usage::
 
     data = TrainingData.from_arrays({"image": x, "labels": y}, ["image"])
     budget = Budget(steps=600, seconds=120)
-    log = fine_tune(model, data, cross_entropy, budget, steps=200, lr=1e-3, seed=0,
-                    evaluate=lambda m: accuracy(m, val, labels, ["image"]), progress=print, label="onnx_pruned")
+    loss = TaskLoss(user_model, data)   # cross-entropy on the output the labels score (data.output), plus
+                                        # the user's model's other float outputs kept (relative squared error)
+    log = fine_tune(model, data, loss, budget, steps=200, lr=1e-3, seed=0,
+                    evaluate=lambda m: accuracy(m, val, labels, ["image"], output=data.output), progress=print,
+                    label="onnx_pruned")
     log.stopped_by      # "steps" (the run's own share) | "budget steps" | "budget seconds"
 
 A rerun with the same seed and the same data gives the same weights, as long as the step budget
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -26,6 +30,12 @@ LOG_EVERY = 4  # progress lines per fine-tuning run
 # below this many multiply-accumulates per sample, training runs on one thread: the threads' hand-offs cost
 # more than they give, and on a busy host spinning threads slow it 20x (digits: 1 s vs 45 ms a step, load 7 on 2 cores)
 SMALL_MODEL_MACS = 20e6
+
+
+# the weight of the other outputs' relative squared error (TaskLoss): an output at the INT8 tolerance (rel L2
+# 0.1, squared 0.01) then costs about what a trained classifier's cross-entropy does (~0.1); at weight 1 the
+# pruned digits-sized MLP's embedding drifted to rel L2 0.25 unopposed
+KEEP_WEIGHT = 10.0
 
 
 def training_threads(macs_per_sample: float) -> int | None:
@@ -83,12 +93,15 @@ class TrainingData:
 
     inputs: list[Any]  # torch tensors, one per model input, [N, ...]
     labels: Any  # torch int64 [N]
+    # the position, among the tensors the model returns (the spec's outputs), of the class scores the labels
+    # score: the task output, which is not always the first ((embedding, logits))
+    output: int = 0
 
     @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray], input_names: list[str]) -> "TrainingData":
+    def from_arrays(cls, arrays: dict[str, np.ndarray], input_names: list[str], output: int = 0) -> "TrainingData":
         import torch
         return cls([torch.from_numpy(np.ascontiguousarray(arrays[n])) for n in input_names],
-                   torch.from_numpy(np.asarray(arrays["labels"]).astype(np.int64)))
+                   torch.from_numpy(np.asarray(arrays["labels"]).astype(np.int64)), output)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -107,25 +120,80 @@ class TrainLog:
                 "accuracy": None if self.accuracy is None else round(self.accuracy, 3)}
 
 
-def first_output(result):
-    """The first tensor a model returns (tensor, tuple/list or dict): the task output (logits)."""
+def model_outputs(result) -> list[Any]:
+    """The tensors a model returns (tensor, tuple/list, dict, nested), flattened in the order
+    builder.runtime.flatten_outputs gives them the spec's output names."""
     import torch
     if isinstance(result, torch.Tensor):
-        return result
-    if isinstance(result, dict):
-        return first_output(next(iter(result.values())))
-    return first_output(result[0])
+        return [result]
+    if result is None:
+        return []
+    items = result.values() if isinstance(result, Mapping) else result
+    return [t for item in items for t in model_outputs(item)]
 
 
-def cross_entropy(model, inputs: list[Any], labels):
+def task_output(result, index: int = 0):
+    """The tensor at ``index`` among those a model returns: the class scores the labels score."""
+    outputs = model_outputs(result)
+    if index >= len(outputs):
+        raise ValueError(f"the model returns {len(outputs)} tensor(s); the task output is number {index + 1}")
+    return outputs[index]
+
+
+def cross_entropy(model, inputs: list[Any], labels, index: int = 0):
+    """Cross-entropy of the output at ``index`` (class scores) against one class id per sample."""
     import torch.nn.functional as F
-    logits = first_output(model(*inputs))
+    logits = task_output(model(*inputs), index)
     return F.cross_entropy(logits.reshape(len(labels), -1), labels)
 
 
+def relative_squared_error(got, wanted):
+    """||got - wanted||^2 / ||wanted||^2 over the batch: the square of the rel L2 stage verify measures,
+    so an output's term weighs the same whatever its scale."""
+    return (got - wanted).pow(2).sum() / wanted.pow(2).sum().clamp(min=1e-12)
+
+
+class TaskLoss:
+    """``loss_fn`` for fine_tune: cross-entropy on the task output (``data.output``) against the
+    labels, plus, for every OTHER float output of the user's model (an embedding beside the logits),
+    its relative squared error to what ``teacher`` (the user's model, frozen) returns for the same
+    batch. The labels say nothing about those outputs: without the term, fine-tuning for the task
+    output would change them unseen, and the served variant would return a different embedding
+    under the same name. Integer outputs (counts, class ids) cannot be trained; verify judges them."""
+
+    def __init__(self, teacher, data: TrainingData) -> None:
+        import torch
+
+        self.index, self.teacher = data.output, teacher
+        teacher.eval()
+        with torch.no_grad():
+            returned = model_outputs(teacher(*[x[:2] for x in data.inputs]))
+        task_output(returned, self.index)  # the index exists
+        self.kept = [i for i, t in enumerate(returned) if i != self.index and t.is_floating_point()]
+
+    def __call__(self, model, inputs: list[Any], labels):
+        import torch.nn.functional as F
+
+        returned = model_outputs(model(*inputs))
+        loss = F.cross_entropy(returned[self.index].reshape(len(labels), -1), labels)
+        if self.kept:
+            loss = loss + self.keep_term(returned, self.teacher_outputs(inputs))
+        return loss
+
+    def teacher_outputs(self, inputs: list[Any]) -> list[Any]:
+        import torch
+        with torch.no_grad():
+            return model_outputs(self.teacher(*inputs))
+
+    def keep_term(self, returned: list[Any], wanted: list[Any]):
+        """The sum of the kept outputs' relative squared errors (0 when there are none)."""
+        return KEEP_WEIGHT * sum((relative_squared_error(returned[i], wanted[i]) for i in self.kept), 0.0)
+
+
 def accuracy(model, inputs: dict[str, np.ndarray], labels: np.ndarray, input_names: list[str],
-             batch: int = 256) -> float:
-    """Top-1 accuracy (%) of a torch model on labelled arrays (eval mode, no gradients)."""
+             batch: int = 256, output: int = 0) -> float:
+    """Top-1 accuracy (%) of a torch model's output number ``output`` on labelled arrays (eval mode, no
+    gradients)."""
     import torch
     was_training = model.training
     model.eval()
@@ -133,7 +201,7 @@ def accuracy(model, inputs: dict[str, np.ndarray], labels: np.ndarray, input_nam
     with torch.inference_mode():
         for start in range(0, len(labels), batch):
             args = [torch.from_numpy(np.ascontiguousarray(inputs[n][start:start + batch])) for n in input_names]
-            logits = first_output(model(*args)).reshape(len(args[0]), -1)
+            logits = task_output(model(*args), output).reshape(len(args[0]), -1)
             correct += int((logits.argmax(1).numpy() == labels[start:start + batch]).sum())
     model.train(was_training)
     return 100.0 * correct / max(len(labels), 1)

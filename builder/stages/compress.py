@@ -11,6 +11,10 @@ model, fine-tuned on ``data.training`` within the ``compression:`` budget (build
 - ``onnx_qat_int8``: quantisation-aware fine-tuning with fake-quant, exported as QDQ ONNX
   (builder/compression/qat.py); compare it with the post-training ``onnx_int8_static``.
 
+All three train on the output the labels score (``training_output``: the logits of (embedding,
+logits), not the first output) and hold the model's other float outputs to the user's model's
+(train.TaskLoss); how far those moved on data.validation is recorded (``compression.other_outputs``).
+
 They change the function by design: stage verify holds them to task accuracy on the labelled
 validation data (``verified_by: task_accuracy``), not to closeness with the reference, and records
 their own outputs, which their published reference.npz holds for ``check``. They are tried only when
@@ -21,14 +25,12 @@ Unstructured (mask) pruning is not offered: zeros in a dense weight make no dens
 from __future__ import annotations
 
 import copy
-import importlib
 import shutil
-import sys
 
 import numpy as np
 
 from builder import onnx_tools
-from builder.data_checks import spec_input
+from builder.compression.data import load_training, training_output  # noqa: F401 - load_training: the stage's API
 from builder.errors import UserInputError
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import export_module_onnx, make_each, not_made
@@ -56,118 +58,21 @@ def why_not(ctx: BuildContext) -> str:
     if ctx.reference is None or ctx.reference.labels is None:
         return ("needs labelled validation data to verify by task accuracy: data.validation with a 'labels' "
                 "array")
-    first = spec.outputs[0].name
-    scores = (getattr(ctx.reference, "validation_outputs", None) or {}).get(first)
-    if scores is not None and (np.ndim(ctx.reference.labels) != 1 or _classes(scores) < 2):
-        # training is cross-entropy on the first output against one class id per sample
-        return (f"trains on the first output, which must be float class scores with one class id per sample in "
-                f"data.validation['labels']; '{first}' is {scores.dtype} {list(scores.shape[1:])} per sample and "
-                f"the labels {list(np.shape(ctx.reference.labels)[1:])} (return the logits first)")
-    return ""
-
-
-def _classes(scores: np.ndarray) -> int:
-    """The classes of a first output (float scores, one row per sample); 0 for anything else."""
-    if not np.issubdtype(scores.dtype, np.floating):
-        return 0
-    return int(np.prod(scores.shape[1:], dtype=np.int64))
-
-
-def load_training(ctx: BuildContext) -> dict[str, np.ndarray]:
-    """data.training as {input: array[N, ...], 'labels': int array[N]}, checked against the spec."""
-    spec, source = ctx.spec, ctx.spec.data.training
-    if isinstance(source, str):
-        data = _call_training(source, spec.spec_dir)
-        where = source
-    else:
-        try:
-            with np.load(source, allow_pickle=False) as archive:
-                data = {k: archive[k] for k in archive.files}
-        except Exception as exc:  # noqa: BLE001
-            raise UserInputError(f"data.training: {source} is not a readable .npz of arrays ({exc})") from None
-        where = source.name
-    for key in [t.name for t in spec.inputs] + ["labels"]:
-        if key not in data:
-            raise UserInputError(f"data.training: {where} has no array '{key}' (it has: {', '.join(data) or 'nothing'})"
-                                 "; give one array per input, keyed by its name, and 'labels' (class ids)")
-    counts = {len(data[t.name]) for t in spec.inputs} | {len(data["labels"])}
-    if len(counts) > 1:
-        raise UserInputError(f"data.training: {where}: the inputs and labels have different sample counts "
-                             f"{sorted(counts)}")
-    for tensor in spec.inputs:
-        # the rule of data.validation (stage load)
-        data[tensor.name] = spec_input("data.training", where, tensor, np.asarray(data[tensor.name]), batching=True)
-    _check_training_labels(ctx, np.asarray(data["labels"]), where)
-    _check_model_runs(ctx, data, where)
-    return data
-
-
-def _check_training_labels(ctx: BuildContext, labels: np.ndarray, where: str) -> None:
-    """Class ids for cross-entropy: integers, one per sample, within the first output's classes."""
-    from builder.data_checks import classes_outside
-
-    if not np.issubdtype(labels.dtype, np.integer):
-        raise UserInputError(f"data.training: {where}['labels'] is {labels.dtype}; give integer "
-                             "class ids (the task metric is top-1 accuracy)")
+    labels = np.asarray(ctx.reference.labels)
     if labels.ndim != 1:
-        raise UserInputError(f"data.training: {where}['labels'] has shape {list(labels.shape)}; give one class id "
-                             "per sample (shape [samples]): training is cross-entropy on one class per sample")
-    first = ctx.spec.outputs[0].name
-    scores = (getattr(getattr(ctx, "reference", None), "validation_outputs", None) or {}).get(first)
-    classes = _classes(scores) if scores is not None else 0
-    outside = classes_outside(labels, classes or None)
-    if outside:
-        allowed = f"0..{classes - 1} (output '{first}' scores {classes} classes)" if classes else "0 or more"
-        raise UserInputError(f"data.training: {where}['labels'] holds {outside} outside {allowed}; give each "
-                             "sample's class index")
-
-
-def _check_model_runs(ctx: BuildContext, data: dict[str, np.ndarray], where: str) -> None:
-    """Run the model on one training batch, with the samples holding each integer input's smallest and
-    largest value (ids past the vocabulary), before any training: a bad array is named here rather
-    than failing mid-training (or in a parameter count) with torch's words."""
-    import torch
-
-    from builder.compression.train import first_output
-    from builder.data_checks import data_fault
-
-    model, spec = getattr(ctx, "model", None), ctx.spec
-    if not isinstance(model, torch.nn.Module):
-        return
-    rows = set(range(min(len(data["labels"]), spec.compression.batch_size)))
-    for tensor in spec.inputs:
-        array = data[tensor.name]
-        if array.size and np.issubdtype(array.dtype, np.integer):
-            flat = array.reshape(len(array), -1)
-            rows |= {int(flat.max(1).argmax()), int(flat.min(1).argmin())}
-    index = sorted(rows)
-    arrays = {t.name: np.ascontiguousarray(data[t.name][index]) for t in spec.inputs}
-    try:
-        with torch.no_grad():
-            first_output(model(*[torch.from_numpy(arrays[t.name]) for t in spec.inputs]))
-    except Exception as exc:  # noqa: BLE001 - any failure of the model on this data
-        raise data_fault("data.training", where, arrays, spec, exc) from None
-
-
-def _call_training(ref: str, folder) -> dict[str, np.ndarray]:
-    module_name, attr = ref.split(":")
-    sys.path.insert(0, str(folder))
-    try:
-        factory = getattr(importlib.import_module(module_name), attr, None)
-    except ModuleNotFoundError as exc:
-        raise UserInputError(f"data.training: cannot import '{module_name}' ({exc}); put "
-                             f"{module_name.replace('.', '/')}.py in the spec folder {folder}") from None
-    finally:
-        sys.path.remove(str(folder))
-    if not callable(factory):
-        raise UserInputError(f"data.training: '{module_name}' has no callable '{attr}'")
-    result = factory()
-    if isinstance(result, dict):
-        return {k: np.asarray(v) for k, v in result.items()}
-    batches = [dict(b) for b in result]
-    if not batches:
-        raise UserInputError(f"data.training: {ref}() gave no batches")
-    return {k: np.concatenate([np.asarray(b[k]) for b in batches]) for k in batches[0]}
+        # verify scores per-position labels ([N, T] against [N, T, classes]); training takes one per sample
+        return (f"trains with one class id per sample (cross-entropy on [samples, classes] scores), and "
+                f"data.validation['labels'] holds {list(labels.shape[1:])} per sample (one per position, e.g. per "
+                "token): per-position training is not offered; leave onnx_pruned, onnx_distilled and "
+                "onnx_qat_int8 out of variants")
+    if training_output(ctx) is None:
+        scored = getattr(ctx.reference, "top1_output", None)
+        outputs = getattr(ctx.reference, "validation_outputs", None) or {}
+        shapes = ", ".join(f"'{n}' {a.dtype} {list(a.shape[1:])}" for n, a in outputs.items())
+        return (f"trains with cross-entropy on float class scores, and no output holds them for these labels "
+                f"(one class id per sample{f'; the labels score {scored!r}' if scored else ''}; outputs per "
+                f"sample: {shapes}): return the class scores (logits) as an output too")
+    return ""
 
 
 class _Session:
@@ -181,12 +86,15 @@ class _Session:
         self.ctx = ctx
         self.settings = spec.compression
         self.names = [t.name for t in spec.inputs]
-        self.data = TrainingData.from_arrays(load_training(ctx), self.names)
-        # as stage verify scores (the labels' output), while training uses the first output (why_not)
+        self.outputs = [t.name for t in spec.outputs]
+        # trained, distilled and evaluated: the class scores the labels score (by position among the outputs)
+        self.task = training_output(ctx)
+        self.data = TrainingData.from_arrays(load_training(ctx), self.names, self.outputs.index(self.task))
+        # as stage verify scores (the labels' output: the same one, or the class ids these scores give)
         self.reference_accuracy = top1_accuracy(ref.validation_outputs[ref.top1_output], ref.labels)
         self.floor = self.reference_accuracy - spec.verify.max_accuracy_drop
         self.evaluate = lambda model: accuracy(model, ref.validation_inputs, ref.labels, self.names,
-                                               spec.max_batch_size)
+                                               spec.max_batch_size, output=self.data.output)
         self.example = [x[:2] for x in self.data.inputs]
         self.count = lambda model: count_params_macs(model, self.example)
         self.pruned = None  # PruneResult, made once
@@ -202,9 +110,108 @@ class _Session:
                               f"steps (accuracy floor {self.floor:.2f}%) ...")
             budget = self.budget()
             self.pruned = prune_iteratively(self.ctx.model, self.data, self.settings, budget,
-                                            evaluate=self.evaluate, floor=self.floor, progress=self.ctx.progress)
+                                            evaluate=self.evaluate, floor=self.floor, progress=self.ctx.progress,
+                                            judge=self._prune_judge)
             self.pruned.budget = budget.to_dict()
         return self.pruned
+
+    def check_shapes(self, model, origin: str) -> None:
+        """Refuse a model whose outputs differ in number or per-sample shape from the user's model's:
+        the variant is served under the spec's output names (a student of the user's own, or a layer
+        that reaches an output by a path pruning did not see)."""
+        import torch
+
+        from builder.compression.train import model_outputs
+
+        with torch.no_grad():
+            theirs = [list(t.shape[1:]) for t in model_outputs(self.ctx.model.eval()(*self.example))]
+            was_training = model.training
+            ours = [list(t.shape[1:]) for t in model_outputs(model.eval()(*self.example))]
+            model.train(was_training)
+        if len(ours) != len(theirs):
+            raise self._refusal(origin, f"returns {len(ours)} tensor(s), the model {len(theirs)} "
+                                        f"({', '.join(self.outputs)})")
+        changed = [f"'{n}' {a} per sample where the model returns {b}"
+                   for n, a, b in zip(self.outputs, ours, theirs) if a != b]
+        if changed:
+            raise self._refusal(origin, "returns " + "; ".join(changed))
+
+    def _refusal(self, origin: str, what: str) -> Exception:
+        if origin.startswith("compression.student"):
+            return UserInputError(f"{origin} {what}: a student must return what the model returns (the same "
+                                  "outputs, in the same order and shapes)")
+        return RuntimeError(f"{origin} {what}: it would serve other shapes under the same names")
+
+    def other_outputs(self, model) -> dict[str, dict]:
+        """How far the outputs that are not trained moved from the user's model on data.validation:
+        {name: {"rel_l2": x}} for a float output, {"mismatched": share} for an integer one, what went
+        wrong otherwise (missing, another shape, NaN/Inf); {} when the task output is the only one."""
+        import torch
+
+        from builder.compression.train import model_outputs
+        from builder.tensors import compare_outputs
+
+        ref = self.ctx.reference
+        others = {n: a for n, a in ref.validation_outputs.items() if n != self.task}
+        if not others:
+            return {}
+        was_training = model.training
+        model.eval()
+
+        def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            with torch.inference_mode():
+                got = model_outputs(model(*[torch.from_numpy(np.ascontiguousarray(feeds[n])) for n in self.names]))
+            return {n: t.numpy() for n, t in zip(self.outputs, got)}
+
+        try:
+            got = ref.run_validation(run, self.ctx.spec.max_batch_size)
+        finally:
+            model.train(was_training)
+        summary = {}
+        for name, m in compare_outputs(others, got).items():
+            if "integer" in m:
+                summary[name] = {"mismatched": round(m["mismatched"] / max(m["compared"], 1.0), 6)}
+            elif "rel_l2" in m:
+                summary[name] = {"rel_l2": round(m["rel_l2"], 6)}
+            else:
+                summary[name] = {k: v for k, v in m.items() if k in ("missing", "shape_mismatch", "expected", "got",
+                                                                     "nonfinite_in_variant", "nonfinite_mismatch")}
+        return summary
+
+    def others_fault(self, summary: dict[str, dict]) -> str:
+        """'' when every output that is not trained stays as close to the user's model as the spec's
+        INT8 tolerance allows (verify.tolerances.int8: rel_l2, max_mismatch): the labels cannot vouch
+        for them, so closeness must - the loosest closeness the spec accepts of any variant; else why."""
+        tolerance = self.ctx.spec.verify.tolerance("int8")
+        faults = []
+        for name, v in summary.items():
+            if "rel_l2" in v:
+                if not v["rel_l2"] <= tolerance["rel_l2"]:
+                    faults.append(f"'{name}' rel L2 {v['rel_l2']:.3g} > {tolerance['rel_l2']:g}")
+            elif "mismatched" in v:
+                limit = tolerance.get("max_mismatch", 0.0)
+                if v["mismatched"] > limit:
+                    faults.append(f"'{name}' {v['mismatched']:.1%} of values differ > {limit:.1%}")
+            else:
+                faults.append(f"'{name}' {', '.join(f'{k} {x}' for k, x in v.items())}")
+        return "; ".join(faults)
+
+    def _prune_judge(self, model) -> str:
+        fault = self.others_fault(self.other_outputs(model))
+        return f"output(s) not trained on beyond verify.tolerances.int8 on data.validation: {fault}" if fault else ""
+
+    def judge_others(self, model, record: dict, notes: list[str]) -> None:
+        """Record (and say in the notes) how far the outputs that are not trained moved."""
+        summary = self.other_outputs(model)
+        if not summary:
+            return
+        record["other_outputs"] = summary
+        said = ", ".join(f"'{n}' " + (f"rel L2 {v['rel_l2']:.3g}" if "rel_l2" in v else
+                                      f"{v['mismatched']:.1%} of values differ" if "mismatched" in v else str(v))
+                         for n, v in summary.items())
+        fault = self.others_fault(summary)
+        notes.append(f"outputs not trained on ('{self.task}' is), vs the model on data.validation: {said}"
+                     + (f"; beyond verify.tolerances.int8: {fault}" if fault else ""))
 
     def stats(self, model) -> dict:
         """Parameters, and multiply-accumulates / FLOPs (2 x MACs) per sample (torch-pruning counts per sample)."""
@@ -212,7 +219,11 @@ class _Session:
         return {"params": params, "macs": macs, "flops": 2 * macs}
 
 
-def _export(s: _Session, model, name: str, precision: str, record: dict, notes: list[str]) -> Variant:
+def _export(s: _Session, model, name: str, precision: str, record: dict, notes: list[str],
+            judged: bool = False) -> Variant:
+    s.check_shapes(model, name)
+    if not judged:
+        s.judge_others(model, record, notes)
     out_dir = s.ctx.workdir / name
     out_dir.mkdir(parents=True, exist_ok=True)
     exporter, opset = export_module_onnx(model, s.ctx.spec, out_dir / "model.onnx")
@@ -233,8 +244,9 @@ def make_pruned(s: _Session) -> str:
               "budget": result.budget, "reference_accuracy": s.reference_accuracy, "accuracy": result.accuracy}
     notes = [f"pruned {result.ratio:.2f} of the channels per layer ({result.stopped_by})"]
     if result.model is None:
-        notes.append(f"no ratio kept accuracy >= {s.floor:.2f}%: the smallest step ({result.ratio:.2f}) is exported "
-                     "for verification to judge")
+        also = " and the outputs not trained on within verify.tolerances.int8" if len(s.outputs) > 1 else ""
+        notes.append(f"no ratio kept accuracy >= {s.floor:.2f}%{also}: the smallest step ({result.ratio:.2f}) is "
+                     "exported for verification to judge")
     variant = _export(s, model, "onnx_pruned", "fp32", record, notes)
     variant.stats = s.stats(model)
     return f"ratio {result.ratio:.2f}, {variant.stats['params']} parameters, accuracy {result.accuracy:.2f}%"
@@ -253,6 +265,7 @@ def make_distilled(s: _Session) -> str:
         pruned = s.prune()
         student = copy.deepcopy(pruned.model if pruned.model is not None else pruned.last)
         origin = f"the pruned model (ratio {pruned.ratio:.2f})"
+    s.check_shapes(student, origin)  # before training: the loss matches every output by position
     s.ctx.progress(f"  distilling into {origin} (T={settings.temperature:g}, alpha={settings.alpha:g}"
                    f"{', feature matching' if settings.feature_matching else ''}) ...")
     budget = s.budget()
@@ -273,13 +286,14 @@ def make_distilled(s: _Session) -> str:
                               "task accuracy)")
 def make_qat(s: _Session) -> str:
     from builder.compression import qat
-    from builder.compression.train import cross_entropy, fine_tune
+    from builder.compression.train import TaskLoss, fine_tune
 
     settings = s.settings
     s.ctx.progress("  quantisation-aware fine-tuning ...")
     model, notes = qat.prepare_qat(copy.deepcopy(s.ctx.model), s.data, settings.batch_size)
     budget = s.budget()
-    log = fine_tune(model, s.data, cross_entropy, budget, steps=settings.steps, lr=settings.learning_rate / 10,
+    loss = TaskLoss(s.ctx.model, s.data)
+    log = fine_tune(model, s.data, loss, budget, steps=settings.steps, lr=settings.learning_rate / 10,
                     seed=settings.seed, batch_size=settings.batch_size, progress=s.ctx.progress, label="onnx_qat_int8")
     qat.freeze(model)
     log.accuracy = s.evaluate(model)
@@ -288,6 +302,7 @@ def make_qat(s: _Session) -> str:
                         "weights), then onnxruntime quantize_static to QDQ", "training": log.to_dict(), "budget": budget.to_dict(),
               "learning_rate": settings.learning_rate / 10, "reference_accuracy": s.reference_accuracy,
               "accuracy": log.accuracy}
+    s.judge_others(model, record, notes)  # as fake-quant (the INT8 model's values, near enough)
     out_dir = s.ctx.workdir / "onnx_qat_int8"
     try:
         qat.to_float(model)
@@ -308,7 +323,7 @@ def make_qat(s: _Session) -> str:
         record["method"] = record["method"].replace("then onnxruntime quantize_static to QDQ", "fake-quant ops exported as QDQ")
         qat.freeze(model)
         shutil.rmtree(out_dir, ignore_errors=True)
-        variant = _export(s, model, "onnx_qat_int8", "int8", record, notes)
+        variant = _export(s, model, "onnx_qat_int8", "int8", record, notes, judged=True)
         folded = qat.fold_weight_quantizers(variant.path)
         variant.passes.append(f"fake-quant exported as QuantizeLinear/DequantizeLinear; {folded} weight(s) stored INT8")
     variant.notes.append("compare with onnx_int8_static (post-training, same U8/S8 per-channel scheme) in the report")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import io
 import shutil
+import traceback
 import warnings
 
 import numpy as np
@@ -117,7 +118,39 @@ def _top1_drop(ctx: BuildContext, ir) -> float | None:
     return top1_accuracy(ref.validation_outputs[first], ref.labels) - top1_accuracy(got[first], ref.labels)
 
 
-def _accuracy_aware(ctx: BuildContext, nncf, model, dataset):
+def _fast_bias_correction_failed(exc: BaseException) -> bool:
+    """Whether NNCF failed inside its FastBiasCorrection step (judged by where, not by the words: NNCF's
+    own message there is torch-like, "iteration over a 0-d tensor" for a model with a 0-d/1-d output)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return any("fast_bias_correction" in frame.filename.replace("\\", "/") for frame in frames)
+
+
+def _quantize(base_path, dataset, batches: int, notes: list[str], quantize=None) -> tuple[object, bool]:
+    """nncf.quantize of the IR read from ``base_path``: (quantized model, fast bias correction used).
+    When NNCF fails in its fast bias correction (a model whose outputs it cannot iterate: an unbatched
+    model with a 1-d head output), it runs once more with fast_bias_correction=False, said in ``notes``.
+    ``quantize``: nncf.quantize, injectable for tests."""
+    with _quiet() as nncf:
+        quantize = quantize or nncf.quantize
+        try:
+            return quantize(openvino_tools.read_onnx(base_path), dataset, subset_size=batches), True
+        except Exception as exc:  # noqa: BLE001 - one known NNCF failure is retried, anything else raised as is
+            if not _fast_bias_correction_failed(exc):
+                raise
+            first = exc
+        try:
+            quantized = quantize(openvino_tools.read_onnx(base_path), dataset, subset_size=batches,
+                                 fast_bias_correction=False)
+        except Exception as exc:  # noqa: BLE001
+            raise RuntimeError(f"NNCF's quantize failed in its fast bias correction ({first}) and again with "
+                               f"fast_bias_correction=False ({exc}); serve openvino (FP32) or onnx_int8_static "
+                               "instead") from None
+    notes.append(f"NNCF's fast bias correction failed ({first}): quantized with fast_bias_correction=False "
+                 "(NNCF's slower bias correction)")
+    return quantized, False
+
+
+def _accuracy_aware(ctx: BuildContext, nncf, model, dataset, fast_bias_correction: bool = True):
     """nncf.quantize_with_accuracy_control with the spec's top-1 budget (absolute, in points)."""
     ref, spec = ctx.reference, ctx.spec
     first = ref.top1_output
@@ -137,7 +170,8 @@ def _accuracy_aware(ctx: BuildContext, nncf, model, dataset):
     validation = nncf.Dataset(items, lambda item: item)
     return nncf.quantize_with_accuracy_control(model, dataset, validation, validate,
                                                max_drop=spec.verify.max_accuracy_drop / 100.0,
-                                               drop_type=nncf.DropType.ABSOLUTE)
+                                               drop_type=nncf.DropType.ABSOLUTE,
+                                               fast_bias_correction=fast_bias_correction)
 
 
 @register_variant("openvino_int8", format="openvino", precision="int8", stage=STAGE, base="onnx", targets=(),
@@ -148,21 +182,20 @@ def make_openvino_int8(ctx: BuildContext) -> str:
     samples, where = calibration_samples(ctx)
     batches = _batches(samples)
     out_dir = ctx.workdir / "openvino_int8"
-    with _quiet() as nncf:
-        model = openvino_tools.read_onnx(base.path)
-        dataset = nncf.Dataset(batches)
-        quantized = nncf.quantize(model, dataset, subset_size=len(batches))
+    notes = [f"calibrated on {where}"]
+    nncf = openvino_tools.import_nncf()
+    dataset = nncf.Dataset(batches)
+    quantized, fast = _quantize(base.path, dataset, len(batches), notes)
     ir = openvino_tools.save_ir(quantized, out_dir)
     _release_check(ctx, ir)
     passes = [_conversion(), f"nncf {nncf.__version__} quantize (default preset, {len(batches)} calibration "
-                                 "batches)"]
-    notes = [f"calibrated on {where}"]
+                             f"batches{'' if fast else ', fast_bias_correction=False'})"]
     drop = _top1_drop(ctx, ir)
     over = accuracy_drop_failure({"drop": drop}, ctx.spec.verify.max_accuracy_drop)
     if over:
         notes.append(f"plain nncf.quantize: top-1 {over}: ran nncf.quantize_with_accuracy_control")
         with _quiet() as nncf:
-            controlled = _accuracy_aware(ctx, nncf, openvino_tools.read_onnx(base.path), dataset)
+            controlled = _accuracy_aware(ctx, nncf, openvino_tools.read_onnx(base.path), dataset, fast)
         ir = openvino_tools.save_ir(controlled, out_dir)
         _release_check(ctx, ir)
         passes.append(f"nncf quantize_with_accuracy_control(max_drop={ctx.spec.verify.max_accuracy_drop} points, "

@@ -1,5 +1,5 @@
 """Stage compress refuses what it cannot train on before training (data.training's arrays, labels and
-the model run on them; a first output that is no class scores) and says why a variant cannot be made
+the model run on them; no output holding float class scores) and says why a variant cannot be made
 (nothing prunable, QAT of nn.MultiheadAttention) instead of reporting a ratio or torch's words."""
 
 from __future__ import annotations
@@ -93,4 +93,4 @@ def test_compression_needs_class_scores_first(tmp_path):
     ctx = _ctx(tmp_path, {"ids": _ids(), "labels": np.zeros(64, np.int64)})
     assert why_not(ctx) == ""
     ctx.reference.validation_outputs = {"logits": np.zeros(4, np.int64)}  # (argmax, logits): class ids first
-    assert why_not(ctx).startswith("trains on the first output, which must be float class scores")
+    assert why_not(ctx).startswith("trains with cross-entropy on float class scores, and no output holds them")
