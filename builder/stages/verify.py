@@ -8,13 +8,15 @@ onnxruntime is rejected here, with the fix, before anything is published."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from builder.repository.runtime_gate import limit_failures
 from builder.repository.triton_releases import onnx_runtime_for, triton_release
 from builder.runtime import open_runner, tensorrt_unavailable_reason
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import accuracy_drop_failure, judged_precision
-from builder.tensors import (UNMEASURED, beyond_the_cases, compare_outputs, merge_case_metrics, tolerance_failures,
-                             top1_accuracy)
+from builder.tensors import (UNMEASURED, beyond_the_cases, compare_outputs, label_classes, merge_case_metrics,
+                             tolerance_failures, top1_accuracy)
 
 STAGE = "verify"
 
@@ -71,6 +73,9 @@ def verify_variant(ctx: BuildContext, variant: Variant) -> list[str]:
             name: m.get("rel_l2") for name, m in on_validation.items()}}
         if variant.verified_by != "task_accuracy":
             failures += beyond_the_cases(on_validation, tolerance, failures, samples)
+        elif ref.labels is not None:  # the untrained outputs on every sample too
+            failures += _lines_of(beyond_the_cases(on_validation, spec.verify.tolerance("int8"), failures, samples),
+                                  untrained_outputs(ctx))
         if ref.labels is not None:
             first = ref.top1_output  # the class ids or scores the labels fit (stage load)
             ref_top1 = top1_accuracy(ref.validation_outputs[first], ref.labels)
@@ -96,7 +101,24 @@ def _task_accuracy_only(ctx: BuildContext, variant: Variant, own: list[dict], me
         return ["verified by task accuracy, which needs labelled validation data: data.validation with a "
                 "'labels' array"]
     broken = {name: m for name, m in metrics.items() if set(UNMEASURED) & set(m)}
-    return tolerance_failures(broken, {}) if broken else []
+    failures = tolerance_failures(broken, {}) if broken else []
+    # the outputs training did not aim at (an embedding beside the logits): the labels cannot vouch for
+    # them, so closeness must, at the loosest tolerance the spec accepts for any variant (int8's)
+    untrained = [n for n in untrained_outputs(ctx) if n not in broken]
+    return failures + _lines_of(tolerance_failures(metrics, ctx.spec.verify.tolerance("int8")), untrained)
+
+
+def untrained_outputs(ctx: BuildContext) -> list[str]:
+    """The outputs a compressed variant was not trained on: all but the one the labels score and any integer
+    output holding one class id per label (judged, like it, by the accuracy drop)."""
+    ref = ctx.reference
+    outputs = ref.validation_outputs if ref.validation_outputs is not None else (ref.outputs[0] if ref.outputs else {})
+    return [name for name, array in outputs.items() if name != ref.top1_output
+            and not (np.issubdtype(np.asarray(array).dtype, np.integer) and label_classes(array, ref.labels) == 1)]
+
+
+def _lines_of(lines: list[str], names: list[str]) -> list[str]:
+    return [line for line in lines if any(line.startswith(f"{name}: ") for name in names)]
 
 
 def run(ctx: BuildContext) -> StageResult:
