@@ -78,6 +78,7 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = "model_reposito
         from builder.errors import UserInputError
         raise UserInputError(f"--benchmark-seconds: {benchmark_seconds} is negative; give seconds per variant, "
                              "or 0 to skip measuring")
+    _refuse_unservable_scalars(model_spec, options.target or model_spec.deploy.target)
     check_version_free(options.repository, model_spec.name, model_spec.version)
     from builder.repository.layout import require_writable
     require_writable(options.repository)  # a read-only mount fails now, not after every stage has run
@@ -124,6 +125,23 @@ def _run_stage(module, ctx: BuildContext, name: str, workdir: Path) -> StageResu
         if exc.errno in WORK_FOLDER_ERRNOS and inside:
             raise work_folder_error(exc, workdir) from None
         raise
+
+
+def _refuse_unservable_scalars(spec: ModelSpec, target: str) -> None:
+    """A scalar (shape []) of a model without a batch dimension: only the python backend (target embedded)
+    can serve it (builder/repository/config.py); said before the build, not at publish. Outputs count where
+    the spec gives their shape (the others are known once the model runs, and publish refuses them)."""
+    if target == "embedded" or spec.batching:
+        return
+    scalars = ([f"input '{t.name}'" for t in spec.inputs if list(t.shape) == []]
+               + [f"output '{o.name}'" for o in spec.outputs if o.shape is not None and list(o.shape) == []])
+    if scalars:
+        from builder.errors import UserInputError
+        raise UserInputError(
+            f"{', '.join(scalars)}: shape [] with max_batch_size 0 and target {target}: Triton's own backends "
+            "cannot serve a scalar without a batch dimension (its dims cannot be empty, and Triton refuses reshape "
+            "[] for a model that does not batch). Fix: deploy.target embedded (the python backend serves it as dims "
+            "[1]), or max_batch_size > 0, or make the model take/return it as shape [1]")
 
 
 def _checked_release(name: str | None, spec: ModelSpec) -> str:

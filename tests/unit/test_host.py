@@ -5,10 +5,7 @@ here depends on the machine the tests run on."""
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
-import numpy as np
-import pytest
 import yaml
 
 from builder.host import (cgroup_cpu_limit, compare_hosts, cpu_info, host_profile, isa_class, serving_size,

@@ -14,6 +14,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+import yaml
 
 from builder.errors import InternalError, UserInputError, VerificationError
 from builder.repository.config import ModelConfig, TensorConfig, Warmup, WarmupInput, parse_config, render_config
@@ -266,3 +267,20 @@ def test_a_replay_folder_a_killed_build_left_is_removed_by_the_next_replay(tmp_p
     (left / "dict_ts" / "1").mkdir(parents=True)
     publish_model(tmp_path / "repo", _dict_description(tmp_path, "dict_ts"))
     assert not left.exists() and not list(scratch.glob(REPLAY_PREFIX + "*"))  # and its own is gone too
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_an_unbatched_scalar_input_for_another_backend_is_refused_before_the_build(tmp_path, target):
+    from builder.pipeline import build
+
+    (tmp_path / "model.py").write_text("import torch\nclass M(torch.nn.Module):\n    def forward(self, x, t):\n"
+                                       "        return x * t\ndef build():\n    return M()\n")
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump({
+        "name": "m", "source": {"module": "model:build"}, "max_batch_size": 0,
+        "inputs": [{"name": "x", "dtype": "float32", "shape": [4]}, {"name": "t", "dtype": "float32", "shape": []}],
+        "outputs": [{"name": "y"}]}))
+    said = []
+    with pytest.raises(UserInputError, match=rf"input 't': shape \[\] with max_batch_size 0 and target {target}: "
+                                             r"Triton's own backends cannot serve a scalar"):
+        build(tmp_path / "spec.yaml", tmp_path / "repo", target=target, progress=said.append)
+    assert not any(line.startswith("[1/") for line in said)  # before the first stage
