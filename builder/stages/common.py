@@ -257,12 +257,17 @@ def rename_outputs(graph, output_names: list[str]) -> None:
     if len(nodes) != len(graph.node):
         del graph.node[:]
         graph.node.extend(nodes)
-    sources = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    inputs = {i.name for i in graph.input}
     used = {n for node in graph.node for n in (*node.input, *node.output)} | {t.name for t in graph.initializer}
     for wanted, have in zip(output_names, [o.name for o in graph.output]):
-        if wanted != have and wanted in used and wanted not in sources:
-            # an internal value already carries the name we want: move it aside first
+        if wanted != have and wanted in used and wanted not in inputs:
+            # an internal value or a weight already carries the name we want (a buffer named 'const' beside an
+            # output 'const': two values of one name, and shape inference failed the export): move it aside
             rename_value(graph, wanted, f"{wanted}__internal")
+            for weight in graph.initializer:
+                if weight.name == wanted:
+                    weight.name = f"{wanted}__internal"
+    sources = inputs | {t.name for t in graph.initializer}
     named: set[str] = set()
     for output, wanted in zip(graph.output, output_names):
         have = output.name

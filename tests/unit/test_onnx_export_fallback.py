@@ -71,6 +71,17 @@ def test_renaming_outputs_never_renames_an_input_and_names_a_value_returned_twic
     assert [g.tolist() for g in got] == [[-1.0, 2.0], [0.0, 2.0], [0.0, 2.0]]
 
 
+
+def test_an_output_named_like_a_weight_keeps_the_dynamo_export(tmp_path, quiet):
+    """A buffer 'const' and an output 'const' (the buffer expanded to the batch): renaming the output gave
+    the graph two values of one name, shape inference failed, and the build fell back to the legacy trace."""
+    spec = spec_folder(tmp_path, "self.l = torch.nn.Linear(4, 3); self.register_buffer('const', torch.ones(3))",
+                       "return self.l(x), self.const.expand(x.shape[0], 3)",
+                       [{"name": "x", "dtype": "float32", "shape": [4]}], ["y", "const"])
+    ctx = run_build(spec, tmp_path, quiet, ["onnx"])
+    onnx_variant = ctx.variant("onnx")
+    assert onnx_variant.exporter == "dynamo" and onnx_variant.verified is True, onnx_variant.notes
+
 def test_a_finalizing_failure_is_a_failed_exporter_not_a_crashed_build(tmp_path, quiet, monkeypatch):
     from builder.stages import export_onnx
 
