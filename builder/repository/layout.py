@@ -74,10 +74,11 @@ def require_model_repository(repository: Path, where: str = "--repository") -> P
     if (root / "config.pbtxt").is_file():
         raise UserInputError(f"{where} {repository}: this is a model folder (it holds config.pbtxt); pass the "
                              f"repository above it: {where} {root.parent}")
-    visible = [p for p in root.iterdir() if not p.name.startswith(".")]
-    if visible and not model_names(root):
-        raise UserInputError(f"{where} {repository}: no model repository there (none of its {len(visible)} "
-                             f"entries is a model folder with config.pbtxt); {shape}")
+    # files beside the models (the checkout's own model_repository/README.md) are no models to Triton either
+    folders = [p for p in root.iterdir() if not p.name.startswith(".") and p.is_dir()]
+    if folders and not model_names(root):
+        raise UserInputError(f"{where} {repository}: no model repository there (none of its {len(folders)} "
+                             f"folder(s) is a model folder with config.pbtxt); {shape}")
     return root
 
 

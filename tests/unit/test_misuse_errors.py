@@ -208,8 +208,8 @@ def test_clean_refuses_what_is_not_a_model_repository(tmp_path, monkeypatch, cap
     (unrelated / "sub").mkdir(parents=True)
     (unrelated / "a.txt").write_text("x")
     for path, why in ((tmp_path / "missing", "no such folder"), (tmp_path / "file", "a file, not a folder"),
-                      (unrelated, r"none of its 2 entries is a model folder with config.pbtxt"),
-                      (Path("/"), r"none of its \d+ entries is a model folder with config.pbtxt")):
+                      (unrelated, r"none of its 1 folder\(s\) is a model folder with config.pbtxt"),
+                      (Path("/"), r"none of its \d+ folder\(s\) is a model folder with config.pbtxt")):
         with pytest.raises(UserInputError, match=rf"--repository {path}: no model repository there \({why}\); "
                                                  + shape):
             clean(path)
@@ -220,7 +220,9 @@ def test_clean_refuses_what_is_not_a_model_repository(tmp_path, monkeypatch, cap
                                              rf"config.pbtxt\); pass the repository above it: --repository {repo}"):
         clean(model)
     (tmp_path / "fresh").mkdir()  # a repository not built into yet
-    assert clean(repo) == [] and clean(tmp_path / "fresh") == []
+    (tmp_path / "readme_only").mkdir()  # the checkout's model_repository/: only its README.md
+    (tmp_path / "readme_only" / "README.md").write_text("builds publish here")
+    assert clean(repo) == [] and clean(tmp_path / "fresh") == [] and clean(tmp_path / "readme_only") == []
     assert cli.main(["clean", "--repository", str(unrelated)]) == 2
     assert "no model repository there" in capsys.readouterr().err
     monkeypatch.chdir(tmp_path)  # no model_repository here: only the temp dir's work folders
