@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 
 from builder.errors import UserInputError
-from builder.tensors import label_classes, score_outputs, top1_accuracy, top1_output
+from builder.tensors import class_id_outputs, label_classes, score_outputs, top1_accuracy, top1_output
 
 # fewer calibration samples than this give unreliable INT8 ranges (one batch of outliers decides them)
 MIN_CALIBRATION = 32
@@ -124,8 +124,7 @@ def check_labels(ctx, path: Path, labels: np.ndarray, outputs: dict[str, np.ndar
         return None
     candidates = score_outputs(outputs, labels)
     scores = name if name in candidates else (candidates[0] if candidates else None)
-    class_ids = [n for n, a in outputs.items() if np.issubdtype(a.dtype, np.integer) and label_classes(a, labels) == 1]
-    every = class_ids + candidates
+    every = class_id_outputs(outputs, labels) + candidates
     if len(every) > 1:  # which one is scored decides what the gate guards: say it
         shares = ", ".join(f"'{n}' {top1_accuracy(outputs[n], labels):.1f} %" for n in every)
         fit = "its argmax" if name in candidates else "it"

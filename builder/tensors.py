@@ -388,10 +388,14 @@ def top1_output(outputs: dict[str, np.ndarray], labels: np.ndarray) -> str | Non
     integer that merely has one value per sample); a tie goes to the integer output, the model's own
     answer. None when neither kind exists. Each label covers the output's leading dims of the labels'
     shape (one per sample, or one per token for labels [N, T] and an output [N, T, classes])."""
-    class_ids = [name for name, array in outputs.items()
-                 if np.issubdtype(np.asarray(array).dtype, np.integer) and label_classes(array, labels) == 1]
-    candidates = class_ids + score_outputs(outputs, labels)
+    candidates = class_id_outputs(outputs, labels) + score_outputs(outputs, labels)
     return max(candidates, key=lambda n: top1_hits(outputs[n], labels)) if candidates else None  # a tie: the first
+
+
+def class_id_outputs(outputs: dict[str, np.ndarray], labels: np.ndarray) -> list[str]:
+    """The integer outputs that hold one class id per label (top1_output's other candidates)."""
+    return [name for name, array in outputs.items()
+            if np.issubdtype(np.asarray(array).dtype, np.integer) and label_classes(array, labels) == 1]
 
 
 def score_outputs(outputs: dict[str, np.ndarray], labels: np.ndarray) -> list[str]:

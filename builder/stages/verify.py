@@ -8,14 +8,12 @@ onnxruntime is rejected here, with the fix, before anything is published."""
 
 from __future__ import annotations
 
-import numpy as np
-
 from builder.repository.runtime_gate import limit_failures
 from builder.repository.triton_releases import onnx_runtime_for, triton_release
 from builder.runtime import open_runner, tensorrt_unavailable_reason
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import accuracy_drop_failure, judged_precision
-from builder.tensors import (UNMEASURED, beyond_the_cases, compare_outputs, label_classes, merge_case_metrics,
+from builder.tensors import (UNMEASURED, beyond_the_cases, class_id_outputs, compare_outputs, merge_case_metrics,
                              tolerance_failures, top1_accuracy)
 
 STAGE = "verify"
@@ -113,8 +111,8 @@ def untrained_outputs(ctx: BuildContext) -> list[str]:
     output holding one class id per label (judged, like it, by the accuracy drop)."""
     ref = ctx.reference
     outputs = ref.validation_outputs if ref.validation_outputs is not None else (ref.outputs[0] if ref.outputs else {})
-    return [name for name, array in outputs.items() if name != ref.top1_output
-            and not (np.issubdtype(np.asarray(array).dtype, np.integer) and label_classes(array, ref.labels) == 1)]
+    class_ids = class_id_outputs(outputs, ref.labels)
+    return [name for name in outputs if name != ref.top1_output and name not in class_ids]
 
 
 def _lines_of(lines: list[str], names: list[str]) -> list[str]:
