@@ -88,7 +88,7 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = "model_reposito
     if options.signing_key is None:
         progress(f"note: versions are published unsigned (no --signing-key or ${KEY_ENV})")
     requested, base_only = add_bases(resolve_variants(variants or model_spec.variants, options.target or
-                                                      model_spec.deploy.target))
+                                                      model_spec.deploy.target, model_spec.deploy.instance_kind))
     work = OwnedFolder.create(scratch_root, WORK_PREFIX, model_spec.name)
     try:
         ctx = BuildContext(spec=model_spec, options=options, workdir=work.path, progress=progress)

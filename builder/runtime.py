@@ -6,7 +6,7 @@ Usage::
     run = open_runner("onnx", Path("model.onnx"), output_names=["logits"])
     outputs = run({"image": x})
 
-Formats: onnx (onnxruntime, CPU provider), torchscript (torch, CPU), openvino (an OpenVINO IR on the
+Formats: onnx (onnxruntime, CPU provider), torchscript (torch; CPU, or ``device="cuda"``), openvino (an OpenVINO IR on the
 CPU plugin, latency hint, FP32 inference precision, threads = usable cores: builder/openvino_tools.py),
 plan (TensorRT on a CUDA GPU; ``tensorrt_unavailable_reason()`` says why not here). Heavy imports
 happen inside the functions.
@@ -26,13 +26,14 @@ Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 
 def open_runner(fmt: str, path: Path, output_names: list[str], input_names: list[str] | None = None,
-                threads: int | None = None) -> Runner:
+                threads: int | None = None, device: str = "cpu") -> Runner:
+    """``device``: where a TorchScript model runs ("cpu", "cuda", "cuda:N"); the other formats have one."""
     if fmt == "onnx":
         return _onnx_runner(path, output_names, threads)
     if fmt == "torchscript":
         import torch
-        module = torch.jit.load(str(path), map_location="cpu").eval()
-        return torch_runner(module, output_names, input_names, threads)
+        module = torch.jit.load(str(path), map_location=device).eval()
+        return torch_runner(module, output_names, input_names, threads, device)
     if fmt == "plan":
         return plan_runner(path, output_names)
     if fmt == "openvino":
@@ -134,18 +135,19 @@ def _onnx_runner(path: Path, output_names: list[str], threads: int | None) -> Ru
 
 
 def torch_runner(module, output_names: list[str], input_names: list[str] | None = None,
-                 threads: int | None = None) -> Runner:
+                 threads: int | None = None, device: str = "cpu") -> Runner:
     """Call a torch module (eager or TorchScript) with keyword-free positional inputs in spec order.
     ``threads``: torch's intra-op threads for each call (None: torch's own setting), set per call and
     restored, as torch's count is process-wide - so a TorchScript version and an ONNX one opened with
-    the same count are timed on the same cores."""
+    the same count are timed on the same cores. ``device``: where the inputs go (the module must be
+    there); outputs always come back to the host, so a timed call counts both copies, as serving does."""
     import torch
 
     def run(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         names = input_names or list(inputs)
         # copies: a forward() that works on its input in place (x.mul_(2)) would change the caller's arrays,
         # the stored reference cases among them (the next run then reads other inputs)
-        args = [torch.from_numpy(np.array(inputs[n], order="C", copy=True)) for n in names]
+        args = [torch.from_numpy(np.array(inputs[n], order="C", copy=True)).to(device) for n in names]
         before = torch.get_num_threads()
         switch = bool(threads) and threads != before  # no cost per call where the pool is already sized
         if switch:

@@ -148,6 +148,10 @@ class DeploySpec:
     # (count), or refuse the request with an error naming the input (reject)
     non_finite_inputs: str = "count"
     onnx_tensorrt: dict[str, Any] | None = None  # target gpu: onnxruntime's TensorRT accelerator (see below)
+    instance_kind: str = "auto"  # gpu on target embedded: the python backend runs TorchScript on a GPU
+
+    def kind_for(self, target: str) -> str:  # the pairing is checked by variants.resolve_variants
+        return "KIND_GPU" if target == "gpu" or self.instance_kind == "gpu" else "KIND_CPU"
 
 
 @dataclass
@@ -215,8 +219,10 @@ _VERIFY_KEYS = ("batch_sizes", "dynamic_sizes", "tolerances", "max_accuracy_drop
 _DEPLOY_KEYS = (
     "target", "instances", "dynamic_batching", "max_queue_delay_microseconds",
     "preferred_batch_sizes", "warmup", "publish_variants", "version_policy", "onnx_tensorrt", "non_finite_inputs",
+    "instance_kind",
 )
 NON_FINITE_POLICIES = ("count", "reject")
+INSTANCE_KINDS = ("auto", "cpu", "gpu")
 _ONNX_KEYS = ("exporter", "opset")
 _QUANTIZATION_KEYS = ("calibration_method", "calibration_samples", "search", "search_seconds")
 _TOLERANCE_KEYS = ("rel_l2", "max_abs", "min_cosine", "max_mismatch")
@@ -417,6 +423,7 @@ def _parse_deploy(raw: Any, origin: str, max_batch_size: int) -> DeploySpec:
         version_policy=f.choice("version_policy", "latest", ("latest", "all")),
         non_finite_inputs=f.choice("non_finite_inputs", "count", NON_FINITE_POLICIES),
         onnx_tensorrt=_parse_onnx_tensorrt(f.get("onnx_tensorrt"), origin),
+        instance_kind=f.choice("instance_kind", "auto", INSTANCE_KINDS),
     )
 
 

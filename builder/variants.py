@@ -64,10 +64,14 @@ def variants_of_stage(stage: str) -> list[VariantInfo]:
     return [v for v in registered().values() if v.stage == stage]
 
 
-def resolve_variants(requested: list[str] | None, target: str) -> list[str]:
-    """The variant names to try: the ones asked for (validated), or the target's defaults."""
+def resolve_variants(requested: list[str] | None, target: str, instance_kind: str = "auto") -> list[str]:
+    """The variant names to try: the ones asked for (validated), or the target's defaults.
+    ``instance_kind`` (spec deploy.instance_kind) gpu serves TorchScript variants only, on target embedded."""
     known = registered()
+    gpu_python = _check_instance_kind(instance_kind, target)
     if requested is None:
+        if gpu_python:
+            return [name for name, v in known.items() if v.format == "torchscript" and v.precision != "int8"]
         return [name for name, v in known.items() if target in v.targets]
     for name in requested:
         if name not in known:
@@ -82,7 +86,25 @@ def resolve_variants(requested: list[str] | None, target: str) -> list[str]:
             f"variants {', '.join(gpu_only)} (--variants or the spec's variants): TensorRT plans are built for a GPU and served by Triton's "
             f"tensorrt backend, not on target '{target}'; build with --target gpu (on a host without a GPU it "
             "writes the recipe that builds the plan on the GPU host), or drop them from --variants")
+    if gpu_python:
+        others = [name for name in requested if known[name].format != "torchscript"]
+        if others:
+            raise UserInputError(
+                f"variants {', '.join(others)} (--variants or the spec's variants) with deploy.instance_kind gpu: the "
+                "python backend runs only TorchScript on a GPU instance (onnxruntime and OpenVINO run on the CPU "
+                "there); ask for torchscript and/or torchscript_fp16, or set deploy.instance_kind: cpu")
     return list(dict.fromkeys(requested))
+
+
+def _check_instance_kind(instance_kind: str, target: str) -> bool:
+    """True for the python backend on a GPU instance (target embedded, deploy.instance_kind gpu)."""
+    if instance_kind == "gpu" and target == "cpu":
+        raise UserInputError("deploy.instance_kind gpu with target cpu: target cpu serves on the CPU; use --target gpu "
+                             "(native backends, KIND_GPU) or target embedded (the python backend on a GPU instance)")
+    if instance_kind == "cpu" and target == "gpu":
+        raise UserInputError("deploy.instance_kind cpu with target gpu: target gpu serves KIND_GPU instances; use "
+                             "--target cpu for CPU serving, or drop deploy.instance_kind")
+    return instance_kind == "gpu" and target == "embedded"
 
 
 def add_bases(names: list[str]) -> tuple[list[str], dict[str, list[str]]]:

@@ -43,8 +43,9 @@ def config_for(spec: ModelSpec, variant_format: str, target: str, name: str,
     target unless the spec sets deploy.instances itself; ``queue_delay_us`` (host.size_queue_delay) on
     a CPU target unless the spec sets deploy.max_queue_delay_microseconds."""
     backend = backend or backend_for(target, variant_format)
+    kind = spec.deploy.kind_for(target)
     instances, threads = spec.deploy.instances, 1
-    if sizing is not None and target != "gpu" and spec.deploy.instances_auto:
+    if sizing is not None and kind == "KIND_CPU" and spec.deploy.instances_auto:
         instances, threads = sizing
     inputs = [TensorConfig.per_sample(t.name, t.triton_dtype, list(t.shape), spec.batching) for t in spec.inputs]
     outputs = [TensorConfig.per_sample(o.name, TRITON_DTYPES[output_signature[o.name][0]],
@@ -52,10 +53,9 @@ def config_for(spec: ModelSpec, variant_format: str, target: str, name: str,
     batching = None
     if spec.batching and spec.deploy.dynamic_batching:
         delay = spec.deploy.max_queue_delay_microseconds
-        if queue_delay_us is not None and target != "gpu" and spec.deploy.max_queue_delay_auto:
+        if queue_delay_us is not None and kind == "KIND_CPU" and spec.deploy.max_queue_delay_auto:
             delay = queue_delay_us
         batching = DynamicBatching(delay, list(spec.deploy.preferred_batch_sizes))
-    kind = "KIND_GPU" if target == "gpu" else "KIND_CPU"
     warmups = []
     if spec.deploy.warmup:
         warmups.append(Warmup("warmup_batch1", 1, [

@@ -114,7 +114,8 @@ def _replay(description: "VersionDescription", config: dict[str, Any], tmp: Path
     try:
         instance.initialize({"model_config": json.dumps(config), "model_name": description.name,
                              "model_version": version, "model_repository": str(folder.parent),
-                             "model_instance_kind": "CPU", "model_instance_name": f"{description.name}_0_0",
+                             "model_instance_kind": _instance_kind(config, torch),
+                             "model_instance_name": f"{description.name}_0_0",
                              "model_instance_device_id": "0"})
     except Exception as exc:  # noqa: BLE001 - what Triton's load would report
         _set_threads(torch, threads)
@@ -145,6 +146,14 @@ def _runner_opens(description: "VersionDescription") -> bool:
     except Exception:  # noqa: BLE001
         return False
     return True
+
+
+def _instance_kind(config: dict, torch) -> str:
+    """GPU where the config asks for GPU instances and this machine has a CUDA GPU; else the CPU path
+    (the same model.py lines but the device)."""
+    kinds = {str(g.get("kind", "KIND_CPU")) for g in config.get("instance_group") or []}
+    gpu = torch is not None and torch.cuda.is_available()
+    return "GPU" if "KIND_GPU" in kinds and gpu else "CPU"
 
 
 def import_model_py(path: Path, stand_in=pb_utils_stand_in, module_name: str | None = None):

@@ -67,7 +67,29 @@ def _order(sizes: list[int]) -> list[int]:
     return list(dict.fromkeys([sizes[0], sizes[-1], *sizes[1:-1]]))
 
 
-def _runtime(variant: Variant, threads: int) -> str:
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def measuring_device(ctx: BuildContext, variant: Variant, gpu_here: bool) -> str:
+    """Where a variant is measured: plans on the GPU; TorchScript on the GPU when the version serves on a
+    GPU instance and this machine has one (``gpu_here``); everything else on this machine's CPU."""
+    if variant.format == "plan":
+        return "cuda"
+    if variant.format == "torchscript" and gpu_here and ctx.spec.deploy.kind_for(ctx.target) == "KIND_GPU":
+        return "cuda"
+    return "cpu"
+
+
+def _runtime(variant: Variant, threads: int, device: str = "cpu") -> str:
+    if variant.format == "torchscript" and device != "cpu":
+        import torch
+        return (f"libtorch {torch.__version__} on {torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda}); "
+                "inputs copied to the GPU and outputs back on every call")
     if variant.format == "onnx":
         import onnxruntime as ort
         return f"onnxruntime {ort.__version__} CPUExecutionProvider, intra_op_num_threads={threads} (all cores)"
@@ -86,12 +108,14 @@ def _open(ctx: BuildContext, variant: Variant, feeds: dict, sizes: list[int], th
     gc.collect()
     before = rss_mb()
     start = time.perf_counter()
+    device = measuring_device(ctx, variant, cuda_available())
     run = open_runner(variant.format, variant.path, [o.name for o in ctx.spec.outputs],
-                      [t.name for t in ctx.spec.inputs], threads=threads)
+                      [t.name for t in ctx.spec.inputs], threads=threads, device=device)
     loaded = time.perf_counter() - start
     for b in (sizes[0], sizes[-1]):
         warm_up(lambda: run(feeds[b][0]))
-    return run, {"load_seconds": round(loaded, 3), "peak_memory_mb": round(max(rss_mb() - before, 0.0), 1)}
+    return run, {"load_seconds": round(loaded, 3), "peak_memory_mb": round(max(rss_mb() - before, 0.0), 1),
+                 "device": device}
 
 
 def _shares(batches: list[int]) -> dict[int, int]:
@@ -175,7 +199,7 @@ def benchmark_group(ctx: BuildContext, group: list[Variant], cap: float | dict[s
             "inputs": feeds[sizes[0]][1],
             "measured_with": [v.name for v in group if v.name in results],
             "load_average": load_average(),
-            "runtime": _runtime(variant, threads),
+            "runtime": _runtime(variant, threads, records[variant.name].get("device", "cpu")),
             "rule": f"windows repeated until the last {STABLE_WINDOWS} agree within {STABLE_TOLERANCE:.0%} "
                     f"(throughput and p50 latency) or {caps_total[variant.name]:g} s of windows per variant; if never "
                     f"stable, the {STABLE_WINDOWS} fastest windows; variants measured in turns, window by window",
@@ -281,9 +305,13 @@ def run(ctx: BuildContext) -> StageResult:
     if load is not None and load > 0.5 * threads:
         ctx.notes.append(f"the machine was busy when measuring (load average {load} on {threads} cores): "
                          "other processes disturb the numbers; measurements that never settled are marked")
-    if ctx.target == "gpu":
-        ctx.notes.append("measured on this machine's CPU (onnxruntime CPUExecutionProvider / LibTorch CPU): "
-                         "on the GPU serving host the ranking may differ")
+    if ctx.spec.deploy.kind_for(ctx.target) == "KIND_GPU":
+        if cuda_available():
+            ctx.notes.append("TorchScript variants (and TensorRT plans) measured on this machine's GPU, the others on "
+                             "its CPU (onnxruntime CPUExecutionProvider): selection ranks the GPU-measured ones")
+        else:
+            ctx.notes.append("measured on this machine's CPU (onnxruntime CPUExecutionProvider / LibTorch CPU): "
+                             "on the GPU serving host the ranking may differ")
     together = sum(v.size_mb for v in candidates) <= INTERLEAVE_LIMIT_MB
     groups = [candidates] if together else [[v] for v in candidates]
     ctx.progress(f"  measuring {', '.join(v.name for v in candidates)} (up to {cap:g} s each, {threads} threads"

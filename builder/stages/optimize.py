@@ -7,6 +7,9 @@
   gpu (extended fusions are made for the provider that optimised them, here the CPU one).
 - ``onnx_fp16``: FP16 weights and compute, inputs/outputs kept in the spec's dtypes (Casts at the
   boundaries). Tried by default on target gpu only; on CPU when asked for.
+- ``torchscript_fp16``: the same for the shipped TorchScript (builder/torch_fp16.py: half weights,
+  channels_last where an input is 4-D, casts at the boundary); target gpu, and the python backend on a
+  GPU instance (deploy.instance_kind gpu). Measured on the GPU where this machine has one.
 
 Both are verified and measured like every other variant; nothing here is assumed to be faster.
 """
@@ -77,13 +80,41 @@ def make_onnx_fp16(ctx: BuildContext) -> str:
     return f"{len(model.graph.node)} nodes"
 
 
-MAKERS = {"onnx_opt": make_onnx_opt, "onnx_fp16": make_onnx_fp16}
+@register_variant("torchscript_fp16", format="torchscript", precision="fp16", stage=STAGE, base="torchscript",
+                  targets=("gpu",),
+                  description="TorchScript FP16 (half weights and compute, channels_last for 4-D inputs; inputs/outputs "
+                              "keep the spec's dtypes)")
+def make_torchscript_fp16(ctx: BuildContext) -> str:
+    import torch
+
+    from builder.tensors import trace_example
+    from builder.torch_fp16 import half_torchscript
+
+    base = ctx.variant("torchscript")
+    if base is None or not base.path.exists():
+        raise RuntimeError("the base TorchScript export is missing (see stage export_torchscript)")
+    example = trace_example(ctx.spec)
+    args = tuple(torch.from_numpy(example[t.name]) for t in ctx.spec.inputs)
+    half = half_torchscript(torch.jit.load(str(base.path), map_location="cpu").eval(), args)
+    out_dir = ctx.workdir / "torchscript_fp16"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    final = out_dir / "model.pt"
+    half.save(str(final))
+    variant = Variant("torchscript_fp16", "torchscript", "fp16", final, exporter=f"{base.exporter}+fp16",
+                      passes=["module.half() (channels_last for 4-D inputs), traced with casts at the boundary"])
+    if ctx.spec.deploy.kind_for(ctx.target) != "KIND_GPU":
+        variant.notes.append("FP16 on CPU: most CPUs have no fast FP16 kernels; measured, not assumed")
+    ctx.add_variant(variant)
+    return f"from {base.exporter}"
+
+
+MAKERS = {"onnx_opt": make_onnx_opt, "onnx_fp16": make_onnx_fp16, "torchscript_fp16": make_torchscript_fp16}
 
 
 def run(ctx: BuildContext) -> StageResult:
     wanted = [name for name in MAKERS if ctx.wants(name)]
     if not wanted:
-        return StageResult.skipped(STAGE, "no optimised variant requested (onnx_opt, onnx_fp16)")
+        return StageResult.skipped(STAGE, "no optimised variant requested (onnx_opt, onnx_fp16, torchscript_fp16)")
     made, failed, text = make_each(ctx, wanted, lambda name: MAKERS[name](ctx))
     if made:
         return StageResult.ok(STAGE, text, made=made, failed=failed)

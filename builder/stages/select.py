@@ -115,6 +115,11 @@ def run(ctx: BuildContext) -> StageResult:
     if not eligible:
         return StageResult.fail(STAGE, "no variant is eligible: every one failed verification or a constraint")
     measured = [v for v in eligible if _score(v, objective) is not None]
+    on_cpu = [v for v in measured if v.benchmark.get("device", "cpu") == "cpu"]
+    if len(on_cpu) < len(measured):  # GPU figures and CPU figures measure different machines: rank the GPU's
+        measured = [v for v in measured if v not in on_cpu]
+    else:
+        on_cpu = []
     if measured:
         winner, tie_rule = max(measured, key=lambda v: _score(v, objective)), None
         if objective != "tradeoff":  # J weighs accuracy itself
@@ -124,7 +129,10 @@ def run(ctx: BuildContext) -> StageResult:
             winner, tie_rule = next(v for v in measured if v.name == choice.name), choice.why
         _explain_measured(ctx, winner, measured, objective, tie_rule)
         for v in eligible:
-            if v not in measured:
+            if v in on_cpu:
+                v.selection_reason = ("not ranked: measured on this machine's CPU, the others on its GPU "
+                                      f"({_measured_text(v, objective)} on the CPU)")
+            elif v not in measured:
                 v.selection_reason = "not measured (see stage benchmark): not comparable"
         how = f"objective {objective}, measured"
     else:
@@ -150,7 +158,8 @@ def _explain_measured(ctx: BuildContext, winner: Variant, measured: list[Variant
     best = "highest throughput" if objective == "throughput" else "lowest p50 latency"
     reason = f"selected: {tie_rule or best}{'; measured' if tie_rule else ''} ({_measured_text(winner, objective)})"
     plain = ctx.variant("onnx")
-    if plain is not None and plain is not winner and plain.benchmark and objective == "throughput":
+    if (plain is not None and plain is not winner and plain.benchmark and objective == "throughput"
+            and plain.benchmark.get("device", "cpu") == winner.benchmark.get("device", "cpu")):
         ratio = winner.benchmark["best_throughput"] / plain.benchmark["best_throughput"]
         reason += f"; {_times(ratio)} the throughput of onnx"
     others = sorted((v for v in measured if v is not winner), key=lambda v: -_score(v, objective))

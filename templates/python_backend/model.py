@@ -74,6 +74,10 @@ class TritonPythonModel:
                 model_file, runtime = present[0]
         path = os.path.join(folder, model_file)
         threads = int(params.get("intra_op_threads", "1") or 1)
+        if args.get("model_instance_kind") == "GPU" and runtime != "torchscript":
+            raise pb_utils.TritonModelException(
+                f"{model_file}: runtime {runtime} runs on the CPU in the python backend, and this is a KIND_GPU "
+                "instance: publish a torchscript variant (deploy.instance_kind gpu), or set deploy.instance_kind: cpu")
         if runtime == "onnxruntime":
             import onnxruntime as ort
 
@@ -93,16 +97,19 @@ class TritonPythonModel:
             import torch
 
             torch.set_num_threads(threads)
-            module = torch.jit.load(path, map_location="cpu").eval()
+            # a KIND_GPU instance runs on the GPU Triton gave it; inputs go there, outputs come back
+            device = params.get("device") or (f"cuda:{args['model_instance_device_id']}"
+                                              if args.get("model_instance_kind") == "GPU" else "cpu")
+            module = torch.jit.load(path, map_location=device).eval()
             names = [name for name, _ in self.outputs]
             order = [name for name, _ in self.inputs]
 
             def run_torch(feeds):
                 with torch.inference_mode():
-                    result = module(*[torch.from_numpy(np.ascontiguousarray(feeds[n])) for n in order])
+                    result = module(*[torch.from_numpy(np.ascontiguousarray(feeds[n])).to(device) for n in order])
                 if isinstance(result, dict) and all(n in result for n in names):
                     result = [result[n] for n in names]  # the spec's own keys, in any order
-                return dict(zip(names, (t.numpy() for t in _tensors(result))))
+                return dict(zip(names, (t.cpu().numpy() for t in _tensors(result))))
 
             self._run = run_torch
         elif runtime == "openvino":

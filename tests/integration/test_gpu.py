@@ -94,3 +94,54 @@ def test_tensorrt_plan_build_verify_record_and_compatibility(tmp_path):
     if shutil.which("nvidia-smi"):
         here = validate()  # this machine is the target: the plan's outputs are re-run against reference.npz
         assert here.returncode == 0 and "hashes match" in here.stdout, here.stdout + here.stderr
+
+
+def test_torchscript_variants_measured_on_the_gpu_and_ranked_among_themselves(tmp_path):
+    """Target gpu on a GPU host: the TorchScript variants are measured on the GPU, ONNX (onnxruntime's CPU
+    provider) on the CPU; selection ranks the GPU figures and says why ONNX was not ranked."""
+    from builder.pipeline import build
+
+    result = build(DIGITS, tmp_path / "repo", target="gpu", variants=["onnx", "torchscript", "torchscript_fp16"],
+                   benchmark_seconds=1, progress=lambda m: None)
+    ctx = result.context
+    devices = {v.name: v.benchmark["device"] for v in ctx.variants if v.benchmark}
+    assert devices == {"onnx": "cpu", "torchscript": "cuda", "torchscript_fp16": "cuda"}, devices
+    assert torch.cuda.get_device_name(0) in ctx.variant("torchscript_fp16").benchmark["runtime"]
+    assert ctx.selected.name in ("torchscript", "torchscript_fp16")
+    assert ctx.variant("onnx").selection_reason.startswith("not ranked: measured on this machine's CPU")
+    assert ctx.variant("torchscript_fp16").verified, ctx.variant("torchscript_fp16").rejected
+
+
+def _gpu_processes() -> set[int]:
+    done = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True,
+                          text=True, timeout=30)
+    return {int(p) for p in done.stdout.split() if p.strip().isdigit()}
+
+
+@pytest.mark.xfail(strict=False, reason="on the lent H100 host (Python 3.12, nvidia-pytriton 0.7) every python-backend "
+                   "answer came back empty, ONNX and TorchScript, KIND_GPU and KIND_CPU alike (README: On a GPU host)")
+def test_embedded_server_serves_torchscript_fp16_on_a_gpu_instance(tmp_path):
+    """deploy.instance_kind gpu: the python backend's KIND_GPU instance runs the FP16 TorchScript on the GPU
+    (a process other than this one holds GPU memory), and its answers pass the served accuracy gate."""
+    from builder.pipeline import build
+    from builder.serving.check import check_served
+    from builder.serving.embedded import EmbeddedServer
+    from builder.spec import load_spec
+
+    spec = load_spec(DIGITS)
+    spec.deploy.instance_kind = "gpu"
+    repo = tmp_path / "repo"
+    result = build(spec, repo, variants=["torchscript_fp16"], benchmark_seconds=1, progress=lambda m: None)
+    assert result.context.selected.name == "torchscript_fp16"
+    assert "kind: KIND_GPU" in (repo / "digits_cnn" / "config.pbtxt").read_text()
+    before = _gpu_processes()
+    server = EmbeddedServer(repo, ready_timeout=120)
+    server.start()
+    try:
+        report = check_served("digits_cnn", repository=repo, url=server.http_url, grpc_url=server.grpc_url)
+        assert report.ok, "\n".join(report.lines())
+        if shutil.which("nvidia-smi"):
+            holders = _gpu_processes() - before - {__import__("os").getpid()}
+            assert holders, "no tritonserver stub holds GPU memory: the model did not run on the GPU"
+    finally:
+        server.stop()

@@ -213,7 +213,7 @@ def test_a_served_model_py_that_answers_otherwise_is_not_published_and_says_why(
     # a model.py that labels the outputs in the wrong order (as the old one did with a TorchScript dict)
     served = tmp_path / "model.py"
     text = (ROOT / "templates/python_backend/model.py").read_text()
-    wrong = text.replace("(t.numpy() for t in _tensors(result))", "(t.numpy() for t in _tensors(result)[::-1])")
+    wrong = text.replace("(t.cpu().numpy() for t in _tensors(result))", "(t.cpu().numpy() for t in _tensors(result)[::-1])")
     assert wrong != text
     served.write_text(wrong)
     repo = tmp_path / "repo"
