@@ -32,6 +32,8 @@ def open_runner(fmt: str, path: Path, output_names: list[str], input_names: list
         return _onnx_runner(path, output_names, threads)
     if fmt == "torchscript":
         import torch
+        if device != "cpu":  # FP32 as served (model.py): no TF32 convolutions, which miss the fp32 tolerance
+            torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
         module = torch.jit.load(str(path), map_location=device).eval()
         return torch_runner(module, output_names, input_names, threads, device)
     if fmt == "plan":

@@ -143,3 +143,33 @@ def test_model_py_refuses_a_cpu_runtime_on_a_gpu_instance(tmp_path):
                 "model_repository": str(tmp_path), "model_instance_kind": "GPU", "model_instance_device_id": "0",
                 "model_instance_name": "m_0_0"})
 
+
+
+def test_a_torchscript_opened_on_the_gpu_runs_fp32_without_tf32(monkeypatch):
+    """Seen on an H100: torch's default TF32 convolutions put convnet64 1.2e-4 off its reference (fp32 tolerance
+    1e-5), so the served replay refused the FP32 TorchScript; FP32 on the GPU is full FP32, as verified."""
+    from builder.runtime import open_runner
+
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    loaded = []
+    monkeypatch.setattr(torch.jit, "load", lambda path, map_location: loaded.append(map_location) or torch.nn.Identity())
+    try:
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+        open_runner("torchscript", Path("/nonexistent/model.pt"), ["y"], ["x"])  # the CPU leaves torch's settings alone
+        assert torch.backends.cudnn.allow_tf32 is True and torch.backends.cuda.matmul.allow_tf32 is True
+        open_runner("torchscript", Path("/nonexistent/model.pt"), ["y"], ["x"], device="cuda:0")
+        assert loaded == ["cpu", "cuda:0"]
+        assert torch.backends.cudnn.allow_tf32 is False and torch.backends.cuda.matmul.allow_tf32 is False
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def test_the_shipped_trace_runs_convolutions_without_tf32(tmp_path):
+    """The trace bakes allow_tf32 into each aten::_convolution; the global switch cannot undo it on the GPU."""
+    from builder.stages import export_torchscript
+
+    with export_torchscript._full_fp32(torch):
+        traced = torch.jit.trace(torch.nn.Conv2d(1, 2, 3).eval(), torch.randn(1, 1, 5, 5))
+    convolutions = [n for n in traced.graph.nodes() if n.kind() == "aten::_convolution"]
+    assert convolutions and all(n.inputsAt(12).node().i("value") == 0 for n in convolutions)
+    assert torch.backends.cudnn.allow_tf32 is True  # restored after the trace
