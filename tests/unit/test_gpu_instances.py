@@ -168,8 +168,13 @@ def test_the_shipped_trace_runs_convolutions_without_tf32(tmp_path):
     """The trace bakes allow_tf32 into each aten::_convolution; the global switch cannot undo it on the GPU."""
     from builder.stages import export_torchscript
 
-    with export_torchscript._full_fp32(torch):
-        traced = torch.jit.trace(torch.nn.Conv2d(1, 2, 3).eval(), torch.randn(1, 1, 5, 5))
+    before = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = True  # torch's default; an earlier GPU-runner test may have left it off
+    try:
+        with export_torchscript._full_fp32(torch):
+            traced = torch.jit.trace(torch.nn.Conv2d(1, 2, 3).eval(), torch.randn(1, 1, 5, 5))
+        assert torch.backends.cudnn.allow_tf32 is True  # restored after the trace
+    finally:
+        torch.backends.cudnn.allow_tf32 = before
     convolutions = [n for n in traced.graph.nodes() if n.kind() == "aten::_convolution"]
     assert convolutions and all(n.inputsAt(12).node().i("value") == 0 for n in convolutions)
-    assert torch.backends.cudnn.allow_tf32 is True  # restored after the trace

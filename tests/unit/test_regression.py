@@ -131,8 +131,8 @@ def test_both_versions_run_on_the_same_thread_count(two_versions, monkeypatch):
 
     seen, real = [], builder.runtime.torch_runner
 
-    def recording_runner(module, outputs, inputs=None, threads=None):
-        run = real(module, outputs, inputs, threads)
+    def recording_runner(module, outputs, inputs=None, threads=None, device="cpu"):
+        run = real(module, outputs, inputs, threads, device)
 
         def recorded(feed):
             result = run(feed)
