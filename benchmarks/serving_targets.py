@@ -15,14 +15,20 @@ serving (best 1 s window). Where the build sized a batching delay, the same conf
 too. Targets (issue 14): served default / in-process >= 0.85 for the conv net, tuned >= 0.9; >= 5,000 req/s
 at p99 <= 10 ms at concurrency 16 for digits.
 
-Client and server share the CPU: the figures are this machine's, with the load average around them
-(another process on a shared host lowers them), and where the CPU went during each measurement
-(``CpuAccount``: the model's stubs, tritonserver, the load generator, the rest) - what the server's own
-frontend and the client take is the ceiling of served / in-process on a shared host. Prints the CPU model and ISA flags first, then one JSON
-line per measurement and a table.
+Two core layouts (``--layouts``, default both where this process may use 2 cores or more):
+- ``shared``: client and server share every usable core, as on a single host. The figures are this
+  machine's, with the load average around them, and where the CPU went during each measurement
+  (``CpuAccount``: the model's stubs, tritonserver, the load generator, the rest) - what the server's own
+  frontend and the client take is the ceiling of served / in-process on a shared host.
+- ``split``: the usable cores cut in two; the build (so its sizing), the in-process figure and
+  tritonserver with its stubs run on the first half, perf_analyzer and the Python client on the second
+  (every thread of this process is pinned; children inherit it). That is the comparison the ratio
+  targets mean: the server's cores against the same cores in-process, the load generator elsewhere, as
+  on a real deployment. On a 2-core host: one core each.
+Prints the CPU model and ISA flags first, then one JSON line per measurement and a table.
 
 Usage: python benchmarks/serving_targets.py [--models convnet64,digits] [--seconds 8] [--window 0.5]
-                                            [--tune-seconds 6]
+                                            [--tune-seconds 6] [--layouts shared,split]
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ def main(argv=None) -> int:
     ap.add_argument("--benchmark-seconds", type=float, default=1.0, help="the build's in-process benchmark cap")
     ap.add_argument("--tune-seconds", type=float, default=6.0,
                     help="tune's seconds per candidate (0: no tune, no 'served tuned' figures)")
+    ap.add_argument("--layouts", default=None,
+                    help="shared and/or split, comma-separated (default: both where 2+ cores are usable)")
     args = ap.parse_args(argv)
     from builder.host import host_profile
     from builder.tuning.engine import choose_engine
@@ -55,18 +63,55 @@ def main(argv=None) -> int:
     print(f"host: {host['cpu_model']}; ISA flags {' '.join(host['isa_flags'])} (class {host['isa_class']}); "
           f"usable cores {host['usable_cores']}; shared host: other processes may take CPU", flush=True)
     engine = choose_engine("perf_analyzer", print)
+    everything = sorted(os.sched_getaffinity(0))
+    layouts = ([x.strip() for x in args.layouts.split(",") if x.strip()] if args.layouts
+               else ["shared", "split"] if host["usable_cores"] >= 2 and len(everything) >= 2 else ["shared"])
+    for layout in layouts:
+        if layout not in ("shared", "split"):
+            ap.error(f"--layouts: unknown layout {layout!r}; use shared and/or split")
     rows = []
-    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
-        work = Path(tempfile.mkdtemp(prefix="serving-targets-"))
-        try:
-            rows.append(_model(name, work, engine, args))
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+    for layout in layouts:
+        cores = split_cores(everything, host["usable_cores"]) if layout == "split" else None
+        if cores:
+            print(f"layout split: server on cores {_cpus(cores[0])}, load generator on cores {_cpus(cores[1])}",
+                  flush=True)
+        for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+            work = Path(tempfile.mkdtemp(prefix="serving-targets-"))
+            try:
+                rows.append(_model(name, work, engine, args, cores))
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+                pin(everything)
     _table(rows, host)
     return 0
 
 
-def _model(name: str, work: Path, engine, args) -> dict:
+def split_cores(cpus: list[int], usable: int) -> tuple[list[int], list[int]] | None:
+    """(server cores, client cores): the usable cores cut in two, the server taking the larger half;
+    None where fewer than 2 are usable."""
+    cpus = sorted(cpus)[:max(1, usable)]
+    if len(cpus) < 2:
+        return None
+    half = (len(cpus) + 1) // 2
+    return cpus[:half], cpus[half:]
+
+
+def pin(cpus) -> None:
+    """Every thread of this process on ``cpus`` (an affinity is per thread on Linux: the forker thread of
+    builder/processes.py starts tritonserver and perf_analyzer, and they inherit its affinity)."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), set(cpus))
+        except OSError:  # a thread that ended meanwhile
+            pass
+
+
+def _cpus(cpus) -> str:
+    return ",".join(map(str, cpus))
+
+
+def _model(name: str, work: Path, engine, args, cores: tuple[list[int], list[int]] | None = None) -> dict:
+    """One model measured; ``cores`` (server cores, client cores): the split layout, else shared."""
     import yaml
 
     from builder.measure import load_average
@@ -76,6 +121,8 @@ def _model(name: str, work: Path, engine, args) -> dict:
     from builder.tuning.payload import fetch_model, load_samples, make_requests
     from builder.tuning.stats import StatsReader
 
+    if cores:
+        pin(cores[0])  # the build sizes its default config to the server's cores
     repo = work / "model_repository"
     result = build(ROOT / "examples" / name / "spec.yaml", repo, variants=["onnx"],
                    benchmark_seconds=args.benchmark_seconds, progress=lambda m: None)
@@ -86,7 +133,8 @@ def _model(name: str, work: Path, engine, args) -> dict:
            "delay_us": serving.get("max_queue_delay_microseconds"), "sized": serving.get("sized"),
            "delay_sized": serving.get("delay_sized"), "in_process_best": bench.get("best_throughput"),
            "build_best_batch": bench.get("best_batch"), "in_process_runtime": bench.get("runtime"),
-           "load_before": load_average()}
+           "load_before": load_average(), "layout": f"split {len(cores[0])}/{len(cores[1])}" if cores else "shared",
+           "server_cores": len(cores[0]) if cores else None}
     max_batch = int(meta["spec"].get("max_batch_size") or 1)
     batches = sorted({1, int(bench.get("best_batch") or 1), max(1, max_batch // 4), max_batch})
     measured = {b: _in_process(repo, model, meta, b, max(2.0, args.seconds / len(batches))) for b in batches}
@@ -96,6 +144,8 @@ def _model(name: str, work: Path, engine, args) -> dict:
     print(json.dumps({k: row[k] for k in ("model", "instances", "threads", "delay_us", "in_process_best",
                                           "in_process_batch", "in_process_now")}), flush=True)
     with EmbeddedServer(repo, load_models=[model], ready_timeout=90) as server:
+        if cores:
+            pin(cores[1])  # tritonserver (and the stubs it starts later) keep the server's cores
         url = server.grpc_url
         interface = fetch_model(url, "grpc", model)
         samples, _ = load_samples(interface, None, repo)
@@ -123,7 +173,8 @@ def _model(name: str, work: Path, engine, args) -> dict:
                 print(json.dumps({"model": model, "measure": "pa_c16 with delay 0", **row["pa_c16_delay0"]}),
                       flush=True)
             if args.tune_seconds > 0:
-                row.update(_tuned(model, repo, url, work, engine, http, stats, args, row["pa_c16"]["p99_ms"]))
+                row.update(_tuned(model, repo, url, work, engine, http, stats, args, row["pa_c16"]["p99_ms"],
+                                  row["server_cores"]))
         finally:
             stats.close()
     row["load_after"] = load_average()
@@ -140,7 +191,8 @@ def _level(meter, concurrency: int, args, stats) -> dict:
             "compute_us": level.server.get("compute_us_per_request"), "cpu_cores": account.cores}
 
 
-def _tuned(model: str, repo: Path, url: str, work: Path, engine, http, stats, args, default_p99_ms) -> dict:
+def _tuned(model: str, repo: Path, url: str, work: Path, engine, http, stats, args, default_p99_ms,
+           server_cores: int | None = None) -> dict:
     """`triton-builder tune` on the served model (p99 budget: the default's p99 at c=16 x 1.25, at least 10
     ms), its winner written and served, then measured like the default: c=16 over gRPC and HTTP."""
     import time
@@ -150,7 +202,7 @@ def _tuned(model: str, repo: Path, url: str, work: Path, engine, http, stats, ar
     budget = max(10.0, round(1.25 * (default_p99_ms or 0.0), 1))
     began = time.perf_counter()
     record = run_tune(model, repo, url, p99_budget_ms=budget, seconds_per_candidate=args.tune_seconds, write=True,
-                      out_dir=work / "tune", engine=engine.name,
+                      out_dir=work / "tune", engine=engine.name, usable_cores=server_cores,
                       progress=lambda m: print(f"  [tune {time.perf_counter() - began:5.0f} s] {m}", flush=True))
     out = {"tune_budget_ms": budget, "tune_s": round(time.perf_counter() - began, 1),
            "tuned": (record.get("winner") or {}).get("label"), "tune_summary": record.get("summary")}
@@ -245,7 +297,7 @@ def _table(rows: list[dict], host: dict) -> None:
     print()
     print(f"CPU {host['cpu_model']} | flags {' '.join(host['isa_flags'])} | usable cores {host['usable_cores']} | "
           "perf_analyzer 2.51, batch-1 requests, concurrency 16 unless said, shared host")
-    head = (f"{'model':<10} {'config':<17} {'in-process':>16} {'gRPC c=1':>9} {'gRPC':>7} {'p99 ms':>7} {'avg b':>5} "
+    head = (f"{'model':<10} {'cores':<9} {'config':<17} {'in-process':>16} {'gRPC c=1':>9} {'gRPC':>7} {'p99 ms':>7} {'avg b':>5} "
             f"{'HTTP':>7} {'p99 ms':>7} {'served/in-proc':>18} {'py gRPC':>8} {'py/PA':>6} {'load':>9}")
     print(head)
     print("-" * len(head))
@@ -258,20 +310,21 @@ def _table(rows: list[dict], host: dict) -> None:
             config = f"{r['instances']}x{r['threads']} d={r['delay_us']}us" if not tuned else f"tuned: {r['tuned']}"
             inproc = f"{r['in_process_now'] or 0:.0f}/s @b{r['in_process_batch']}"
             ratios = f"{_ratio(pa, r):.2f} / {_ratio(web, r):.2f}"
-            print(f"{r['model']:<10} {config[:17]:<17} {inproc:>16} {one['rps'] if not tuned else float('nan'):>9.0f} "
+            print(f"{r['model']:<10} {r['layout']:<9} {config[:17]:<17} {inproc:>16} {one['rps'] if not tuned else float('nan'):>9.0f} "
                   f"{pa['rps']:>7.0f} {pa['p99_ms'] or 0:>7.2f} {pa['avg_batch'] or 0:>5.1f} {web['rps']:>7.0f} "
                   f"{web['p99_ms'] or 0:>7.2f} {ratios:>18} "
                   f"{py['rps'] if not tuned else float('nan'):>8.0f} "
                   f"{py['rps'] / pa['rps'] if pa['rps'] and not tuned else float('nan'):>6.2f} "
                   f"{r['load_before']}->{r['load_after']}")
-    print("(served/in-proc: gRPC / HTTP)")
+    print("(served/in-proc: gRPC / HTTP; cores: shared = client and server on every core, split S/C = the server "
+          "and the in-process figure on S cores, the load generator on the other C)")
     print()
     for r in rows:
         pa, web = r["pa_c16"], r["pa_http_c16"]
         if r["model"].startswith("digits"):
             for protocol, level in (("gRPC", pa), ("HTTP", web)):
                 met = level["rps"] >= TARGET_RPS and (level["p99_ms"] or 1e9) <= TARGET_P99_MS
-                print(f"target digits: >= {TARGET_RPS:.0f} req/s at p99 <= {TARGET_P99_MS:g} ms, c=16, default config, "
+                print(f"target digits ({r['layout']}): >= {TARGET_RPS:.0f} req/s at p99 <= {TARGET_P99_MS:g} ms, c=16, default config, "
                       f"{protocol}: {level['rps']:.0f} req/s, p99 {level['p99_ms']} ms -> {'MET' if met else 'NOT met'}")
         else:
             for what, target, prefix in (("default", TARGET_RATIO, ""), ("tuned", TARGET_TUNED_RATIO, "tuned_")):
@@ -279,7 +332,7 @@ def _table(rows: list[dict], host: dict) -> None:
                     continue
                 for protocol, level in (("gRPC", r[f"{prefix}pa_c16"]), ("HTTP", r[f"{prefix}pa_http_c16"])):
                     ratio = _ratio(level, r)
-                    print(f"target {r['model']}: served {what} / in-process best >= {target} over {protocol}: "
+                    print(f"target {r['model']} ({r['layout']}): served {what} / in-process best >= {target} over {protocol}: "
                           f"{ratio:.2f} -> {'MET' if ratio >= target else 'NOT met'}")
         print(f"  {r['model']} sizing: {r['sized']}; {r['delay_sized']}")
         if r.get("tune_summary"):
@@ -288,7 +341,7 @@ def _table(rows: list[dict], host: dict) -> None:
               f"benchmark: {r['in_process_best']}/s at batch {r['build_best_batch']}")
         for protocol, level in (("gRPC", pa), ("HTTP", web)):
             cpu = level.get("cpu_cores") or {}
-            if cpu:
+            if cpu and r["layout"] == "shared":
                 spare = host["usable_cores"] - cpu.get("tritonserver", 0) - cpu.get("client", 0)
                 print(f"  {r['model']} CPU at PA c=16 over {protocol}, cores of {host['usable_cores']}: model stubs "
                       f"{cpu.get('stubs')}, tritonserver {cpu.get('tritonserver')}, perf_analyzer {cpu.get('client')}, "

@@ -339,7 +339,7 @@ def serving_size(benchmark: dict[str, Any] | None, cores: int) -> tuple[int, int
     if not p50:
         return None
     instances, threads = size_serving(cores, p50 / 1000.0)
-    kind = "compute-bound" if threads > 1 else "overhead-bound"
+    kind = "compute-bound" if p50 / 1000.0 >= COMPUTE_BOUND_RATIO * PYTHON_BACKEND_OVERHEAD_S else "overhead-bound"
     return instances, threads, (f"{instances} instance(s) x {threads} intra-op thread(s): {cores} usable cores, "
                                 f"batch-1 p50 {p50:.3f} ms ({kind} against ~{PYTHON_BACKEND_OVERHEAD_S * 1e3:.1f} ms "
                                 f"per-request overhead)")

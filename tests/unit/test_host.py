@@ -127,6 +127,13 @@ def test_serving_size_reads_the_benchmark_record():
     assert serving_size({"latency_ms_b1": {"p50": 0.5}}, 4)[:2] == (4, 1)
     instances, threads, why = serving_size({"latency_ms_b1": {"p50": 80.0}}, 4)
     assert (instances, threads) == (2, 2) and "compute-bound" in why
+    assert "overhead-bound" in serving_size({"latency_ms_b1": {"p50": 0.5}}, 4)[2]
+
+
+def test_one_core_names_the_model_by_its_time_not_by_the_single_thread():
+    """On one usable core every model gets 1 x 1; a 2.5 ms model was still called overhead-bound."""
+    instances, threads, why = serving_size({"latency_ms_b1": {"p50": 2.5}}, 1)
+    assert (instances, threads) == (1, 1) and "compute-bound" in why
 
 
 def test_config_for_applies_the_size_unless_the_spec_sets_instances(digits_copy):
