@@ -103,7 +103,7 @@ def cmd_tune(args: argparse.Namespace, reporter: Reporter) -> int:
     if repository is None:
         raise UserInputError("tune needs the model repository the server serves: pass --repository DIR")
     kwargs = {}
-    for name in ("delays", "instance_counts", "max_batch_sizes", "levels", "thread_counts"):
+    for name in ("delays", "instance_counts", "max_batch_sizes", "levels", "thread_counts", "usable_cores"):
         if getattr(args, name) is not None:
             kwargs[name] = getattr(args, name)
     result = run_tune(args.name, repository, _url(args), protocol=args.protocol, p99_budget_ms=args.p99_budget_ms,
@@ -173,6 +173,9 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--instances", dest="instance_counts", type=int_list,
                    help="instance counts at the built threads (default: from the usable cores: 1 x all cores, "
                         "2 x half, one per core, cores + 1)")
+    p.add_argument("--server-cores", dest="usable_cores", type=int,
+                   help="cores the server may use, for the default layouts (default: a tritonserver on this machine "
+                        "is found by its port and its affinity read; else this process's usable cores)")
     p.add_argument("--threads", dest="thread_counts", type=int_list,
                    help="intra-op threads per instance, tried with the best instance count (python backend; "
                         "default: the host layouts cover them)")

@@ -148,6 +148,11 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
         require_key_if_signed(Path(repository), model, key)
     default = built_candidate(base)
     thread_counts = _thread_counts(base, thread_counts)
+    if usable_cores is not None and (isinstance(usable_cores, bool) or not isinstance(usable_cores, int)
+                                     or usable_cores < 1):
+        raise UserInputError(f"--server-cores {usable_cores}: the number of cores the server may use (1 or more)")
+    if usable_cores is None and instance_counts is None:
+        usable_cores = _server_cores(url, say)
     layouts = _layouts(base, default, instance_counts, usable_cores)
 
     interface = fetch_model(url, protocol, model)  # ServerError if not reachable / not ready
@@ -308,6 +313,20 @@ def host_layouts(cores: int, threaded: bool, max_instances: int = 16) -> list[tu
     cores = max(1, int(cores))
     counts = sorted({1, 2, max(1, cores // 2), cores, cores + 1} & set(range(1, max_instances + 1)))
     return [(count, max(1, cores // count) if threaded else 0) for count in counts]
+
+
+def _server_cores(url: str, say) -> int | None:
+    """The usable cores of a server listening on this machine where they differ from this process's (it
+    runs under another affinity: the load generator kept off the server's cores); None otherwise."""
+    from builder.host import usable_cores
+    from builder.local_server import server_usable_cores
+
+    found = server_usable_cores(url)
+    if found is None or found[0] == usable_cores():
+        return None
+    say(f"layouts sized to the server's {found[0]} usable core(s) (tritonserver pid {found[1]}); this process may "
+        f"use {usable_cores()}")
+    return found[0]
 
 
 def _layouts(base: dict, default: Candidate, instance_counts, usable_cores: int | None) -> list[tuple[int, int]]:
