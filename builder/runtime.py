@@ -123,6 +123,10 @@ def _onnx_runner(path: Path, output_names: list[str], threads: int | None) -> Ru
     options.log_severity_level = 4
     if threads:
         options.intra_op_num_threads = threads
+    # threads that do not spin, as served (model.py's intra_op_spinning off): spinning pools of the sessions
+    # measured in turns took the cores from the next one's window - 20 ms windows read digits at 66-81k/s
+    # at batch 64 spinning, 152-155k not (and 150k in 0.3 s windows either way), so onnx_opt read 0.6x onnx
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     feeds = [i.name for i in session.get_inputs()]
     quiet = ort.RunOptions()
