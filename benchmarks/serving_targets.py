@@ -114,6 +114,7 @@ def _model(name: str, work: Path, engine, args, cores: tuple[list[int], list[int
     """One model measured; ``cores`` (server cores, client cores): the split layout, else shared."""
     import yaml
 
+    from builder.errors import ServerError
     from builder.measure import load_average
     from builder.pipeline import build
     from builder.serving.embedded import EmbeddedServer
@@ -173,8 +174,12 @@ def _model(name: str, work: Path, engine, args, cores: tuple[list[int], list[int
                 print(json.dumps({"model": model, "measure": "pa_c16 with delay 0", **row["pa_c16_delay0"]}),
                       flush=True)
             if args.tune_seconds > 0:
-                row.update(_tuned(model, repo, url, work, engine, http, stats, args, row["pa_c16"]["p99_ms"],
-                                  row["server_cores"]))
+                try:
+                    row.update(_tuned(model, repo, url, work, engine, http, stats, args, row["pa_c16"]["p99_ms"],
+                                      row["server_cores"]))
+                except ServerError as exc:  # the default's figures stand; the table says what happened to tune
+                    row["tune_error"] = " ".join(str(exc).split())[:300]
+                    print(json.dumps({"model": model, "tune_failed": row["tune_error"]}), flush=True)
         finally:
             stats.close()
     row["load_after"] = load_average()
@@ -335,6 +340,8 @@ def _table(rows: list[dict], host: dict) -> None:
                     print(f"target {r['model']} ({r['layout']}): served {what} / in-process best >= {target} over {protocol}: "
                           f"{ratio:.2f} -> {'MET' if ratio >= target else 'NOT met'}")
         print(f"  {r['model']} sizing: {r['sized']}; {r['delay_sized']}")
+        if r.get("tune_error"):
+            print(f"  {r['model']} tune failed (no 'served tuned' figures): {r['tune_error']}")
         if r.get("tune_summary"):
             print(f"  {r['model']} tune ({r['tune_s']} s, p99 budget {r['tune_budget_ms']} ms): {r['tune_summary']}")
         print(f"  {r['model']} in-process samples/s by batch, measured now: {r['in_process_by_batch']}; the build's "
