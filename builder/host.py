@@ -309,6 +309,12 @@ PYTHON_BACKEND_OVERHEAD_S = 0.0008
 COMPUTE_BOUND_RATIO = 1.0
 
 
+def compute_bound(batch_seconds: float, overhead_seconds: float = PYTHON_BACKEND_OVERHEAD_S,
+                  ratio: float = COMPUTE_BOUND_RATIO) -> bool:
+    """A batch-1 inference of ``batch_seconds`` takes at least ``ratio`` times the per-request overhead."""
+    return batch_seconds >= ratio * max(overhead_seconds, 1e-9)
+
+
 def size_serving(usable_cores: int, batch_seconds: float, overhead_seconds: float = PYTHON_BACKEND_OVERHEAD_S,
                  max_instances: int = 8, ratio: float = COMPUTE_BOUND_RATIO) -> tuple[int, int]:
     """(instances, intra_op_threads) for a CPU model on a host with ``usable_cores``.
@@ -325,7 +331,7 @@ def size_serving(usable_cores: int, batch_seconds: float, overhead_seconds: floa
     cores = max(1, int(usable_cores))
     if cores == 1:
         return 1, 1
-    if batch_seconds >= ratio * max(overhead_seconds, 1e-9):
+    if compute_bound(batch_seconds, overhead_seconds, ratio):
         # two instances keep the cores busy while the other instance's request is in its overhead
         instances = 2 if cores >= 4 else 1
         return instances, cores // instances
@@ -339,7 +345,7 @@ def serving_size(benchmark: dict[str, Any] | None, cores: int) -> tuple[int, int
     if not p50:
         return None
     instances, threads = size_serving(cores, p50 / 1000.0)
-    kind = "compute-bound" if p50 / 1000.0 >= COMPUTE_BOUND_RATIO * PYTHON_BACKEND_OVERHEAD_S else "overhead-bound"
+    kind = "compute-bound" if compute_bound(p50 / 1000.0) else "overhead-bound"
     return instances, threads, (f"{instances} instance(s) x {threads} intra-op thread(s): {cores} usable cores, "
                                 f"batch-1 p50 {p50:.3f} ms ({kind} against ~{PYTHON_BACKEND_OVERHEAD_S * 1e3:.1f} ms "
                                 f"per-request overhead)")
