@@ -57,6 +57,7 @@ def main(argv=None) -> int:
                     help="shared and/or split, comma-separated (default: both where 2+ cores are usable)")
     args = ap.parse_args(argv)
     from builder.host import host_profile
+    from builder.local_server import pin_process, split_cores
     from builder.tuning.engine import choose_engine
 
     host = host_profile()
@@ -81,29 +82,9 @@ def main(argv=None) -> int:
                 rows.append(_model(name, work, engine, args, cores))
             finally:
                 shutil.rmtree(work, ignore_errors=True)
-                pin(everything)
+                pin_process(everything)
     _table(rows, host)
     return 0
-
-
-def split_cores(cpus: list[int], usable: int) -> tuple[list[int], list[int]] | None:
-    """(server cores, client cores): the usable cores cut in two, the server taking the larger half;
-    None where fewer than 2 are usable."""
-    cpus = sorted(cpus)[:max(1, usable)]
-    if len(cpus) < 2:
-        return None
-    half = (len(cpus) + 1) // 2
-    return cpus[:half], cpus[half:]
-
-
-def pin(cpus) -> None:
-    """Every thread of this process on ``cpus`` (an affinity is per thread on Linux: the forker thread of
-    builder/processes.py starts tritonserver and perf_analyzer, and they inherit its affinity)."""
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), set(cpus))
-        except OSError:  # a thread that ended meanwhile
-            pass
 
 
 def _cpus(cpus) -> str:
@@ -115,6 +96,7 @@ def _model(name: str, work: Path, engine, args, cores: tuple[list[int], list[int
     import yaml
 
     from builder.errors import ServerError
+    from builder.local_server import pin_process
     from builder.measure import load_average
     from builder.pipeline import build
     from builder.serving.embedded import EmbeddedServer
@@ -123,7 +105,7 @@ def _model(name: str, work: Path, engine, args, cores: tuple[list[int], list[int
     from builder.tuning.stats import StatsReader
 
     if cores:
-        pin(cores[0])  # the build sizes its default config to the server's cores
+        pin_process(cores[0])  # the build sizes its default config to the server's cores
     repo = work / "model_repository"
     result = build(ROOT / "examples" / name / "spec.yaml", repo, variants=["onnx"],
                    benchmark_seconds=args.benchmark_seconds, progress=lambda m: None)
@@ -146,7 +128,7 @@ def _model(name: str, work: Path, engine, args, cores: tuple[list[int], list[int
                                           "in_process_batch", "in_process_now")}), flush=True)
     with EmbeddedServer(repo, load_models=[model], ready_timeout=90) as server:
         if cores:
-            pin(cores[1])  # tritonserver (and the stubs it starts later) keep the server's cores
+            pin_process(cores[1])  # tritonserver (and the stubs it starts later) keep the server's cores
         url = server.grpc_url
         interface = fetch_model(url, "grpc", model)
         samples, _ = load_samples(interface, None, repo)

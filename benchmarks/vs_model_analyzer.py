@@ -20,7 +20,7 @@ its default published config, then:
 
 ``--layout split`` (the default where 2+ cores are usable): the build (so its sizing), every tritonserver
 (Model Analyzer's, through a wrapper that pins it, and ours) on the first half of the usable cores,
-perf_analyzer, Model Analyzer and tune on the other half (benchmarks/serving_targets.py ``split_cores``):
+perf_analyzer, Model Analyzer and tune on the other half (builder/local_server.py ``split_cores``):
 the clients off the server's cores, as in production. ``--layout shared``: everything on every core.
 Run it on a quiet machine. The CPU model and ISA flags are printed first.
 
@@ -34,9 +34,9 @@ import argparse
 import csv
 import json
 import math
+import os
 import re
 import shutil
-import os
 import statistics
 import sys
 import tempfile
@@ -83,12 +83,11 @@ def run(args, work: Path) -> int:
     import yaml
 
     from builder.host import host_profile
+    from builder.local_server import pin_process, split_cores
     from builder.pipeline import build
     from builder.processes import free_ports, run_command
     from builder.serving.install import build_backend_dir, find_tritonserver, server_environment
     from builder.tuning.perf_analyzer import install_perf_analyzer
-
-    from serving_targets import pin, split_cores  # benchmarks/ (this script's folder) is on sys.path
 
     say = lambda line: print(line, flush=True)  # noqa: E731
     host = host_profile(with_gpu=False)
@@ -102,7 +101,7 @@ def run(args, work: Path) -> int:
     listed = lambda cpus: ",".join(map(str, cpus))  # noqa: E731
     say(f"layout: split, servers on cores {listed(server_cpus)}, clients on {listed(client_cpus)}" if cores
         else "layout: shared")
-    pin(server_cpus)  # the build sizes the default config to the server's cores
+    pin_process(server_cpus)  # the build sizes the default config to the server's cores
     spec = ROOT / "examples" / args.example / "spec.yaml"
     name = yaml.safe_load(spec.read_text())["name"]
     repo = work / "model_repository"
@@ -123,7 +122,7 @@ def run(args, work: Path) -> int:
     server_wrapper = work / "tritonserver"  # Model Analyzer starts it: pinned to the server's cores
     server_wrapper.write_text(f"#!/bin/sh\nexec {pinned_exec(server_cpus)} '{install.binary}' \"$@\"\n")
     server_wrapper.chmod(0o755)
-    pin(client_cpus)
+    pin_process(client_cpus)
     ports = free_ports("127.0.0.1", 3)
     environment = server_environment(install)
     config = {
@@ -162,9 +161,9 @@ def run(args, work: Path) -> int:
     tuned_repo = work / "tuned_repository"
     shutil.copytree(repo, tuned_repo)
     started = time.perf_counter()
-    pin(server_cpus)
+    pin_process(server_cpus)
     with EmbeddedServer(tuned_repo, load_models=[name]) as server:
-        pin(client_cpus)
+        pin_process(client_cpus)
         tuned = run_tune(name, tuned_repo, server.grpc_url, protocol="grpc", p99_budget_ms=ma_best["p99_ms"],
                          write=True, out_dir=work / "tune", engine="perf_analyzer",
                          max_concurrency=args.max_concurrency,
@@ -188,9 +187,9 @@ def run(args, work: Path) -> int:
     winner_level = ((tuned["winner"] or {}).get("best_level") or {}).get("concurrency")
     levels = sorted(levels | ({int(winner_level)} if winner_level else set()))
     figures: dict[str, dict[int, list[tuple[float, float]]]] = {label: {c: [] for c in levels} for label in configs}
-    pin(server_cpus)
+    pin_process(server_cpus)
     with EmbeddedServer(side, load_models=[f"{name}_{label}" for label in configs]) as server:
-        pin(client_cpus)
+        pin_process(client_cpus)
         for round_index in range(args.rounds):
             for concurrency in levels:
                 for label in configs:

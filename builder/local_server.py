@@ -6,10 +6,16 @@ tune``, so that the load generator does not take the server's CPU): the layouts 
 server's affinity, not tune's. Linux only (/proc/net/tcp*, /proc/PID/fd); None wherever the listener
 cannot be found (another machine, another user's process, no /proc).
 
+It also holds the two steps of putting a server and its load generator on separate cores, as the
+benchmarks and tests do: ``split_cores`` cuts the usable cores in two, ``pin_process`` moves every thread
+of this process (the processes it starts from then on inherit the affinity).
+
 Usage::
 
     pid = listening_pid(8001)                    # the process listening on 127.0.0.1:8001, or None
     cores = server_usable_cores("127.0.0.1:8001")  # its usable cores (affinity, this cgroup's quota)
+    server, client = split_cores(sorted(os.sched_getaffinity(0)), usable_cores())
+    pin_process(server)                          # start the server now, then pin_process(client)
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0", "[::1]")
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0")  # urlsplit's hostname drops IPv6 brackets
 _LISTEN = "0A"  # the TCP_LISTEN state in /proc/net/tcp
 
 
@@ -84,3 +90,23 @@ def server_usable_cores(url: str) -> tuple[int, int] | None:
         return usable_cores(affinity=len(os.sched_getaffinity(pid))), pid
     except OSError:
         return None
+
+
+def split_cores(cpus: list[int], usable: int) -> tuple[list[int], list[int]] | None:
+    """(server cores, client cores): the usable cores cut in two, the server taking the larger half;
+    None where fewer than 2 are usable."""
+    cpus = sorted(cpus)[:max(1, usable)]
+    if len(cpus) < 2:
+        return None
+    half = (len(cpus) + 1) // 2
+    return cpus[:half], cpus[half:]
+
+
+def pin_process(cpus) -> None:
+    """Every thread of this process on ``cpus`` (an affinity is per thread on Linux: the forker thread of
+    builder/processes.py starts tritonserver and perf_analyzer, and they inherit its affinity)."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), set(cpus))
+        except OSError:  # a thread that ended meanwhile
+            pass

@@ -321,11 +321,11 @@ def _server_cores(url: str, say) -> int | None:
     from builder.host import usable_cores
     from builder.local_server import server_usable_cores
 
-    found = server_usable_cores(url)
-    if found is None or found[0] == usable_cores():
+    found, mine = server_usable_cores(url), usable_cores()
+    if found is None or found[0] == mine:
         return None
     say(f"layouts sized to the server's {found[0]} usable core(s) (tritonserver pid {found[1]}); this process may "
-        f"use {usable_cores()}")
+        f"use {mine}")
     return found[0]
 
 

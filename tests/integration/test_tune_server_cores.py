@@ -8,19 +8,10 @@ import os
 import pytest
 
 from builder.host import usable_cores
-from builder.local_server import server_usable_cores
+from builder.local_server import pin_process, server_usable_cores
 from builder.serving.embedded import EmbeddedServer
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux affinity")
-
-
-def _pin_every_thread(cpus: set[int]) -> None:
-    """An affinity is per thread: the forker thread that starts tritonserver must be pinned too."""
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except OSError:
-            pass
 
 
 def test_a_pinned_local_server_is_found_and_tune_sizes_to_its_cores(built_repository):
@@ -28,12 +19,12 @@ def test_a_pinned_local_server_is_found_and_tune_sizes_to_its_cores(built_reposi
 
     everything = os.sched_getaffinity(0)
     first = {min(everything)}
-    _pin_every_thread(first)
+    pin_process(first)
     try:
         server = EmbeddedServer(built_repository, load_models=["digits_cnn"], ready_timeout=90)
         server.start()
     finally:
-        _pin_every_thread(everything)
+        pin_process(everything)
     try:
         assert os.sched_getaffinity(server.pid) == first
         assert server_usable_cores(server.grpc_url) == (1, server.pid)

@@ -1,5 +1,6 @@
 """tune's layouts follow the cores of a server on this machine (builder/local_server.py): the server may
-run under another affinity than tune (the load generator kept off the server's cores)."""
+run under another affinity than tune (the load generator kept off the server's cores); and the two steps the
+benchmarks take to put them there (split_cores, pin_process)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import textwrap
 import pytest
 
 from builder.errors import UserInputError
-from builder.local_server import listening_pid, server_usable_cores
+from builder.local_server import listening_pid, pin_process, server_usable_cores, split_cores
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd") or not hasattr(os, "sched_getaffinity"),
                                 reason="Linux /proc and affinity")
@@ -81,3 +82,41 @@ def test_server_cores_below_one_is_refused_naming_the_option(tmp_path, cores):
                                         'parameters { key: "intra_op_threads" value { string_value: "1" } }\n')
     with pytest.raises(UserInputError, match="--server-cores"):
         run_tune("m", tmp_path, "127.0.0.1:1", p99_budget_ms=10, usable_cores=cores)
+
+
+def test_the_usable_cores_are_cut_in_two_the_server_taking_the_larger_half():
+    assert split_cores([0, 1], 2) == ([0], [1])
+    assert split_cores([4, 0, 2], 3) == ([0, 2], [4])
+    assert split_cores(list(range(16)), 16) == (list(range(8)), list(range(8, 16)))
+
+
+def test_a_quota_bounds_the_cores_split_and_one_core_cannot_be_split():
+    assert split_cores(list(range(8)), 2) == ([0], [1])  # a 2-CPU quota on an 8-CPU affinity
+    assert split_cores([3], 1) is None
+    assert split_cores([0, 1], 1) is None
+
+
+def test_pin_moves_every_thread_of_this_process():
+    import threading
+
+    everything = sorted(os.sched_getaffinity(0))
+    started, stop = threading.Event(), threading.Event()
+    seen = {}
+
+    def worker():  # a thread made before the pin, as builder/processes.py's forker is
+        started.set()
+        stop.wait()
+        seen["affinity"] = os.sched_getaffinity(0)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    started.wait()
+    try:
+        pin_process(everything[:1])
+        assert os.sched_getaffinity(0) == set(everything[:1])
+    finally:
+        stop.set()
+        thread.join()
+        pin_process(everything)
+    assert seen["affinity"] == set(everything[:1])
+    assert os.sched_getaffinity(0) == set(everything)
