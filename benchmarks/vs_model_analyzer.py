@@ -10,7 +10,8 @@ its default published config, then:
 2. `triton-builder tune` searches the same model under a p99 budget equal to Model Analyzer's best
    p99 (so "better" means more throughput at no worse tail latency), with the perf_analyzer engine.
 3. The default config, Model Analyzer's best and tune's winner are served side by side (one server,
-   three copies of the model) and measured by perf_analyzer at each of --concurrencies and where Model
+   a copy of the model per distinct config: one that two of them share is measured once, reported for
+   both) and measured by perf_analyzer at each of --concurrencies and where Model
    Analyzer's pick and tune's winner scored, in --rounds
    interleaved rounds. Two tables: the median throughput and p99 of each config at each concurrency,
    and the issue's comparison - each config's best median throughput at a concurrency whose median
