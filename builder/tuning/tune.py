@@ -130,7 +130,7 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
     say = progress or (lambda message: None)
     delays, instance_counts, max_batch_sizes, levels = _check_arguments(
         p99_budget_ms, seconds_per_candidate, window_s, protocol, tie_margin, delays, instance_counts,
-        max_batch_sizes, levels, max_concurrency)
+        max_batch_sizes, levels, max_concurrency, usable_cores)
     if write and publish:
         raise UserInputError("--write and --publish: choose one (--write changes the served config.pbtxt in place, "
                              "--publish adds the winner as a new version)")
@@ -148,9 +148,6 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
         require_key_if_signed(Path(repository), model, key)
     default = built_candidate(base)
     thread_counts = _thread_counts(base, thread_counts)
-    if usable_cores is not None and (isinstance(usable_cores, bool) or not isinstance(usable_cores, int)
-                                     or usable_cores < 1):
-        raise UserInputError(f"--server-cores {usable_cores}: the number of cores the server may use (1 or more)")
     if usable_cores is None and instance_counts is None:
         usable_cores = _server_cores(url, say)
     layouts = _layouts(base, default, instance_counts, usable_cores)
@@ -265,8 +262,12 @@ def _copy_files(url: str, protocol: str, repository, model: str, say) -> dict[st
 
 
 def _check_arguments(p99_budget_ms, seconds_per_candidate, window_s, protocol, tie_margin, delays, instance_counts,
-                     max_batch_sizes, levels, max_concurrency) -> tuple[list[int], list[int], list[int], list[int]]:
+                     max_batch_sizes, levels, max_concurrency,
+                     usable_cores=None) -> tuple[list[int], list[int], list[int], list[int]]:
     """The arguments checked (``UserInputError`` naming the option), lists as whole numbers."""
+    if usable_cores is not None and (isinstance(usable_cores, bool) or not isinstance(usable_cores, int)
+                                     or usable_cores < 1):
+        raise UserInputError(f"--server-cores {usable_cores}: the number of cores the server may use (1 or more)")
     if p99_budget_ms is None or not p99_budget_ms > 0:  # nan too
         raise UserInputError(f"--p99-budget-ms {p99_budget_ms}: give the p99 latency budget in ms (> 0)")
     if seconds_per_candidate < 4 * window_s:
