@@ -27,7 +27,7 @@ perf-analyzer: $(STAMP)
 	bash scripts/install-perf-analyzer.sh $(VENV)
 
 test: setup
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)

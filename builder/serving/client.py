@@ -108,7 +108,7 @@ def _plain(value: Any, key: str = "") -> Any:
 
 
 def _message(message) -> dict[str, Any]:
-    """A gRPC answer as HTTP has it: every field (defaults too), snake_case names, int64s as ints."""
+    """A gRPC answer as a plain dict: every field (defaults too), snake_case names, int64s as ints."""
     from google.protobuf import json_format
 
     try:
@@ -118,6 +118,28 @@ def _message(message) -> dict[str, Any]:
         answer = json_format.MessageToDict(message, preserving_proto_field_name=True,
                                            including_default_value_fields=True)
     return _plain(answer)
+
+
+def _schema_message(name: str):
+    """An empty protobuf message of Triton's gRPC schema (``ModelStatisticsResponse``, ...)."""
+    from tritonclient.grpc import service_pb2
+
+    return getattr(service_pb2, name)()
+
+
+def _through_schema(answer: dict[str, Any], message_name: str) -> dict[str, Any]:
+    """An HTTP JSON answer in the shape its gRPC twin has: read into Triton's own protobuf message and
+    printed with every field. Triton's HTTP JSON has no fixed set of keys (an empty ``response_stats`` map
+    came back on one host and not on another), while gRPC prints every field of the schema. Keys this
+    client's schema does not know (a newer server's) are dropped, as gRPC's answer drops them."""
+    from google.protobuf import json_format
+
+    return _message(json_format.ParseDict(answer, _schema_message(message_name), ignore_unknown_fields=True))
+
+
+def normalised_statistics(answer: dict[str, Any]) -> dict[str, Any]:
+    """Triton's HTTP statistics JSON with every field of the schema present, as gRPC's answer is."""
+    return _through_schema(answer, "ModelStatisticsResponse")
 
 
 class TritonClient:
@@ -232,7 +254,7 @@ class TritonClient:
         """``{"model_stats": [...]}`` with every counter an int (``batch_stats`` included); all models without ``name``."""
         answer = self._call(f"statistics of '{name}'" if name else "statistics", self.raw.get_inference_statistics,
                             name, str(version or ""))
-        return answer if self.protocol == "http" else _message(answer)
+        return normalised_statistics(answer) if self.protocol == "http" else _message(answer)
 
     def repository_index(self) -> list[dict[str, Any]]:
         """One ``{"name", "version", "state", "reason"}`` dict per model (and version) in the repository."""
