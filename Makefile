@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps perf-analyzer test test-unit demo wheel-smoke bench bench-tuning bench-serving bench-drift bench-replicas bench-faults bench-zoo bench-compression bench-peers bench-vs-ma clean
+.PHONY: setup system-deps perf-analyzer test test-unit demo wheel-smoke bench bench-tuning bench-serving bench-drift bench-replicas bench-faults bench-zoo bench-compression bench-peers bench-vs-ma bench-releases clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	bash scripts/make-venv.sh "$(PYTHON)" $(VENV)
@@ -72,6 +72,10 @@ bench-peers: setup
 # tune vs Triton Model Analyzer 1.58 (its own venv, installed on first use), same server and perf_analyzer
 bench-vs-ma: setup
 	$(BIN)/python benchmarks/vs_model_analyzer.py
+
+# what each Triton release's onnxruntime / OpenVINO loads, measured beside builder/repository/triton_releases.py
+bench-releases: setup
+	$(BIN)/python benchmarks/release_limits.py
 
 clean:
 	rm -rf runs .pytest_cache

@@ -1,4 +1,4 @@
-"""CLI verbs ``build``, ``validate``, ``select``, ``clean`` and ``run`` (the main job); builder/cli/__init__.py adds them
+"""CLI verbs ``build``, ``validate``, ``select``, ``clean``, ``releases`` and ``run`` (the main job); builder/cli/__init__.py adds them
 with ``register(subparsers)``. Each forwards to one library function."""
 
 from __future__ import annotations
@@ -54,6 +54,13 @@ def cmd_validate(args: argparse.Namespace, reporter: Reporter) -> int:
     for line in report.lines():
         print(line)
     return 0 if report.ok else 1
+
+
+def cmd_releases(args: argparse.Namespace, reporter: Reporter) -> int:
+    from builder.repository.triton_releases import format_releases
+
+    print(format_releases())
+    return 0
 
 
 def cmd_run(args: argparse.Namespace, reporter: Reporter) -> int:
@@ -124,8 +131,10 @@ def register(sub, common: argparse.ArgumentParser) -> None:
                    help="measuring time cap per variant (default 2; 0 skips measuring and selects by preference)")
     p.add_argument("--signing-key", help="elliptic-curve private key (PEM) that signs each published version "
                    "(default: $TRITON_BUILDER_SIGNING_KEY; its password only via $TRITON_BUILDER_SIGNING_KEY_PASSWORD)")
-    p.add_argument("--triton-release", help="the NGC Triton release the versions must load on; ONNX variants beyond "
-                   "its onnxruntime's IR version / opset are rejected (default: docker-compose.yml's)")
+    p.add_argument("--triton-release", help="the NGC Triton release the versions must load on: ONNX variants beyond "
+                   "its onnxruntime's IR version / opset, OpenVINO IRs beyond its OpenVINO's opsets and TorchScript "
+                   "newer than its libtorch are rejected; recorded in each version's metadata (default: the newest "
+                   "in `triton-builder releases`, docker-compose.yml's)")
     p.add_argument("--register", action="store_true",
                    help="also register each published version in MLflow's model registry (artifacts, metrics, tags)")
     p.add_argument("--registry", help="MLflow server URL for --register (default: $MLFLOW_TRACKING_URI)")
@@ -139,9 +148,9 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", help="target GPU compute capability (e.g. 9.0) for TensorRT plans")
     p.add_argument("--tensorrt-version", help="target TensorRT version for TensorRT plans")
     add_signature_arguments(p)
-    p.add_argument("--triton-release", help="also check that this Triton release (e.g. 24.10, docker-compose.yml's) "
-                   "loads each ONNX version and reproduces reference.npz with the onnxruntime it ships "
-                   "(installed once into ~/.cache/triton-builder/runtimes)")
+    p.add_argument("--triton-release", help="also check that this Triton release (e.g. 26.08; `triton-builder "
+                   "releases` lists them) loads each version and reproduces reference.npz with the onnxruntime / "
+                   "OpenVINO it ships (installed once into ~/.cache/triton-builder/runtimes)")
     p.add_argument("--max-regression", help="fail (exit 1) where the version regresses against the previous one "
                    "beyond these limits: latency=PCT slower, accuracy=PP lost, rel_l2=X between their outputs; "
                    "e.g. latency=20,accuracy=0.5 (without it the difference is only shown)")
@@ -169,6 +178,10 @@ def register(sub, common: argparse.ArgumentParser) -> None:
                    help=f"also its staging folders, which sit beside it (default: {DEFAULT_REPOSITORY} where "
                         "it exists)")
     p.set_defaults(func=cmd_clean)
+
+    p = sub.add_parser("releases", parents=[common],
+                       help="the NGC Triton releases builds can target, with the runtimes each ships (--triton-release)")
+    p.set_defaults(func=cmd_releases)
 
     p = sub.add_parser("run", parents=[common],
                        help="the main job: build, serve, check, load-test and report, then stop")

@@ -16,6 +16,7 @@ import os
 
 from builder.cli.arguments import finite_float
 from builder.cli.serving import port_number, refuse_shared_ports
+from builder.errors import UserInputError
 from builder.progress import Reporter
 
 
@@ -48,6 +49,15 @@ def cmd_replicas(args: argparse.Namespace, reporter: Reporter) -> int:
                         prometheus=args.prometheus, watch_seconds=args.watch_seconds)
 
 
+def _image(args: argparse.Namespace) -> str:
+    """--image as given, else the image of --triton-release (default: the newest release in the table)."""
+    from builder.repository.triton_releases import DEFAULT_RELEASE, triton_release
+
+    if args.image and args.triton_release:
+        raise UserInputError("--image and --triton-release both name the Triton image: give one of them")
+    return args.image or triton_release(args.triton_release or DEFAULT_RELEASE).image
+
+
 def cmd_k8s(args: argparse.Namespace, reporter: Reporter) -> int:
     from builder.scaleout.k8s import render_manifests, require_validator, validate_manifests
 
@@ -55,7 +65,7 @@ def cmd_k8s(args: argparse.Namespace, reporter: Reporter) -> int:
         require_validator()  # before anything is written
     result = render_manifests(args.repository_url, args.out, replicas=args.replicas, min_replicas=args.min_replicas,
                               max_replicas=args.max_replicas, metric=args.metric, target=args.target,
-                              namespace=args.namespace, image=args.image, secret_name=args.secret, region=args.region,
+                              namespace=args.namespace, image=_image(args), secret_name=args.secret, region=args.region,
                               gpus=args.gpus, model=args.model, locust_workers=args.locust_workers,
                               model_control=args.model_control, poll_seconds=args.poll_seconds,
                               release=args.release, locust_image=args.locust_image)
@@ -120,7 +130,9 @@ def register(sub, common: argparse.ArgumentParser) -> None:
                    help="what the HPA scales on (default: %(default)s)")
     p.add_argument("--target", type=finite_float, help="per-pod target of --metric (default: 1 for the ratio, 8 pending)")
     p.add_argument("--namespace", help="namespace set in kustomization.yaml (default: none)")
-    p.add_argument("--image", default="nvcr.io/nvidia/tritonserver:24.10-py3", help="Triton image (default: %(default)s)")
+    p.add_argument("--image", help="Triton image (default: the --triton-release's NGC image)")
+    p.add_argument("--triton-release", help="NGC Triton release whose stock image the pods run (default: the newest in "
+                   "`triton-builder releases`); build the repository for the same release")
     p.add_argument("--secret", default="triton-s3-credentials",
                    help="name of the existing Secret holding AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY")
     p.add_argument("--region", default="us-east-1", help="AWS_DEFAULT_REGION for the pods")

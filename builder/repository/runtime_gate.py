@@ -1,18 +1,23 @@
 """The runtime-compatibility gate: can the Triton release we deploy to load this version, and does it
 still answer the same? ``validate --triton-release R``.
 
-For an ONNX version (onnxruntime backend, or the python backend running onnxruntime): a static check
-of the model's IR version and default-domain opset against what R's onnxruntime loads (builder/repository/triton_releases.py), then a replay of reference.npz in a side virtualenv
-holding exactly that onnxruntime from PyPI (``~/.cache/triton-builder/runtimes/onnxruntime-X``,
-or under $TRITON_BUILDER_CACHE; created on first use with ``python -m venv`` + pip, then reused),
-compared with the recorded outputs at the build's tolerance. Every refusal names the fix.
-TorchScript and TensorRT versions are not replayed here (NVIDIA's own PyTorch / TensorRT builds);
-the line says which version R ships. An OpenVINO IR for Triton's openvino backend is checked
-statically: its layers' opsets against what R's OpenVINO reads (``ir_failures``), not replayed.
+Each published file is replayed under R's own runtime (builder/repository/triton_releases.py), in a side
+virtualenv holding exactly that package from PyPI (``~/.cache/triton-builder/runtimes/<package>-X``, or under
+$TRITON_BUILDER_CACHE; created on first use with ``python -m venv`` + pip, then reused), and compared with the
+recorded outputs at the build's tolerance. Every refusal names the fix.
+
+- ONNX (onnxruntime backend, or the python backend's onnxruntime): the model's IR version and default-domain
+  opset against what R's onnxruntime loads, then a replay with that onnxruntime.
+- OpenVINO IR (openvino backend): its layers' opsets against what R's OpenVINO reads (``ir_failures``), then a
+  replay with that OpenVINO.
+- TorchScript (pytorch_libtorch): refused when saved by a torch newer than R's libtorch; otherwise replayed with
+  this environment's torch, the closest release that installs here (NVIDIA's libtorch builds are not on PyPI;
+  the note says which torch ran it).
+- TensorRT plans: not replayed (the line names R's TensorRT where it is known).
 
 Usage::
 
-    failures, notes = runtime_gate(Path("model_repository/digits_cnn/3"), meta, "24.10", progress=print)
+    failures, notes = runtime_gate(Path("model_repository/digits_cnn/3"), meta, "26.07", progress=print)
 """
 
 from __future__ import annotations
@@ -39,16 +44,18 @@ def runtimes_root() -> Path:
     return cache_root() / "runtimes"
 
 
-def side_python(onnxruntime_version: str, progress: Callable[[str], object] = lambda m: None) -> Path:
-    """The interpreter of a cached virtualenv holding onnxruntime==``onnxruntime_version`` and numpy;
-    built on first use (builder/side_env.py: a killed install leaves no half env)."""
-    home = runtimes_root() / f"onnxruntime-{onnxruntime_version}"
+def side_python(onnxruntime_version: str, progress: Callable[[str], object] = lambda m: None,
+                package: str = "onnxruntime") -> Path:
+    """The interpreter of a cached virtualenv holding ``package``==``onnxruntime_version`` (onnxruntime, or
+    openvino) and numpy; built on first use (builder/side_env.py: a killed install leaves no half env)."""
+    version = onnxruntime_version
+    home = runtimes_root() / f"{package}-{version}"
     if not (home / "ready").is_file():
-        progress(f"installing onnxruntime {onnxruntime_version} into {home} (once; reused afterwards) ...")
+        progress(f"installing {package} {version} into {home} (once; reused afterwards) ...")
     try:
-        return cached_virtualenv(home, [f"onnxruntime=={onnxruntime_version}", "numpy"], INSTALL_TIMEOUT_S)
+        return cached_virtualenv(home, [f"{package}=={version}", "numpy"], INSTALL_TIMEOUT_S)
     except Exception as err:  # noqa: BLE001
-        raise BuilderError(f"could not install onnxruntime {onnxruntime_version} into {home}: {err}; check that "
+        raise BuilderError(f"could not install {package} {version} into {home}: {err}; check that "
                            "PyPI is reachable (pip install works), or run validate without --triton-release") from None
 
 
@@ -104,28 +111,47 @@ def _explain_load_error(text: str, release: Runtime) -> str:
 def runtime_gate(folder: Path, meta: dict[str, Any], release_name: str,
                  progress: Callable[[str], object] = lambda m: None) -> tuple[list[str], list[str]]:
     """(failures, notes) for the version in ``folder`` against Triton ``release_name``."""
-    from builder.processes import run_command
     from builder.repository.metadata import read_reference
-    from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures, worst_metric
 
     release = triton_release(release_name)
     artifact = meta["artifact"]
     if artifact["format"] == "torchscript":
-        return [], [f"Triton {release.release} runs TorchScript with PyTorch {release.pytorch}: not replayed here"]
+        return torchscript_gate(folder, meta, release)
     if artifact["format"] == "plan":
+        if not release.tensorrt:
+            return [], [f"Triton {release.release}'s TensorRT version is not in triton-builder's table: check the plan "
+                        "with --tensorrt-version X --gpu X.Y (the release notes name X)"]
         return [], [f"Triton {release.release} ships TensorRT {release.tensorrt}: check the plan with "
                     f"--tensorrt-version {release.tensorrt} --gpu X.Y"]
     if artifact["format"] == "openvino":
-        return openvino_gate(folder / artifact["file"], meta, release)
+        return openvino_gate(folder, meta, release, progress)
     model = folder / artifact["file"]
     runtime = onnx_runtime_for(release, artifact.get("backend") or "onnxruntime")
     failures = limit_failures(model, runtime)
     if failures:
         return failures, []
-    # read here first: a broken reference.npz is named as such, not as a side environment's failure
-    _, reference = read_reference(folder / "reference.npz")
+    read_reference(folder / "reference.npz")  # first: a broken reference.npz is named as such, not as a side env's failure
     python = side_python(runtime.onnxruntime, progress)
-    script = files("builder.repository").joinpath("ort_replay.py")
+    load_error, got = _replay(python, "ort_replay.py", model, folder, meta, f"onnxruntime {runtime.onnxruntime}")
+    if load_error:
+        return [f"{artifact['file']}: {runtime.label} refuses it: " + _explain_load_error(load_error, runtime)], []
+    failures, worst = _compared(folder, meta, got, runtime.label)
+    failures = [f"{line}: rebuild with the release's onnxruntime in mind (opset, passes)" for line in failures]
+    notes = [f"Triton {release.release}: loads on {runtime.label}, {len(got)} reference cases, worst rel L2 {worst:.1e}"]
+    ops = contrib_ops(model)
+    if ops and not failures:
+        notes.append(f"  its onnxruntime contrib ops ({', '.join(ops)}) load and match on that release; they keep "
+                     "the file to onnxruntime (the onnxruntime or python backend)")
+    return failures, notes
+
+
+def _replay(python: Path, script_name: str, model: Path, folder: Path, meta: dict[str, Any],
+            runtime: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """(load error or None, the outputs per reference case) of ``model`` run by ``script_name`` (a standalone
+    replay script of this package) under the side environment's ``python``."""
+    from builder.processes import run_command
+
+    script = files("builder.repository").joinpath(script_name)
     output_names = [o["name"] for o in meta["spec"]["outputs"]]
     input_names = [i["name"] for i in meta["spec"]["inputs"]]
     with tempfile.TemporaryDirectory(prefix="triton-builder-replay-") as work:
@@ -134,29 +160,53 @@ def runtime_gate(folder: Path, meta: dict[str, Any], release_name: str,
                             json.dumps(output_names)], REPLAY_TIMEOUT_S, env={**os.environ, "OMP_NUM_THREADS": "1"})
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
         if done.returncode != 0 or not lines:
-            raise BuilderError(f"the onnxruntime {runtime.onnxruntime} side environment failed (exit "
-                               f"{done.returncode}): {(done.stderr or done.stdout)[-800:]}; remove "
-                               f"{runtimes_root()} to rebuild it")
+            raise BuilderError(f"the {runtime} side environment failed (exit {done.returncode}): "
+                               f"{(done.stderr or done.stdout)[-800:]}; remove {runtimes_root()} to rebuild it")
         said = json.loads(lines[-1])
         if "load_error" in said:
-            return [f"{artifact['file']}: {runtime.label} refuses it: "
-                    + _explain_load_error(said["load_error"], runtime)], []
+            return said["load_error"], []
         import numpy as np
         with np.load(out, allow_pickle=False) as archive:
             keys = sorted({k.rsplit("/", 1)[0] for k in archive.files})
-            got = [{name: archive[f"{key}/{name}"] for name in output_names} for key in keys]
+            return None, [{name: archive[f"{key}/{name}"] for name in output_names} for key in keys]
+
+
+def _compared(folder: Path, meta: dict[str, Any], got: list[dict[str, Any]], label: str) -> tuple[list[str], float]:
+    """(failures beyond the build's tolerance, worst rel L2) of ``got`` against reference.npz."""
+    from builder.repository.metadata import read_reference
+    from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures, worst_metric
+
+    _, reference = read_reference(folder / "reference.npz")
     metrics = merge_case_metrics([compare_outputs(ref, run) for ref, run in zip(reference, got)])
     tolerance = (meta.get("verification") or {}).get("tolerance") or {"rel_l2": 1e-5}
-    failures = [f"{runtime.label}: {line}; the model no longer matches "
-                "its reference on that release: rebuild with the release's onnxruntime in mind (opset, passes)"
+    failures = [f"{label}: {line}; the model no longer matches its reference on that release"
                 for line in tolerance_failures(metrics, tolerance)]
-    worst = worst_metric(metrics) or 0.0
-    notes = [f"Triton {release.release}: loads on {runtime.label}, {len(got)} reference cases, worst rel L2 {worst:.1e}"]
-    ops = contrib_ops(model)
-    if ops and not failures:
-        notes.append(f"  its onnxruntime contrib ops ({', '.join(ops)}) load and match on that release; they keep "
-                     "the file to onnxruntime (the onnxruntime or python backend)")
-    return failures, notes
+    return failures, worst_metric(metrics) or 0.0
+
+
+def torchscript_gate(folder: Path, meta: dict[str, Any], release: TritonRelease) -> tuple[list[str], list[str]]:
+    """A TorchScript version: the torch that saved it against R's libtorch (pytorch_libtorch backend), then
+    a replay with this environment's torch (the python backend runs the torch docker/triton installs)."""
+    import torch
+
+    from builder.repository.metadata import read_reference
+    from builder.runtime import open_runner
+    from builder.repository.triton_releases import libtorch_failure
+
+    artifact = meta["artifact"]
+    saved_by = (meta.get("versions") or {}).get("torch") or torch.__version__
+    if (artifact.get("backend") or "pytorch") != "python":
+        too_new = libtorch_failure(saved_by, release)
+        if too_new:
+            return [f"{artifact['file']}: {too_new}"], []
+    inputs, _ = read_reference(folder / "reference.npz")
+    run = open_runner("torchscript", folder / artifact["file"], [o["name"] for o in meta["spec"]["outputs"]],
+                      [i["name"] for i in meta["spec"]["inputs"]], threads=1)
+    got = [run(case["inputs"]) for case in inputs]
+    label = f"torch {torch.__version__} (the closest to Triton {release.release}'s libtorch {release.pytorch} that installs here)"
+    failures, worst = _compared(folder, meta, got, label)
+    return failures, [f"Triton {release.release}: replayed with {label}, {len(got)} reference cases, worst rel L2 "
+                      f"{worst:.1e}; saved by torch {saved_by}"]
 
 
 def ir_failures(xml: Path, release: TritonRelease) -> list[str]:
@@ -172,11 +222,14 @@ def ir_failures(xml: Path, release: TritonRelease) -> list[str]:
             "with the builder's openvino in docker/triton: --build-arg OPENVINO_VERSION) or publish the onnx variant"]
 
 
-def openvino_gate(xml: Path, meta: dict[str, Any], release: TritonRelease) -> tuple[list[str], list[str]]:
-    """An OpenVINO IR version: Triton's openvino backend must read its opsets (checked statically; the
-    IR is not replayed on that OpenVINO here); the python backend runs the openvino the image installs."""
+def openvino_gate(folder: Path, meta: dict[str, Any], release: TritonRelease,
+                  progress: Callable[[str], object] = lambda m: None) -> tuple[list[str], list[str]]:
+    """An OpenVINO IR version: Triton's openvino backend must read its opsets, and R's OpenVINO (from PyPI,
+    in a side environment) must reproduce reference.npz; the python backend runs the openvino the image
+    installs (docker/triton --build-arg OPENVINO_VERSION)."""
     from builder.openvino_tools import ir_opsets
 
+    xml = folder / meta["artifact"]["file"]
     built_with = (meta.get("versions") or {}).get("openvino", "?")
     if (meta["artifact"].get("backend") or "openvino") != "openvino":
         return [], [f"Triton {release.release}: the python backend runs {xml.name} with the openvino that "
@@ -184,9 +237,15 @@ def openvino_gate(xml: Path, meta: dict[str, Any], release: TritonRelease) -> tu
     failures = ir_failures(xml, release)
     if failures:
         return failures, []
-    return [], [f"Triton {release.release}: OpenVINO {release.openvino} (openvino backend) reads its opsets "
-                f"({', '.join(f'opset{n}' for n in ir_opsets(xml))}); not replayed on that OpenVINO here "
-                f"(built and verified with openvino {built_with}): run `triton-builder check` on the served model"]
+    python = side_python(release.openvino, progress, package="openvino")
+    label = f"OpenVINO {release.openvino} (Triton {release.release}, openvino backend)"
+    load_error, got = _replay(python, "ov_replay.py", xml, folder, meta, f"openvino {release.openvino}")
+    if load_error:
+        return [f"{xml.name}: {label} refuses it: {' '.join(load_error.split())[:400]}: publish the onnx variant, "
+                "or build for a --triton-release whose OpenVINO reads it"], []
+    failures, worst = _compared(folder, meta, got, label)
+    return failures, [f"Triton {release.release}: loads on {label} ({', '.join(f'opset{n}' for n in ir_opsets(xml))}), "
+                      f"{len(got)} reference cases, worst rel L2 {worst:.1e}; built with openvino {built_with}"]
 
 
 def gate_version(check: Any, folder: Path, release_name: str, progress: Callable[[str], object]) -> None:

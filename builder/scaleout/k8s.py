@@ -50,10 +50,11 @@ from builder import assets
 from builder.errors import UserInputError
 from builder.extras import require
 from builder.processes import run_command
+from builder.repository.triton_releases import DEFAULT_RELEASE, RELEASES
 
 __all__ = ["METRICS", "render_manifests", "validate_manifests", "require_validator", "RenderResult", "DEFAULT_IMAGE"]
 
-DEFAULT_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"  # the tag docker-compose.yml pins
+DEFAULT_IMAGE = RELEASES[DEFAULT_RELEASE].image  # the newest release in the table, as docker-compose.yml
 DEFAULT_LOCUST_IMAGE = "triton-builder-locust:2.47.0"  # docker/locust/Dockerfile, pushed where the cluster pulls
 KUBERNETES_VERSION = "1.32.0"
 CRD_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}

@@ -84,8 +84,9 @@ def serve_forever(
     with stop_signals() as received:
         try:
             server.start()
-            _announce_started(server, announce, served_host_warnings(repository, server.models, current_host),
-                              temporary_log=log_path is None)
+            warnings = served_host_warnings(repository, server.models, current_host) + \
+                served_release_warnings(repository, server.models)
+            _announce_started(server, announce, warnings, temporary_log=log_path is None)
             with HangWatch(server, announce, hang_probe_interval, hang_probe_misses):
                 while not received:
                     if not server.is_running():
@@ -129,26 +130,52 @@ def served_host_warnings(repository: Path | str, models: Sequence[str], current_
     """compare_hosts for each model's latest version in ``repository`` (models without metadata: none);
     for an ``s3://`` repository, its newest served complete version's metadata.yaml in the bucket."""
     from builder.host import host_warnings
-    from builder.repository.layout import latest_version, model_dir
-    from builder.repository.metadata import read_metadata
     from builder.storage.s3_location import is_s3_url
     if is_s3_url(str(repository)):
         from builder.storage.served import s3_host_warnings
         return s3_host_warnings(str(repository), list(models), current_host)
-    repository = Path(repository)
     out = []
     for name in models:
-        folder = model_dir(repository, name)
-        number = latest_version(folder) if folder.is_dir() else None
-        meta_path = folder / str(number) / "metadata.yaml"
-        if number is not None and meta_path.is_file():
-            out += host_warnings(read_metadata(meta_path), name, current_host)
+        meta = _latest_metadata(Path(repository), name)
+        if meta is not None:
+            out += host_warnings(meta, name, current_host)
+    return out
+
+
+def _latest_metadata(repository: Path, name: str) -> dict | None:
+    from builder.repository.layout import latest_version, model_dir
+    from builder.repository.metadata import read_metadata
+
+    folder = model_dir(repository, name)
+    number = latest_version(folder) if folder.is_dir() else None
+    meta_path = folder / str(number) / "metadata.yaml"
+    return read_metadata(meta_path) if number is not None and meta_path.is_file() else None
+
+
+def served_release_warnings(repository: Path | str, models: Sequence[str]) -> list[str]:
+    """One line per served model whose latest version was built for another Triton release than the
+    embedded server's (metadata ``artifact.triton_release``): what is served here is not that release."""
+    from builder.repository.triton_releases import EMBEDDED_RELEASE
+    from builder.storage.s3_location import is_s3_url
+
+    if is_s3_url(str(repository)):
+        return []
+    out = []
+    for name in models:
+        release = ((_latest_metadata(Path(repository), name) or {}).get("artifact") or {}).get("triton_release")
+        if release and release != EMBEDDED_RELEASE:
+            out.append(f"{name}: built for Triton {release}; this embedded server is Triton {EMBEDDED_RELEASE} with this "
+                       f"environment's runtimes. `triton-builder validate REPO/{name} --triton-release {release}` "
+                       f"replays it under {release}'s own runtimes; serve it on that release's image (docker compose)")
     return out
 
 
 def _announce_started(server: EmbeddedServer, announce: Callable[[str], object], warnings: Sequence[str] = (),
                       temporary_log: bool = False) -> None:
-    announce(f"Triton server (embedded, backends: {', '.join(EMBEDDED_BACKENDS)}) is ready, pid {server.pid}")
+    from builder.repository.triton_releases import EMBEDDED_RELEASE, triton_release
+
+    announce(f"Triton server (embedded: Triton {triton_release(EMBEDDED_RELEASE).triton} = NGC {EMBEDDED_RELEASE}, "
+             f"backends: {', '.join(EMBEDDED_BACKENDS)}) is ready, pid {server.pid}")
     announce(f"  HTTP     {server.http_url}   (http://{server.http_url}/v2/health/ready)")
     announce(f"  gRPC     {server.grpc_url}")
     announce(f"  metrics  {server.metrics_url}")

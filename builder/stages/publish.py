@@ -43,7 +43,7 @@ def _metadata(ctx: BuildContext, variant: Variant, name: str, version: int, hash
         "artifact": {"variant": variant.name, "format": variant.format, "precision": variant.precision,
                      "file": MODEL_FILES[variant.format],
                      "exporter": variant.exporter, "opset": variant.opset, "passes": list(variant.passes),
-                     "backend": backend, "target": ctx.target},
+                     "backend": backend, "target": ctx.target, "triton_release": ctx.options.triton_release},
         "files_sha256": hashes,
         "versions": library_versions(),
         "verification": variant.verification,

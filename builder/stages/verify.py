@@ -2,14 +2,16 @@
 tolerance; with labelled validation data also the top-1 accuracy and its drop. A variant that fails
 is never published; the reason lists every failing output with its numbers. TensorRT plans run on
 the GPU through builder.runtime's plan runner; where that cannot run, a plan is rejected, never
-passed unchecked. An ONNX variant must also load on the Triton release it is built for (``build
---triton-release``, default docker-compose.yml's): an IR version or opset beyond that release's
-onnxruntime is rejected here, with the fix, before anything is published."""
+passed unchecked. A variant must also load on the Triton release it is built for (``build
+--triton-release``, default the newest in builder/repository/triton_releases.py): an ONNX IR version or
+opset beyond that release's onnxruntime, or a TorchScript saved by a torch newer than its libtorch
+(Triton's own pytorch backend, targets cpu/gpu), is rejected here, with the fix, before anything is
+published."""
 
 from __future__ import annotations
 
 from builder.repository.runtime_gate import limit_failures
-from builder.repository.triton_releases import onnx_runtime_for, triton_release
+from builder.repository.triton_releases import libtorch_failure, onnx_runtime_for, triton_release
 from builder.runtime import open_runner, tensorrt_unavailable_reason
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import accuracy_drop_failure, judged_precision
@@ -20,11 +22,18 @@ STAGE = "verify"
 
 
 def release_failures(ctx: BuildContext, variant: Variant) -> list[str]:
-    """What keeps an ONNX variant from loading on the build's Triton release (IR version, opset)."""
+    """What keeps a variant from loading on the build's Triton release (ONNX IR version and opset; the
+    torch that saved a TorchScript for the libtorch backend)."""
+    release = triton_release(ctx.options.triton_release)
+    if variant.format == "torchscript" and ctx.target != "embedded":
+        import torch
+
+        too_new = libtorch_failure(torch.__version__, release)
+        return [too_new] if too_new else []
     if variant.format != "onnx":
         return []
     backend = "python" if ctx.target == "embedded" else "onnxruntime"
-    return limit_failures(variant.path, onnx_runtime_for(triton_release(ctx.options.triton_release), backend))
+    return limit_failures(variant.path, onnx_runtime_for(release, backend))
 
 
 def verify_variant(ctx: BuildContext, variant: Variant) -> list[str]:

@@ -4,6 +4,7 @@ fix, and nothing written. A verification failure: exit code 1 with the per-outpu
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -219,23 +220,58 @@ def test_onnx_beyond_the_target_release_is_refused_before_publishing(digits_copy
     from builder.repository import triton_releases
 
     repo = tmp_path / "repo"
-    spec = edit_spec(digits_copy, onnx={"opset": 23})
-    with pytest.raises(UserInputError, match=r"onnx.opset: 23 is newer than Triton 24.10 loads \(its onnxruntime "
+    spec = edit_spec(digits_copy, onnx={"opset": 22})
+    with pytest.raises(UserInputError, match=r"onnx.opset: 22 is newer than Triton 24.10 loads \(its onnxruntime "
                                              r"1.19.2 implements opset <= 21\); set onnx.opset: 21 or lower"):
-        build(spec, repo, progress=quiet)
+        build(spec, repo, progress=quiet, triton_release="24.10")
     edit_spec(digits_copy, onnx=None)
     with pytest.raises(UserInputError, match=r"--triton-release 19.01: not in triton-builder's runtime table "
-                                             r"\(known: 24.10\)"):
+                                             r"\(known: 24.10, 24.11, 26.05, 26.06, 26.07, 26.08\)"):
         build(digits_copy / "spec.yaml", repo, triton_release="19.01", progress=quiet)
     # a release whose onnxruntime loads only IR <= 9 (a stand-in row): the IR-10 export is rejected with the fix
-    old = triton_releases.TritonRelease("19.02", "1.0.0", "0.2.0", "-", "-", "-", 9, 21)
+    old = triton_releases.TritonRelease("19.02", "1.0.0", "0.2.0", "-", "-", "3.6", False)
     monkeypatch.setitem(triton_releases.RELEASES, "19.02", old)
+    monkeypatch.setitem(triton_releases.ONNXRUNTIME_LIMITS, "0.2.0", (9, 21))
     with pytest.raises(VerificationError, match="no variant passed verification") as err:
         build(digits_copy / "spec.yaml", repo, variants=["onnx"], triton_release="19.02", benchmark_seconds=0,
               progress=quiet)
-    assert "model.onnx: ONNX IR version 10 > 9, the newest onnxruntime 0.2.0 (Triton 19.02, python backend) loads: " \
-           "export with IR version <= 9" in str(err.value), str(err.value)
+    assert "model.onnx: ONNX IR version 10 > 9, the newest onnxruntime 0.2.0 (Triton 19.02, python backend, docker/triton image) " \
+           "loads: export with IR version <= 9" in str(err.value), str(err.value)
     assert_nothing_written(tmp_path, repo)
+
+
+def test_the_same_spec_builds_for_26_07_where_24_10_refuses_it(digits_copy, tmp_path, quiet):
+    """opset 22: beyond 24.10's onnxruntime 1.19.2 (21), within 26.07's 1.27.0 (26); the version records 26.07."""
+    import onnx
+    import yaml
+
+    spec = edit_spec(digits_copy, onnx={"opset": 22})
+    repo = tmp_path / "repo"
+    with pytest.raises(UserInputError, match=r"onnx.opset: 22 is newer than Triton 24.10 loads"):
+        build(spec, repo, variants=["onnx"], triton_release="24.10", benchmark_seconds=0, progress=quiet)
+    result = build(spec, repo, variants=["onnx"], triton_release="26.07", benchmark_seconds=0, progress=quiet)
+    version = Path(result.published[0]["path"])
+    meta = yaml.safe_load((version / "metadata.yaml").read_text())
+    assert meta["artifact"]["triton_release"] == "26.07"
+    opset = next(o.version for o in onnx.load(str(version / "model.onnx"), load_external_data=False).opset_import
+                 if o.domain in ("", "ai.onnx"))
+    assert opset == 22
+
+
+def test_torchscript_for_libtorch_follows_the_release(digits_copy, tmp_path, quiet, monkeypatch):
+    """TorchScript saved by this torch (2.13) is refused for 24.10's libtorch 2.5 (target cpu) with the fix, and
+    published as pytorch_libtorch for 26.07's libtorch 2.13."""
+    monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")  # the pinned torch; the decision depends on it
+    repo = tmp_path / "repo"
+    with pytest.raises(VerificationError, match="no variant passed verification") as err:
+        build(digits_copy / "spec.yaml", repo, variants=["torchscript"], target="cpu", triton_release="24.10",
+              benchmark_seconds=0, progress=quiet)
+    assert ("TorchScript saved by torch 2.13.0+cpu is newer than Triton 24.10's libtorch 2.5.0a0+e000cf0ad9 "
+            "(pytorch_libtorch backend), which may not load it: build for --triton-release 26.07 or newer") in str(err.value)
+    assert_nothing_written(tmp_path, repo)
+    result = build(digits_copy / "spec.yaml", repo, variants=["torchscript"], target="cpu", triton_release="26.07",
+                   benchmark_seconds=0, progress=quiet)
+    assert result.published[0]["backend"] == "pytorch_libtorch"
 
 
 @pytest.mark.parametrize("target", ["embedded", "cpu"])

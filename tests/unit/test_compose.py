@@ -134,19 +134,32 @@ def test_every_built_image_parses_and_is_pinned():
     assert parse_dockerfile(ROOT / "docker" / "locust" / "Dockerfile")[0] == ("FROM", "locustio/locust:2.47.0")
 
 
-def test_triton_image_is_the_pinned_ngc_image_plus_the_python_backend_packages():
+def _defaults(text: str) -> str:
+    """Compose / Dockerfile text with each ``${VAR:-default}`` or ``${VAR}`` replaced as an unset environment does."""
+    import re
+
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", text)
+
+
+def test_triton_image_is_the_newest_ngc_release_plus_the_python_backend_packages():
+    from builder.repository.triton_releases import DEFAULT_RELEASE, python_backend_onnxruntime, triton_release
     from builder.scaleout.k8s import DEFAULT_IMAGE
 
     doc = _compose()
-    pin = doc["x-triton-image"]
-    assert pin == DEFAULT_IMAGE == "nvcr.io/nvidia/tritonserver:24.10-py3"
-    assert doc["services"]["build-plans"]["image"] == pin  # trtexec of the same TensorRT
-    instructions = parse_dockerfile(ROOT / doc["services"]["triton"]["build"]["dockerfile"])
-    assert instructions[0] == ("FROM", pin)
+    pin = _defaults(doc["x-triton-image"])
+    assert pin == DEFAULT_IMAGE == "nvcr.io/nvidia/tritonserver:26.08-py3" == triton_release(DEFAULT_RELEASE).image
+    assert doc["services"]["build-plans"]["image"] == doc["x-triton-image"]  # trtexec of the same TensorRT
+    triton = doc["services"]["triton"]
+    build_args = {k: _defaults(v) for k, v in triton["build"]["args"].items()}
+    assert "${TRITON_RELEASE:-" in doc["x-triton-image"] and build_args["TRITON_RELEASE"] == DEFAULT_RELEASE
+    assert _defaults(triton["image"]).startswith(f"triton-builder/tritonserver:{DEFAULT_RELEASE}-py3")
+    instructions = parse_dockerfile(ROOT / triton["build"]["dockerfile"])
     args = dict(a.split("=", 1) for word, a in instructions if word == "ARG" and "=" in a)
-    # a cp310 wheel (the image's Python) that reads ONNX IR 10 / opset 20, what the exporter writes
-    major, minor, _ = (int(x) for x in args["ONNXRUNTIME_VERSION"].split("."))
-    assert (major, minor) >= (1, 17), args
+    froms = [a for word, a in instructions if word == "FROM"]
+    assert froms == ["nvcr.io/nvidia/tritonserver:${TRITON_RELEASE}-py3"] and args["TRITON_RELEASE"] == DEFAULT_RELEASE
+    # the release's own onnxruntime (python-backend and onnxruntime-backend models load the same), same as compose
+    assert args["ONNXRUNTIME_VERSION"] == build_args["ONNXRUNTIME_VERSION"] == \
+        python_backend_onnxruntime(triton_release(DEFAULT_RELEASE)), args
     run = " ".join(a for word, a in instructions if word == "RUN")
     assert '"onnxruntime==${ONNXRUNTIME_VERSION}"' in run and "numpy" in run
     assert "import onnxruntime" in run  # the build fails if the module does not import
