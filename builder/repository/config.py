@@ -32,8 +32,9 @@ class BackendInfo:
     template: str
     model_filename: str
     formats: tuple[str, ...]
-    embedded: bool  # the embedded (nvidia-pytriton) tritonserver can load it
+    embedded: bool  # the embedded (nvidia-pytriton) tritonserver has this backend itself
     triton_backend: str  # the backend library Triton needs
+    standin: bool = False  # the embedded server serves it through a Python-based stand-in (builder/serving/install.py)
 
 
 BACKENDS: dict[str, BackendInfo] = {}
@@ -44,11 +45,25 @@ def register_backend(info: BackendInfo) -> BackendInfo:
     return info
 
 
-register_backend(BackendInfo("onnxruntime_onnx", "onnxruntime_onnx.pbtxt.j2", "model.onnx", ("onnx",), False, "onnxruntime"))
-register_backend(BackendInfo("pytorch_libtorch", "pytorch_libtorch.pbtxt.j2", "model.pt", ("torchscript",), False, "pytorch"))
+register_backend(BackendInfo("onnxruntime_onnx", "onnxruntime_onnx.pbtxt.j2", "model.onnx", ("onnx",), False, "onnxruntime",
+                             standin=True))
+register_backend(BackendInfo("pytorch_libtorch", "pytorch_libtorch.pbtxt.j2", "model.pt", ("torchscript",), False, "pytorch",
+                             standin=True))
 register_backend(BackendInfo("tensorrt_plan", "tensorrt_plan.pbtxt.j2", "model.plan", ("plan",), False, "tensorrt"))
-register_backend(BackendInfo("openvino", "openvino.pbtxt.j2", "model.xml", ("openvino",), False, "openvino"))
+register_backend(BackendInfo("openvino", "openvino.pbtxt.j2", "model.xml", ("openvino",), False, "openvino",
+                             standin=True))
 register_backend(BackendInfo("python", "python.pbtxt.j2", "model.py", ("onnx", "torchscript", "openvino"), True, "python"))
+
+
+#: the parameter that sets intra-op threads per instance, as each backend reads it (the python backend's
+#: model.py and the stand-ins: intra_op_threads; Triton's C++ backends: their own names)
+THREAD_PARAMETERS = {"python": "intra_op_threads", "onnxruntime_onnx": "intra_op_thread_count",
+                     "pytorch_libtorch": "INTRA_OP_THREAD_COUNT", "openvino": "INFERENCE_NUM_THREADS"}
+
+
+def thread_parameter(parameters) -> str | None:
+    """Which of THREAD_PARAMETERS a config's ``parameters`` (a dict or a protobuf map) sets, or None."""
+    return next((key for key in THREAD_PARAMETERS.values() if key in parameters), None)
 
 
 def backend_info(name: str) -> BackendInfo:

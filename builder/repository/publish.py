@@ -66,6 +66,10 @@ def config_for(spec: ModelSpec, variant_format: str, target: str, name: str,
                       "intra_op_threads": str(threads), "non_finite_inputs": spec.deploy.non_finite_inputs}
     elif backend == "openvino":  # Triton's openvino backend: one synchronous request per instance
         parameters = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1", "INFERENCE_NUM_THREADS": str(threads)}
+    elif backend == "onnxruntime_onnx":  # the C++ onnxruntime backend's keys (sequential execution: one pool)
+        parameters = {"intra_op_thread_count": str(threads), "inter_op_thread_count": "1"}
+    elif backend == "pytorch_libtorch":  # libtorch: inference mode, intra-op threads (inter-op is process-wide)
+        parameters = {"INFERENCE_MODE": "true", "INTRA_OP_THREAD_COUNT": str(threads)}
     return ModelConfig(name=name, backend=backend, max_batch_size=spec.max_batch_size, inputs=inputs,
                        outputs=outputs, dynamic_batching=batching,
                        instance_groups=[InstanceGroup(kind, instances)],

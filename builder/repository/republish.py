@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import UserInputError
+from builder.repository.config import thread_parameter
 from builder.repository.description import VersionDescription
 from builder.repository.layout import latest_version, model_dir, not_in_repository, reserve_version
 from builder.repository.metadata import read_metadata
@@ -48,9 +49,9 @@ def renamed_config(winner_model: Path, name: str, sizing: tuple[int, int | None]
     for group in message.instance_group if sizing else ():
         if group.kind != group.KIND_GPU:
             group.count = sizing[0]
-    for key in ("intra_op_threads", "INFERENCE_NUM_THREADS"):  # python backend, openvino backend
-        if sizing and sizing[1] and key in message.parameters:
-            message.parameters[key].string_value = str(sizing[1])
+    key = thread_parameter(message.parameters)
+    if sizing and sizing[1] and key:
+        message.parameters[key].string_value = str(sizing[1])
     if delay_us is not None and message.HasField("dynamic_batching"):
         message.dynamic_batching.max_queue_delay_microseconds = delay_us
 
@@ -131,7 +132,7 @@ def publish_tuned(repository: str | Path, name: str, config_text: str, tuning: d
     extra: dict[str, bytes] = {n: (folder / n).read_bytes() for n in ("reference.npz",) + COPIED_EXTRAS
                                if (folder / n).is_file()}
     extra["tuning.json"] = (json.dumps(tuning, indent=2, default=str) + "\n").encode()
-    threads = (new.get("parameters") or {}).get("intra_op_threads", {}).get("string_value")
+    threads = (new.get("parameters") or {}).get(thread_parameter(new.get("parameters") or {}) or "", {}).get("string_value")
     record = dict(meta)
     record.update({
         "build_date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

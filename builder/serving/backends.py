@@ -1,7 +1,8 @@
 """Which models of a repository the embedded Triton server can serve, and why not the others.
 
 The backends come from builder/repository/config.py's registry (``BACKENDS``): a backend marked
-``embedded`` is in the nvidia-pytriton wheel; the platform names map to the backend Triton needs.
+``embedded`` is in the nvidia-pytriton wheel, one marked ``standin`` is served through a Python-based
+stand-in (templates/embedded_standins/model.py); the platform names map to the backend Triton needs.
 
 Usage::
 
@@ -15,10 +16,13 @@ from pathlib import Path
 from builder.errors import UserInputError
 from builder.repository.config import BACKENDS, parse_config
 
-__all__ = ["EMBEDDED_BACKENDS", "PLATFORM_BACKENDS", "unsupported_models", "model_dirs"]
+__all__ = ["EMBEDDED_BACKENDS", "STANDIN_BACKENDS", "PLATFORM_BACKENDS", "unsupported_models", "model_dirs"]
 
-#: Backends the embedded server has. Ensembles are run by the server core and need no backend.
-EMBEDDED_BACKENDS: tuple[str, ...] = tuple(dict.fromkeys(b.triton_backend for b in BACKENDS.values() if b.embedded))
+#: Backends the embedded server has, its own or a stand-in. Ensembles are run by the server core and need no backend.
+EMBEDDED_BACKENDS: tuple[str, ...] = tuple(dict.fromkeys(b.triton_backend for b in BACKENDS.values()
+                                                         if b.embedded or b.standin))
+#: Those served through a Python-based stand-in for the C++ backend of the NGC image.
+STANDIN_BACKENDS: tuple[str, ...] = tuple(dict.fromkeys(b.triton_backend for b in BACKENDS.values() if b.standin))
 
 #: Platforms Triton knows that the builder does not write, with the backend each needs.
 _OTHER_PLATFORMS = {"tensorflow_graphdef": "tensorflow", "tensorflow_savedmodel": "tensorflow", "openvino": "openvino"}
@@ -29,7 +33,7 @@ PLATFORM_BACKENDS: dict[str, str] = {
     **_OTHER_PLATFORMS,
 }
 
-_ALTERNATIVE = "serve its python-backend variant or use docker compose on a GPU host"
+_ALTERNATIVE = "serve it on the NGC image (docker compose on a GPU host), or build an onnx/torchscript/openvino variant"
 
 
 def model_dirs(repository: Path) -> list[Path]:

@@ -17,7 +17,9 @@ How it runs the binary (facts measured with nvidia-pytriton 0.7.0):
 
 - The backend directory is built in a temp folder: ``<tmp>/backends/python/`` links
   ``libtriton_python.so``, ``triton_python_backend_utils.py`` and the ``triton_python_backend_stub``
-  built for the running Python (``pytriton/tritonserver/python_backend_stubs/3.X/``).
+  built for the running Python (``pytriton/tritonserver/python_backend_stubs/3.X/``);
+  ``<tmp>/backends/{onnxruntime,pytorch,openvino}/model.py`` are Python-based stand-ins for Triton's C++
+  backends, so standard model folders (``onnxruntime_onnx`` + model.onnx, ...) load unchanged.
 - ``LD_LIBRARY_PATH`` starts with ``<site-packages>/nvidia_pytriton.libs`` and this interpreter's
   ``LIBDIR`` (the stub links ``libpython3.X.so``; another one on the system would win otherwise), and
   ``PATH`` starts with ``dirname(sys.executable)`` so the stub imports this environment's packages.
@@ -112,20 +114,33 @@ def find_tritonserver() -> TritonInstall:
 
 
 def build_backend_dir(install: TritonInstall, backends: Path) -> Path:
-    """``<backends>/python/`` linking (or copying) the backend library, its utils and the stub."""
+    """``<backends>/python/`` linking (or copying) the backend library, its utils and the stub; and
+    ``<backends>/{onnxruntime,pytorch,openvino}/`` holding the stand-in ``model.py`` (a Python-based backend:
+    Triton runs it with the python backend's library) and ``served_model.py`` beside it."""
+    from builder import assets
+    from builder.serving.backends import STANDIN_BACKENDS
+
     target = backends / "python"
     target.mkdir(parents=True, exist_ok=True)
-    for src, name in (
-        (install.backend_library, "libtriton_python.so"),
-        (install.backend_utils, "triton_python_backend_utils.py"),
-        (install.stub, "triton_python_backend_stub"),
-    ):
-        dst = target / name
-        try:
-            dst.symlink_to(src)
-        except OSError:
-            shutil.copy2(src, dst)
+    # a copy, not a link: Triton resolves the library's real path for Python-based backends and refuses one
+    # outside the backend directory ("backend library name 'libtriton_python.so' escapes backend directory")
+    shutil.copy2(install.backend_library, target / "libtriton_python.so")
+    for src, name in ((install.backend_utils, "triton_python_backend_utils.py"),
+                      (install.stub, "triton_python_backend_stub")):
+        _link(src, target / name)
+    for backend in STANDIN_BACKENDS:
+        folder = backends / backend
+        folder.mkdir(parents=True, exist_ok=True)
+        _link(assets.standin_backend_model(), folder / "model.py")
+        _link(assets.python_backend_model(), folder / "served_model.py")
     return backends
+
+
+def _link(src: Path, dst: Path) -> None:
+    try:
+        dst.symlink_to(src)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def server_environment(install: TritonInstall) -> dict[str, str]:

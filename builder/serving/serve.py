@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 from builder.errors import ServerDiedError, UserInputError
 from builder.processes import stop_signals
-from builder.serving.backends import EMBEDDED_BACKENDS
+from builder.serving.backends import EMBEDDED_BACKENDS, STANDIN_BACKENDS
 from builder.serving.embedded import EmbeddedServer
 from builder.serving.hang_watch import HANG_PROBE_INTERVAL_S, HANG_PROBE_MISSES, HangWatch
 from builder.serving.server_log import describe_exit as _describe_exit
@@ -176,6 +176,8 @@ def _announce_started(server: EmbeddedServer, announce: Callable[[str], object],
 
     announce(f"Triton server (embedded: Triton {triton_release(EMBEDDED_RELEASE).triton} = NGC {EMBEDDED_RELEASE}, "
              f"backends: {', '.join(EMBEDDED_BACKENDS)}) is ready, pid {server.pid}")
+    announce(f"  note     {', '.join(STANDIN_BACKENDS)} here are Python-based stand-ins for the NGC image's C++ backends: "
+             "they load the same standard folders with this environment's runtimes")
     announce(f"  HTTP     {server.http_url}   (http://{server.http_url}/v2/health/ready)")
     announce(f"  gRPC     {server.grpc_url}")
     announce(f"  metrics  {server.metrics_url}")

@@ -10,7 +10,7 @@ import datetime as dt
 
 from builder.host import host_profile, serving_size, size_queue_delay
 from builder.monitoring.drift_profile import build_profile, profile_text
-from builder.repository.config import render_config
+from builder.repository.config import render_config, thread_parameter
 from builder.repository.description import VersionDescription
 from builder.repository.interface import InterfaceChange, interface_change
 from builder.repository.layout import check_version_free, reserve_version
@@ -104,7 +104,8 @@ def _describe(ctx: BuildContext, variant: Variant, name: str, version: int,
         record.setdefault("notes", []).append(NO_DRIFT_PROFILE)
         said = f"  {name} version {version}: {NO_DRIFT_PROFILE}"
     record["serving"] = {"instances": config.instance_groups[0].count,
-                         "intra_op_threads": int(config.parameters.get("intra_op_threads", 0)) or None,
+                         "intra_op_threads": int(config.parameters.get(thread_parameter(config.parameters) or "", 0))
+                         or None,
                          "sized": ("from the spec (deploy.instances)" if not ctx.spec.deploy.instances_auto else
                                    "GPU target: from the spec" if ctx.target == "gpu" else sizing[2] if sizing else
                                    "not sized: no benchmark (--benchmark-seconds 0); run `triton-builder select`")}

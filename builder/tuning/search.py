@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import ServerError, UserInputError
+from builder.repository.config import thread_parameter
 from builder.serving.client import ServerGone
 
 SATURATION_GAIN = 1.05  # a level that adds less than 5 % throughput counts as saturated
@@ -71,8 +72,9 @@ class Candidate:
             cfg.pop("dynamic_batching", None)
         groups = cfg.get("instance_group") or [{"kind": "KIND_CPU"}]
         cfg["instance_group"] = [dict(g, count=self.instances) for g in groups]
-        if self.threads and "intra_op_threads" in (cfg.get("parameters") or {}):
-            cfg["parameters"]["intra_op_threads"] = {"string_value": str(self.threads)}
+        key = thread_parameter(cfg.get("parameters") or {})
+        if self.threads and key:
+            cfg["parameters"][key] = {"string_value": str(self.threads)}
         for warmup in cfg.get("model_warmup", []):
             if self.max_batch_size and int(warmup.get("batch_size", 1)) > self.max_batch_size:
                 warmup["batch_size"] = self.max_batch_size

@@ -87,6 +87,7 @@ from typing import Any, Callable
 from builder.errors import ServerError, UserInputError
 from builder.files import output_folder
 from builder.processes import terminate_as_interrupt
+from builder.repository.config import thread_parameter
 from builder.serving.client import ServerGone
 from builder.serving.startup import bytecode_dirs, remove_new_bytecode
 from builder.tuning.search import Candidate, ModelControl, Search, best_candidate as _best, built_candidate
@@ -289,9 +290,10 @@ def _check_arguments(p99_budget_ms, seconds_per_candidate, window_s, protocol, t
 
 
 def _built_threads(base: dict) -> str | None:
-    """The config's intra_op_threads parameter as written; None where it has none (only python-backend
-    models built by triton-builder take it)."""
-    return ((base.get("parameters") or {}).get("intra_op_threads") or {}).get("string_value")
+    """The config's intra-op thread parameter as written (builder/repository/config.py THREAD_PARAMETERS);
+    None where it has none."""
+    parameters = base.get("parameters") or {}
+    return (parameters.get(thread_parameter(parameters) or "") or {}).get("string_value")
 
 
 def _thread_counts(base: dict, given) -> list[int]:
@@ -300,8 +302,9 @@ def _thread_counts(base: dict, given) -> list[int]:
     python backend takes it)."""
     if _built_threads(base) is None:
         if given:
-            raise UserInputError("--threads: this model's config has no intra_op_threads parameter "
-                                 "(only python-backend models built by triton-builder take it)")
+            raise UserInputError("--threads: this model's config sets no intra-op thread count (intra_op_threads, "
+                                 "intra_op_thread_count, INTRA_OP_THREAD_COUNT or INFERENCE_NUM_THREADS): rebuild "
+                                 "it with triton-builder, which writes the one its backend reads")
         return []
     return [] if given is None else _csv_ints(given, "threads", 1)
 

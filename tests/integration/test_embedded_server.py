@@ -62,28 +62,29 @@ def _config(name: str, kind: str) -> str:
     )
 
 
-def _onnx_model(repo: Path, name: str) -> None:
+def _plan_model(repo: Path, name: str) -> None:
+    """A TensorRT plan folder: the one standard backend the embedded server has no stand-in for."""
     (repo / name / "1").mkdir(parents=True)
-    (repo / name / "config.pbtxt").write_text(_config(name, 'platform: "onnxruntime_onnx"'))
+    (repo / name / "config.pbtxt").write_text(_config(name, 'platform: "tensorrt_plan"'))
 
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
-    """add_one, add_one_b (same code), broken (raises in initialize), onnx_model (no backend here)."""
+    """add_one, add_one_b (same code), broken (raises in initialize), plan_model (no backend here)."""
     repo = tmp_path_factory.mktemp("repo")
     python_model(repo, "add_one", ADD_ONE_PY)
     python_model(repo, "add_one_b", ADD_ONE_PY)
     python_model(repo, "broken", BAD_PY)
-    _onnx_model(repo, "onnx_model")
+    _plan_model(repo, "plan_model")
     return repo
 
 
 @pytest.fixture(scope="module")
 def small_repo(tmp_path_factory) -> Path:
-    """Every supported model in it loads: add_one and onnx_model (left out)."""
+    """Every supported model in it loads: add_one and plan_model (left out)."""
     repo = tmp_path_factory.mktemp("small_repo")
     python_model(repo, "add_one", ADD_ONE_PY)
-    _onnx_model(repo, "onnx_model")
+    _plan_model(repo, "plan_model")
     return repo
 
 
@@ -154,17 +155,21 @@ def test_find_tritonserver():
 
 def test_unsupported_models_reasons(tmp_path):
     python_model(tmp_path, "py", ADD_ONE_PY)
-    _onnx_model(tmp_path, "onnx")
-    (tmp_path / "trt").mkdir()
-    (tmp_path / "trt" / "config.pbtxt").write_text('name: "trt"\nplatform: "tensorrt_plan"\n')
-    (tmp_path / "torch").mkdir()
-    (tmp_path / "torch" / "config.pbtxt").write_text('backend: "pytorch"\n')
+    _plan_model(tmp_path, "plan")
+    (tmp_path / "tf").mkdir()
+    (tmp_path / "tf" / "config.pbtxt").write_text('name: "tf"\nplatform: "tensorflow_savedmodel"\n')
+    (tmp_path / "dali").mkdir()
+    (tmp_path / "dali" / "config.pbtxt").write_text('backend: "dali"\n')
+    for name, engine in (("onnx", 'platform: "onnxruntime_onnx"'), ("torch", 'backend: "pytorch"'),
+                         ("ov", 'backend: "openvino"')):  # standard folders: served through the stand-ins
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.pbtxt").write_text(f'name: "{name}"\n{engine}\n')
     (tmp_path / "noconfig" / "1").mkdir(parents=True)
     (tmp_path / "garbled").mkdir()
     (tmp_path / "garbled" / "config.pbtxt").write_text('name: "garbled"\nbackend: "python"\nnot_a_field: 3\n')
     (tmp_path / "renamed").mkdir()
     (tmp_path / "renamed" / "config.pbtxt").write_text('name: "other"\nbackend: "python"\n')
-    for ens, step in (("ens_ok", "py"), ("ens_bad", "onnx")):
+    for ens, step in (("ens_ok", "py"), ("ens_bad", "plan")):
         (tmp_path / ens).mkdir()
         (tmp_path / ens / "config.pbtxt").write_text(
             f'name: "{ens}"\nplatform: "ensemble"\nensemble_scheduling {{ step [ {{ model_name: "{step}" model_version: -1 }} ] }}\n'
@@ -172,21 +177,21 @@ def test_unsupported_models_reasons(tmp_path):
     (tmp_path / "README.md").write_text("not a model")
 
     reasons = unsupported_models(tmp_path)
-    assert set(reasons) == {"onnx", "trt", "torch", "noconfig", "garbled", "renamed", "ens_bad"}
-    assert "onnxruntime_onnx" in reasons["onnx"] and "'onnxruntime' backend" in reasons["onnx"]
-    assert "'tensorrt'" in reasons["trt"]
-    assert "pytorch" in reasons["torch"]
+    assert set(reasons) == {"plan", "tf", "dali", "noconfig", "garbled", "renamed", "ens_bad"}
+    assert "tensorrt_plan" in reasons["plan"] and "'tensorrt' backend" in reasons["plan"]
+    assert "'tensorflow'" in reasons["tf"]
+    assert "dali" in reasons["dali"]
     assert "no config.pbtxt" in reasons["noconfig"]
     assert "not_a_field" in reasons["garbled"]  # quotes the parse error
     assert "other" in reasons["renamed"]
-    assert "'onnx'" in reasons["ens_bad"]
+    assert "'plan'" in reasons["ens_bad"]
 
 
 def test_bad_arguments(repo, tmp_path):
     with pytest.raises(UserInputError, match="not_there"):
         EmbeddedServer(repo, load_models=["not_there"]).start()
-    with pytest.raises(UserInputError, match="onnxruntime"):
-        EmbeddedServer(repo, load_models=["onnx_model"]).start()
+    with pytest.raises(UserInputError, match="tensorrt"):
+        EmbeddedServer(repo, load_models=["plan_model"]).start()
     with pytest.raises(UserInputError, match="not a directory"):
         EmbeddedServer(tmp_path / "missing").start()
     with pytest.raises(UserInputError, match="model_control"):
@@ -209,12 +214,12 @@ def test_serves_http_and_grpc(server):
 
 
 def test_unsupported_model_left_out(server):
-    assert set(server.left_out) == {"onnx_model"}
-    assert "onnxruntime" in server.left_out["onnx_model"]
+    assert set(server.left_out) == {"plan_model"}
+    assert "tensorrt" in server.left_out["plan_model"]
     assert server.models == ["add_one"]
     assert server.model_ready("add_one")
-    with pytest.raises(ServerError, match="onnxruntime"):
-        server.load_model("onnx_model")
+    with pytest.raises(ServerError, match="tensorrt"):
+        server.load_model("plan_model")
 
 
 def test_load_and_unload(server):
@@ -254,7 +259,7 @@ def test_start_with_failing_model_raises_and_cleans_up(repo):
 
 def test_none_mode_serves_what_it_can(small_repo):
     with EmbeddedServer(small_repo, model_control="none") as s:
-        assert "onnx_model" in s.left_out
+        assert "plan_model" in s.left_out
         assert s.is_ready()
         np.testing.assert_allclose(_infer_http(s.http_url, "add_one", X), X + 1)
 
@@ -400,7 +405,7 @@ def test_serve_forever_stops_on_sigterm(small_repo):
     proc, lines = _serve_in_subprocess(small_repo)
     try:
         out = _read_until(lines, "Stop with", timeout=60)
-        assert "onnx_model" in out and "onnxruntime" in out
+        assert "plan_model" in out and "tensorrt" in out
         pid = int(re.search(r"pid (\d+)", out).group(1))
         http = re.search(r"HTTP\s+(\S+)", out).group(1)
         assert re.search(r"gRPC\s+127\.0\.0\.1:\d+", out)

@@ -112,3 +112,37 @@ def test_backend_choice_per_target():
     assert backend_for("cpu", "openvino") == "openvino"
     with pytest.raises(UserInputError, match="embedded target serves ONNX, TorchScript and OpenVINO IR only"):
         backend_for("embedded", "plan")
+
+
+PUBLISHED = [("onnx", "cpu", "onnxruntime_onnx"), ("torchscript", "cpu", "pytorch_libtorch"),
+             ("openvino", "cpu", "openvino"), ("onnx", "embedded", "python")]
+
+
+def _published(fmt: str, target: str) -> str:
+    from builder.repository.publish import config_for
+    from builder.spec import load_spec
+
+    spec = load_spec(Path(__file__).resolve().parents[2] / "examples" / "digits" / "spec.yaml")
+    return render_config(config_for(spec, fmt, target, "digits_cnn", {"logits": ("float32", [10])}, sizing=(2, 3),
+                                    queue_delay_us=100))
+
+
+@pytest.mark.parametrize("fmt, target, backend", PUBLISHED)
+def test_published_config_carries_the_backends_own_parameters(fmt, target, backend):
+    """What a build publishes for each backend (sized 2 instances x 3 threads): the golden file, parsed with
+    Triton's schema, with the thread count under the name that backend reads (THREAD_PARAMETERS)."""
+    from builder.repository.config import THREAD_PARAMETERS
+
+    text = _published(fmt, target)
+    golden = GOLDEN / f"published_{backend}.pbtxt"
+    assert text == golden.read_text(), f"published config differs from {golden}"
+    parsed = parse_config(text)
+    params = {k: v.string_value for k, v in parsed.parameters.items()}
+    assert params[THREAD_PARAMETERS[backend]] == "3" and parsed.instance_group[0].count == 2
+    assert [w.name for w in parsed.model_warmup] == ["warmup_batch1"]
+    if backend == "onnxruntime_onnx":
+        assert parsed.platform == "onnxruntime_onnx" and params == {"intra_op_thread_count": "3",
+                                                                      "inter_op_thread_count": "1"}
+    if backend == "pytorch_libtorch":
+        assert parsed.platform == "pytorch_libtorch" and params == {"INFERENCE_MODE": "true",
+                                                                      "INTRA_OP_THREAD_COUNT": "3"}

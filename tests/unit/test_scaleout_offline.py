@@ -275,11 +275,11 @@ def test_inspect_repository_leaves_out_what_the_embedded_server_cannot_run(s3, t
     repo = tmp_path / "repo"
     _add_version(repo)
     publish_repository(repo, URL, client=s3.client)
-    onnx = CONFIG.replace('name: "m"', 'name: "o"').replace('backend: "python"', 'platform: "onnxruntime_onnx"')
-    s3.put_bytes(onnx.encode(), "o", "config.pbtxt")
+    plan = CONFIG.replace('name: "m"', 'name: "o"').replace('backend: "python"', 'platform: "tensorrt_plan"')
+    s3.put_bytes(plan.encode(), "o", "config.pbtxt")
     names, left_out, versions = inspect_repository(URL, client=s3.client)
     assert names == ["m", "o"] and versions == {"m": [1]}
-    assert "onnxruntime" in left_out["o"] and "/tmp" not in left_out["o"]
+    assert "tensorrt" in left_out["o"] and "/tmp" not in left_out["o"]
 
 
 def test_serve_warns_when_an_s3_repositorys_version_was_measured_on_another_host(s3, tmp_path):

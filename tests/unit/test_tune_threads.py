@@ -40,7 +40,7 @@ def test_thread_counts_are_only_those_given():
     assert _thread_counts(PYTHON_BASE, None) == []
     assert _thread_counts(PYTHON_BASE, [1, 3]) == [1, 3]
     assert _thread_counts({"backend": "onnxruntime"}, None) == []
-    with pytest.raises(UserInputError, match="--threads: this model's config has no intra_op_threads"):
+    with pytest.raises(UserInputError, match="--threads: this model's config sets no intra-op thread count"):
         _thread_counts({"backend": "onnxruntime"}, [2])
 
 
