@@ -237,16 +237,19 @@ def _search(ctx: BuildContext, base: Variant, prepared: Path, quantize, first, o
             return quant_search.Result(False, failures=["no node was quantised (no op of these types)"])
         return _evaluate_model(ctx, open_runner("onnx", trial, *names), fp32)
 
-    candidates = [first] + [c for c in (candidates or quant_search.default_candidates(q.calibration_samples))
-                            if c != first]
+    dynamic = first.quant_format == "dynamic"
+    priors = quant_search.host_priors(host_isa_flags(), dynamic)
+    candidates = quant_search.with_priors(
+        first, priors, candidates or quant_search.default_candidates(q.calibration_samples))
+    tried_first = 1 + sum(1 for c in priors if c != first)
     remeasure = _remeasurer(ctx, quantize, fp32, out_dir, names)
-    # auto: search on only when the default recipe fails verification or is STABLY slower than FP32
+    # auto: the default and this host's priors always; on only while nothing settles it (quant_search.auto_settled)
     stop = (lambda rows: bool(nothing) or (  # noqa: E731
-        q.search == "auto" and len(rows) == 1 and rows[0].verdict == quant_search.PASS
-        and not quant_search.stably_slower(rows[0], remeasure)))
+        q.search == "auto" and quant_search.auto_settled(rows, tried_first, remeasure)))
     kind = "dynamic" if first.quant_format == "dynamic" else "static"  # a build may search both: say which
     ctx.progress(f"  quantisation search, {kind} INT8 ({q.search}, budget {q.search_seconds:g} s) ...")
-    rows = quant_search.search(candidates, evaluate, q.search_seconds, clock, stop_when=stop)
+    # the recipes get SEARCH_SHARE of the budget: the per-node FP32 fallback is always left time to run
+    rows = quant_search.search(candidates, evaluate, q.search_seconds * SEARCH_SHARE, clock, stop_when=stop)
     if nothing:
         _remove(trial)
         raise _nothing_quantized(prepared, f"quantize_{'dynamic' if first.quant_format == 'dynamic' else 'static'}")
@@ -264,7 +267,15 @@ def _search(ctx: BuildContext, base: Variant, prepared: Path, quantize, first, o
     return rows, chosen
 
 
+def host_isa_flags() -> list[str]:
+    """This CPU's ISA flags of note (builder/host.py): which recipes won on this host class before."""
+    from builder.host import host_profile
+
+    return list(host_profile(with_gpu=False)["isa_flags"])
+
+
 RUNOFF_SECONDS = 3.0  # the finalists and FP32 side by side, in turns
+SEARCH_SHARE = 0.6  # of quantization.search_seconds for the recipe list; the rest is the fallback's
 
 
 def _remeasurer(ctx: BuildContext, quantize, fp32, out_dir: Path, names):

@@ -249,3 +249,40 @@ def test_one_slow_measurement_on_a_busy_host_is_noise_not_a_search_trigger():
         quiet = _remeasurer([])
         assert stably_slower(Row(DEFAULT, Result(True, 0.02, 0.0, speed), PASS), quiet) is False
         assert quiet.calls == 0
+
+
+def test_host_priors_follow_the_isa_and_come_right_after_the_default():
+    from builder.quant_search import host_priors, with_priors
+
+    u8s8_rr = replace(DEFAULT, activation_type="U8", weight_type="S8", reduce_range=True)
+    assert host_priors(["avx2", "avx512f", "avx512_vnni"]) == [u8s8_rr]
+    assert host_priors(["avx2"]) == [replace(DEFAULT, reduce_range=True),
+                                     replace(DEFAULT, activation_type="U8", weight_type="U8")]
+    assert host_priors(["avx2", "avx512_vnni"], dynamic=True) == [replace(DYNAMIC, per_channel=True)]
+    ordered = with_priors(DEFAULT, [u8s8_rr], default_candidates())
+    assert ordered[:2] == [DEFAULT, u8s8_rr] and len(ordered) == len(default_candidates())  # each recipe once
+
+
+def _row(speed, passed=True, error=0.02, candidate=DEFAULT):
+    from builder.quant_search import Row
+
+    result = Result(passed, error, 0.0, speed, [] if passed else ["f"])
+    return Row(candidate, result, PASS if passed else "FAIL: f")
+
+
+def test_auto_settles_only_after_the_priors_and_only_on_a_clear_win_or_a_stable_slowdown():
+    from builder.quant_search import auto_settled
+
+    never = lambda cands: (_ for _ in ()).throw(AssertionError("no re-measurement expected"))  # noqa: E731
+    prior = replace(DEFAULT, activation_type="U8", reduce_range=True)
+    assert not auto_settled([_row(2.5)], 2, never)  # the prior is still to be tried
+    assert auto_settled([_row(0.9), _row(2.9, candidate=prior)], 2, never)  # a clear win
+    assert not auto_settled([_row(None, False), _row(None, False, candidate=prior)], 2, never)  # nothing passed
+    # the noisy band: 0.90x is neither a win nor a slowdown: search on, nothing re-measured
+    assert not auto_settled([_row(0.9), _row(0.88, candidate=prior)], 2, never)
+    # 0.80x once, but at FP32 speed when re-measured side by side: noise, so search on
+    rows = [_row(0.8), _row(0.82, candidate=prior)]
+    assert not auto_settled(rows, 2, lambda cands: [1.0])
+    assert rows[0].remeasured and not auto_settled(rows, 2, never)  # decided once, not re-measured again
+    # stably slower in every re-measurement: INT8 loses on this host
+    assert auto_settled([_row(0.6), _row(0.5, candidate=prior)], 2, lambda cands: [0.6])
