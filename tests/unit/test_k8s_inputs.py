@@ -44,3 +44,20 @@ def test_k8s_cli_refuses_a_bad_image_with_exit_code_2(tmp_path):
     result = run_cli("k8s", "--repository-url", "s3://models/prod", "--out", str(tmp_path), "--image",
                      "foo bar:latest", "--no-validate")
     assert result.returncode == 2 and "--image 'foo bar:latest': not a valid image reference" in result.stderr
+
+
+def test_the_image_follows_the_triton_release(tmp_path):
+    """k8s runs the stock NGC image of --triton-release (default: the newest in the release table)."""
+    out = tmp_path / "k8s"
+    proc = run_cli("k8s", "--repository-url", "s3://models-bucket/prod", "--out", str(out), "--triton-release", "26.07",
+                   "--no-validate")
+    assert proc.returncode == 0, proc.stderr
+    assert "nvcr.io/nvidia/tritonserver:26.07-py3" in (out / "base" / "triton-deployment.yaml").read_text()
+    assert DEFAULT_IMAGE == "nvcr.io/nvidia/tritonserver:26.08-py3"
+    both = run_cli("k8s", "--repository-url", "s3://models-bucket/prod", "--out", str(tmp_path / "x"),
+                   "--triton-release", "26.07", "--image", "triton:1", "--no-validate")
+    assert both.returncode == 2 and "--image and --triton-release both name the Triton image" in both.stderr
+    unknown = run_cli("k8s", "--repository-url", "s3://models-bucket/prod", "--out", str(tmp_path / "y"),
+                      "--triton-release", "19.01", "--no-validate")
+    assert unknown.returncode == 2 and "--triton-release 19.01: not in triton-builder's runtime table" in unknown.stderr
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
