@@ -22,6 +22,7 @@ from builder.spec_checks import check_dynamic_sizes, check_input_ranges
 from builder.spec_compression import CompressionSpec, parse_compression, parse_training
 from builder.spec_fields import collect_unknown_keys, is_number, read_yaml, validate_tensor_name
 from builder.spec_fields import Fields as _Fields
+from builder.task_metrics import METRICS, TOLERANCE_KEYS as TASK_TOLERANCE_KEYS, lossy_tolerance
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}\Z")
 MODULE_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*\Z")
@@ -125,9 +126,13 @@ class VerifySpec:
     tolerances: dict[str, dict[str, float]] = field(default_factory=dict)
     max_accuracy_drop: float = 1.0  # percentage points
     seed: int = 0
+    metric: str = "rel_l2"  # builder/task_metrics.py: rel_l2 | embedding (lossy variants judged as embeddings)
 
     def tolerance(self, precision: str) -> dict[str, float]:
         merged = dict(DEFAULT_TOLERANCES.get(precision, DEFAULT_TOLERANCES["fp32"]))
+        if self.metric != "rel_l2" and precision != "fp32":  # FP32 variants stay element-wise exact
+            merged.pop("rel_l2", None)
+            merged.update(lossy_tolerance(self.metric))
         merged.update(self.tolerances.get(precision, {}))
         return merged
 
@@ -215,7 +220,7 @@ _SOURCE_KEYS = ("module", "torchscript", "onnx", "weights")
 _INPUT_KEYS = ("name", "dtype", "shape", "value_range", "min_shape", "opt_shape", "max_shape")
 _OUTPUT_KEYS = ("name", "dtype", "shape")
 _DATA_KEYS = ("calibration", "validation", "training")
-_VERIFY_KEYS = ("batch_sizes", "dynamic_sizes", "tolerances", "max_accuracy_drop", "seed")
+_VERIFY_KEYS = ("batch_sizes", "dynamic_sizes", "tolerances", "max_accuracy_drop", "seed", "metric")
 _DEPLOY_KEYS = (
     "target", "instances", "dynamic_batching", "max_queue_delay_microseconds",
     "preferred_batch_sizes", "warmup", "publish_variants", "version_policy", "onnx_tensorrt", "non_finite_inputs",
@@ -225,7 +230,7 @@ NON_FINITE_POLICIES = ("count", "reject")
 INSTANCE_KINDS = ("auto", "cpu", "gpu")
 _ONNX_KEYS = ("exporter", "opset")
 _QUANTIZATION_KEYS = ("calibration_method", "calibration_samples", "search", "search_seconds")
-_TOLERANCE_KEYS = ("rel_l2", "max_abs", "min_cosine", "max_mismatch")
+_TOLERANCE_KEYS = ("rel_l2", "max_abs", "min_cosine", "max_mismatch", *TASK_TOLERANCE_KEYS)
 
 
 def load_spec(path: str | Path) -> ModelSpec:
@@ -387,6 +392,8 @@ def _parse_verify(raw: Any, origin: str, max_batch_size: int) -> VerifySpec:
                 raise tf.error(f"must be a finite number >= 0, got {value!r}", key)
             if key == "max_mismatch" and value > 1:
                 raise tf.error(f"is a share of the values (0 to 1, e.g. 0.01 for 1 %), got {value!r}", key)
+            if key.startswith("min_") and value > 1:
+                raise tf.error(f"is a similarity or share of at most 1, got {value!r}", key)
         tolerances[precision] = {k: float(v) for k, v in tf.data.items()}
     drop = f.get("max_accuracy_drop", 1.0)
     if not is_number(drop) or drop < 0:
@@ -397,6 +404,7 @@ def _parse_verify(raw: Any, origin: str, max_batch_size: int) -> VerifySpec:
         tolerances=tolerances,
         max_accuracy_drop=float(drop),
         seed=f.integer("seed", 0, minimum=0),
+        metric=f.choice("metric", "rel_l2", tuple(METRICS)),
     )
 
 

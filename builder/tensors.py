@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from builder.spec import ModelSpec, TensorSpec
+from builder.task_metrics import NUMBERS as EMBEDDING_NUMBERS, embedding_failures, embedding_metrics
 
 EPS = 1e-12
 
@@ -237,6 +238,7 @@ def compare_outputs(reference: dict[str, np.ndarray], got: dict[str, np.ndarray]
             "ref_max": float(r.max()) if r.size else 0.0,
             **exact,
             **({} if exact else _lost_column(np.asarray(ref, dtype=np.float64), np.asarray(out, dtype=np.float64))),
+            **({} if exact else embedding_metrics(np.asarray(ref), np.asarray(out))),
         }
     return metrics
 
@@ -281,7 +283,7 @@ def merge_case_metrics(per_case: list[dict[str, dict[str, float]]]) -> dict[str,
                         into[key] = value
                 elif not isinstance(value, (int, float)):
                     into[key] = value
-                elif key in ("cosine", "ref_min"):
+                elif key in ("cosine", "ref_min", *EMBEDDING_NUMBERS):
                     into[key] = min(into.get(key, value if key == "ref_min" else 1.0), value)
                 elif key in ("compared", "finite", "mismatched", "nonfinite_in_variant"):
                     into[key] = into.get(key, 0.0) + value
@@ -344,6 +346,7 @@ def tolerance_failures(metrics: dict[str, dict[str, float]], tolerance: dict[str
             broken.append(f"max abs {m['max_abs']:.1e} > atol {tolerance.get('max_abs', float('inf')):.0e}")
         if "min_cosine" in tolerance and not m["cosine"] >= tolerance["min_cosine"]:  # a flipped sign rounds below -1
             broken.append(f"cosine {m['cosine']:.6f} < {tolerance['min_cosine']}")
+        broken += embedding_failures(m, tolerance)
         if not m.get("lost_column_rel_l2", 0.0) <= max(LOST_COLUMN_REL_L2, tolerance.get("rel_l2", 0.0)):
             broken.append(f"{m['lost_column']} is lost: rel L2 {m['lost_column_rel_l2']:.1e} of its own values "
                           "(a mixed-scale output keeps its small part only as separate outputs, or in a variant "

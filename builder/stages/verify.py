@@ -15,6 +15,7 @@ from builder.repository.triton_releases import libtorch_failure, onnx_runtime_fo
 from builder.runtime import open_runner, tensorrt_unavailable_reason
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import accuracy_drop_failure, judged_precision
+from builder.task_metrics import NUMBERS as TASK_NUMBERS, TOLERANCE_KEYS as TASK_TOLERANCE_KEYS
 from builder.tensors import (UNMEASURED, beyond_the_cases, class_id_outputs, compare_outputs, merge_case_metrics,
                              tolerance_failures, top1_accuracy)
 
@@ -78,6 +79,7 @@ def verify_variant(ctx: BuildContext, variant: Variant) -> list[str]:
         samples = ref.validation_samples(spec.batching)
         variant.verification["validation"] = {"samples": samples, "rel_l2": {
             name: m.get("rel_l2") for name, m in on_validation.items()}}
+        _note_task_metric(ctx, variant, on_validation, tolerance, samples)
         if variant.verified_by != "task_accuracy":
             failures += beyond_the_cases(on_validation, tolerance, failures, samples)
         elif ref.labels is not None:  # the untrained outputs on every sample too
@@ -94,6 +96,23 @@ def verify_variant(ctx: BuildContext, variant: Variant) -> list[str]:
             if over:
                 failures.append(f"{first}: top-1 accuracy {var_top1:.2f}% vs reference {ref_top1:.2f}%: {over}")
     return failures
+
+
+def _note_task_metric(ctx: BuildContext, variant: Variant, metrics: dict, tolerance: dict, samples: int) -> None:
+    """The task metric's numbers on the validation set (verify.metric other than rel_l2, lossy variants):
+    recorded beside the verdict and said in the variant's notes, passing or not."""
+    metric = ctx.spec.verify.metric
+    if metric == "rel_l2" or not any(key in tolerance for key in TASK_TOLERANCE_KEYS):
+        return
+    numbers = {name: {k: m[k] for k in TASK_NUMBERS if k in m} for name, m in metrics.items() if not m.get("integer")}
+    variant.verification["task_metric"] = {"metric": metric, "samples": samples, "numbers": numbers,
+                                           "limits": {k: tolerance[k] for k in TASK_TOLERANCE_KEYS if k in tolerance}}
+    said = "; ".join(f"{name}: per-sample cosine {n.get('row_cosine_min', float('nan')):.4f}, similarity-order "
+                     f"Spearman {n.get('spearman', float('nan')):.4f}, top-5 neighbours kept "
+                     f"{n.get('neighbours_kept', float('nan')):.3f}" for name, n in numbers.items())
+    note = f"judged as an {metric} on {samples} validation samples (verify.metric): {said}"
+    variant.notes.append(note)
+    ctx.progress(f"  {variant.name}: {note}")
 
 
 def _task_accuracy_only(ctx: BuildContext, variant: Variant, own: list[dict], metrics: dict) -> list[str]:

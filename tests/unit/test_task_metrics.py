@@ -1,0 +1,89 @@
+"""Task-aware verification (builder/task_metrics.py, verify.metric): an embedding judged by per-sample cosine,
+similarity order and nearest neighbours, with injected outputs; and the verdict a real build records."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from builder.errors import UserInputError
+from builder.spec import VerifySpec
+from builder.task_metrics import embedding_failures, embedding_metrics
+from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures
+
+RNG = np.random.default_rng(0)
+REFERENCE = RNG.normal(size=(64, 32)).astype(np.float32)
+EMBEDDING = VerifySpec(metric="embedding")
+
+
+def test_a_rescaled_embedding_keeps_its_task_but_fails_a_whole_tensor_rel_l2():
+    """Every vector scaled by 0.8-1.2 (what an INT8 scale error does): direction, order and neighbours are
+    intact, so a retrieval user sees no change; a whole-tensor rel L2 reads ~0.11 and refuses it."""
+    scaled = REFERENCE * RNG.uniform(0.8, 1.2, size=(64, 1)).astype(np.float32)
+    metrics = compare_outputs({"embedding": REFERENCE}, {"embedding": scaled})
+    m = metrics["embedding"]
+    assert m["rel_l2"] > 0.1 and m["row_cosine_min"] > 0.9999 and m["spearman"] > 0.999 and m["neighbours_kept"] == 1
+    assert tolerance_failures(metrics, VerifySpec().tolerance("int8"))  # rel_l2 metric: refused
+    assert tolerance_failures(metrics, EMBEDDING.tolerance("int8")) == []  # embedding metric: passes
+
+
+def test_a_scrambled_embedding_fails_with_its_numbers():
+    noisy = REFERENCE + RNG.normal(scale=1.0, size=REFERENCE.shape).astype(np.float32)
+    metrics = compare_outputs({"embedding": REFERENCE}, {"embedding": noisy})
+    failures = tolerance_failures(metrics, EMBEDDING.tolerance("int8"))
+    assert len(failures) == 1 and failures[0].startswith("embedding: per-sample cosine ")
+    assert "similarity-order Spearman" in failures[0] and "top-5 neighbours kept" in failures[0]
+
+
+def test_order_and_neighbours_need_four_samples_and_merge_to_the_worst_case():
+    assert set(embedding_metrics(REFERENCE[:3], REFERENCE[:3])) == {"row_cosine_min"}
+    assert embedding_metrics(REFERENCE[0], REFERENCE[0]) == {}  # one vector: no samples to tell apart
+    swapped = REFERENCE[:8].copy()
+    swapped[[0, 1]] = swapped[[1, 0]]  # two samples answered with each other's vectors
+    merged = merge_case_metrics([compare_outputs({"e": REFERENCE[:8]}, {"e": REFERENCE[:8]}),
+                                 compare_outputs({"e": REFERENCE[:8]}, {"e": swapped})])
+    assert merged["e"]["row_cosine_min"] < 0.5 and merged["e"]["spearman"] < 1.0
+    assert embedding_failures(merged["e"], {"min_row_cosine": 0.99})[0].startswith("per-sample cosine ")
+
+
+def test_the_metric_applies_to_lossy_variants_and_fp32_stays_exact():
+    assert "rel_l2" not in EMBEDDING.tolerance("int8") and EMBEDDING.tolerance("int8")["min_row_cosine"] == 0.99
+    assert EMBEDDING.tolerance("fp32")["rel_l2"] == 1e-5 and "min_row_cosine" not in EMBEDDING.tolerance("fp32")
+    custom = VerifySpec(metric="embedding", tolerances={"int8": {"min_spearman": 0.95}})
+    assert custom.tolerance("int8")["min_spearman"] == 0.95
+
+
+def test_an_unknown_metric_or_a_similarity_over_one_is_refused_naming_the_field(digits_copy):
+    from builder.spec import load_spec
+    from tests.conftest import edit_spec
+
+    with pytest.raises(UserInputError, match=r"field 'verify.metric': 'cosine' is not supported; use one of: rel_l2, embedding"):
+        load_spec(edit_spec(digits_copy, verify={"metric": "cosine"}))
+    with pytest.raises(UserInputError, match=r"field 'verify.tolerances.int8.min_row_cosine': is a similarity or share of at "
+                                             r"most 1, got 1.5"):
+        load_spec(edit_spec(digits_copy, verify={"metric": "embedding", "tolerances": {"int8": {"min_row_cosine": 1.5}}}))
+    assert load_spec(edit_spec(digits_copy, verify={"metric": "embedding"})).verify.metric == "embedding"
+
+
+def test_a_build_records_the_task_verdict_with_its_numbers(tmp_path, quiet):
+    import shutil
+
+    import yaml
+
+    from builder.pipeline import build
+    from tests.conftest import ROOT
+
+    folder = tmp_path / "bert_tiny"
+    shutil.copytree(ROOT / "examples" / "bert_tiny", folder, ignore=shutil.ignore_patterns("__pycache__"))
+    spec = yaml.safe_load((folder / "spec.yaml").read_text())
+    spec["verify"] = {"metric": "embedding"}
+    (folder / "spec.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    result = build(folder / "spec.yaml", tmp_path / "repo", variants=["onnx", "onnx_int8_dynamic"],
+                   benchmark_seconds=0, progress=quiet)
+    int8 = result.context.variant("onnx_int8_dynamic")
+    task = int8.verification["task_metric"]
+    assert task["metric"] == "embedding" and task["samples"] > 4
+    assert set(task["numbers"]["embedding"]) == {"row_cosine_min", "spearman", "neighbours_kept"}
+    assert task["limits"] == {"min_row_cosine": 0.99, "min_spearman": 0.99, "min_neighbours": 0.9}
+    assert any(n.startswith("judged as an embedding on ") and "per-sample cosine" in n for n in int8.notes)
+    assert "task_metric" not in (result.context.variant("onnx").verification or {})  # FP32: rel L2 as before
