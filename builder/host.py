@@ -210,6 +210,14 @@ def _cuda_version() -> str | None:
     return torch.version.cuda
 
 
+def host_isa_flags() -> list[str]:
+    """This CPU's ISA flags of note (``host_profile``'s): e.g. which quantisation recipes won on this host class."""
+    try:
+        return list(cpu_info(Path("/proc/cpuinfo").read_text())[1])
+    except OSError:
+        return []
+
+
 def host_profile(cpuinfo: Path = Path("/proc/cpuinfo"), cgroup_read: Callable[[str], str] = _read_text,
                  with_gpu: bool = True) -> dict[str, Any]:
     """This host as metadata.yaml records it (plain types only); ``cgroup_read``: cgroup_cpu_limit's."""

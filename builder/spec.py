@@ -22,7 +22,7 @@ from builder.spec_checks import check_dynamic_sizes, check_input_ranges
 from builder.spec_compression import CompressionSpec, parse_compression, parse_training
 from builder.spec_fields import collect_unknown_keys, is_number, read_yaml, validate_tensor_name
 from builder.spec_fields import Fields as _Fields
-from builder.task_metrics import METRICS, TOLERANCE_KEYS as TASK_TOLERANCE_KEYS, lossy_tolerance
+from builder.spec_verify import DEFAULT_TOLERANCES, VerifySpec, parse_verify
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}\Z")
 MODULE_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*\Z")
@@ -43,15 +43,6 @@ TARGETS = ("embedded", "cpu", "gpu")
 OBJECTIVES = ("throughput", "latency", "tradeoff")
 # objective tradeoff: J = alpha * accuracy (points) - beta * p50 latency at batch 1 (ms) - gamma * memory (MB)
 TRADEOFF_DEFAULTS = {"alpha": 1.0, "beta": 1.0, "gamma": 0.0}
-
-# Default tolerances per precision: relative L2 error of each output against the reference.
-# max_mismatch: the share of an integer/bool output's values (class ids, masks) that may differ
-DEFAULT_TOLERANCES = {
-    "fp32": {"rel_l2": 1e-5, "max_mismatch": 0.0},
-    "fp16": {"rel_l2": 1e-2, "max_mismatch": 0.01},
-    "int8": {"rel_l2": 0.1, "max_mismatch": 0.05},
-}
-
 
 def validate_model_name(name: Any, where: str = "name") -> str:
     """A Triton model name: letters, digits, '_' and '-' only (no paths, quotes or spaces)."""
@@ -117,24 +108,6 @@ class DataSpec:
     calibration: Path | None = None
     validation: Path | None = None
     training: Path | str | None = None  # .npz (inputs + labels) or 'module:function' (builder/spec_compression.py)
-
-
-@dataclass
-class VerifySpec:
-    batch_sizes: list[int] | None = None
-    dynamic_sizes: list[int] | None = None
-    tolerances: dict[str, dict[str, float]] = field(default_factory=dict)
-    max_accuracy_drop: float = 1.0  # percentage points
-    seed: int = 0
-    metric: str = "rel_l2"  # builder/task_metrics.py: rel_l2 | embedding (lossy variants judged as embeddings)
-
-    def tolerance(self, precision: str) -> dict[str, float]:
-        merged = dict(DEFAULT_TOLERANCES.get(precision, DEFAULT_TOLERANCES["fp32"]))
-        if self.metric != "rel_l2" and precision != "fp32":  # FP32 variants stay element-wise exact
-            merged.pop("rel_l2", None)
-            merged.update(lossy_tolerance(self.metric))
-        merged.update(self.tolerances.get(precision, {}))
-        return merged
 
 
 @dataclass
@@ -220,7 +193,6 @@ _SOURCE_KEYS = ("module", "torchscript", "onnx", "weights")
 _INPUT_KEYS = ("name", "dtype", "shape", "value_range", "min_shape", "opt_shape", "max_shape")
 _OUTPUT_KEYS = ("name", "dtype", "shape")
 _DATA_KEYS = ("calibration", "validation", "training")
-_VERIFY_KEYS = ("batch_sizes", "dynamic_sizes", "tolerances", "max_accuracy_drop", "seed", "metric")
 _DEPLOY_KEYS = (
     "target", "instances", "dynamic_batching", "max_queue_delay_microseconds",
     "preferred_batch_sizes", "warmup", "publish_variants", "version_policy", "onnx_tensorrt", "non_finite_inputs",
@@ -230,7 +202,6 @@ NON_FINITE_POLICIES = ("count", "reject")
 INSTANCE_KINDS = ("auto", "cpu", "gpu")
 _ONNX_KEYS = ("exporter", "opset")
 _QUANTIZATION_KEYS = ("calibration_method", "calibration_samples", "search", "search_seconds")
-_TOLERANCE_KEYS = ("rel_l2", "max_abs", "min_cosine", "max_mismatch", *TASK_TOLERANCE_KEYS)
 
 
 def load_spec(path: str | Path) -> ModelSpec:
@@ -291,7 +262,7 @@ def _parse_spec(data: Any, spec_path: Path | None) -> ModelSpec:
         variants=variants,
         objective=objective,
         tradeoff=tradeoff,
-        verify=_parse_verify(top.get("verify"), origin, max_batch_size),
+        verify=parse_verify(top.get("verify"), origin, max_batch_size),
         deploy=_parse_deploy(top.get("deploy"), origin, max_batch_size),
         onnx=_parse_onnx(top.get("onnx"), origin),
         quantization=_parse_quantization(top.get("quantization"), origin),
@@ -370,42 +341,6 @@ def _parse_outputs(raw: Any, origin: str) -> list[OutputSpec]:
         dtype = f.choice("dtype", None, (None, *TRITON_DTYPES)) if f.get("dtype") is not None else None
         result.append(OutputSpec(name=name, dtype=dtype, shape=_parse_shape(f, "shape", True, False)))
     return result
-
-
-def _parse_verify(raw: Any, origin: str, max_batch_size: int) -> VerifySpec:
-    if raw is None:
-        return VerifySpec()
-    f = _Fields(raw, "verify", _VERIFY_KEYS, origin)
-    batch_sizes = f.int_list("batch_sizes")
-    if batch_sizes and max_batch_size and max(batch_sizes) > max_batch_size:
-        raise f.error(f"{max(batch_sizes)} exceeds max_batch_size {max_batch_size}", "batch_sizes")
-    tolerances = {}
-    raw_tol = f.get("tolerances") or {}
-    if not isinstance(raw_tol, dict):
-        raise f.error("must map a precision (fp32, fp16, int8) to {rel_l2, max_abs, min_cosine, max_mismatch}", "tolerances")
-    for precision, values in raw_tol.items():
-        if precision not in DEFAULT_TOLERANCES:
-            raise f.error(f"unknown precision {precision!r}; known: {', '.join(DEFAULT_TOLERANCES)}", "tolerances")
-        tf = _Fields(values, f"verify.tolerances.{precision}", _TOLERANCE_KEYS, origin)
-        for key, value in tf.data.items():
-            if not is_number(value) or value < 0:
-                raise tf.error(f"must be a finite number >= 0, got {value!r}", key)
-            if key == "max_mismatch" and value > 1:
-                raise tf.error(f"is a share of the values (0 to 1, e.g. 0.01 for 1 %), got {value!r}", key)
-            if key.startswith("min_") and value > 1:
-                raise tf.error(f"is a similarity or share of at most 1, got {value!r}", key)
-        tolerances[precision] = {k: float(v) for k, v in tf.data.items()}
-    drop = f.get("max_accuracy_drop", 1.0)
-    if not is_number(drop) or drop < 0:
-        raise f.error(f"must be a finite number >= 0 of percentage points, got {drop!r}", "max_accuracy_drop")
-    return VerifySpec(
-        batch_sizes=batch_sizes,
-        dynamic_sizes=f.int_list("dynamic_sizes"),
-        tolerances=tolerances,
-        max_accuracy_drop=float(drop),
-        seed=f.integer("seed", 0, minimum=0),
-        metric=f.choice("metric", "rel_l2", tuple(METRICS)),
-    )
 
 
 def _parse_deploy(raw: Any, origin: str, max_batch_size: int) -> DeploySpec:

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from builder import onnx_tools, quant_search
+from builder.host import host_isa_flags
 from builder.measure import measure_round_robin
 from builder.runtime import open_runner
 from builder.stages.base import BuildContext, StageResult, Variant
@@ -237,22 +238,20 @@ def _search(ctx: BuildContext, base: Variant, prepared: Path, quantize, first, o
             return quant_search.Result(False, failures=["no node was quantised (no op of these types)"])
         return _evaluate_model(ctx, open_runner("onnx", trial, *names), fp32)
 
-    dynamic = first.quant_format == "dynamic"
-    priors = quant_search.host_priors(host_isa_flags(), dynamic)
-    candidates = quant_search.with_priors(
-        first, priors, candidates or quant_search.default_candidates(q.calibration_samples))
+    kind = "dynamic" if first.quant_format == "dynamic" else "static"  # a build may search both: say which
+    priors = quant_search.host_priors(host_isa_flags(), kind == "dynamic")
+    candidates = quant_search.with_priors(first, priors, candidates or quant_search.default_candidates(q.calibration_samples))
     tried_first = 1 + sum(1 for c in priors if c != first)
     remeasure = _remeasurer(ctx, quantize, fp32, out_dir, names)
     # auto: the default and this host's priors always; on only while nothing settles it (quant_search.auto_settled)
     stop = (lambda rows: bool(nothing) or (  # noqa: E731
         q.search == "auto" and quant_search.auto_settled(rows, tried_first, remeasure)))
-    kind = "dynamic" if first.quant_format == "dynamic" else "static"  # a build may search both: say which
     ctx.progress(f"  quantisation search, {kind} INT8 ({q.search}, budget {q.search_seconds:g} s) ...")
     # the recipes get SEARCH_SHARE of the budget: the per-node FP32 fallback is always left time to run
     rows = quant_search.search(candidates, evaluate, q.search_seconds * SEARCH_SHARE, clock, stop_when=stop)
     if nothing:
         _remove(trial)
-        raise _nothing_quantized(prepared, f"quantize_{'dynamic' if first.quant_format == 'dynamic' else 'static'}")
+        raise _nothing_quantized(prepared, f"quantize_{kind}")
     if quant_search.best(rows) is None and clock() < deadline:
         start = quant_search.closest(rows)
         nodes = _sensitive_nodes(prepared, start)
@@ -265,13 +264,6 @@ def _search(ctx: BuildContext, base: Variant, prepared: Path, quantize, first, o
     quantize(chosen, out_dir / "candidate.onnx")
     _remove(trial)
     return rows, chosen
-
-
-def host_isa_flags() -> list[str]:
-    """This CPU's ISA flags of note (builder/host.py): which recipes won on this host class before."""
-    from builder.host import host_profile
-
-    return list(host_profile(with_gpu=False)["isa_flags"])
 
 
 RUNOFF_SECONDS = 3.0  # the finalists and FP32 side by side, in turns
