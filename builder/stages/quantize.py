@@ -30,6 +30,7 @@ from builder.measure import measure_round_robin
 from builder.runtime import open_runner
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import accuracy_drop_failure, calibration_samples, not_made
+from builder.task_metrics import on_cases
 from builder.tensors import (beyond_the_cases, compare_outputs, merge_case_metrics, tolerance_failures,
                              top1_accuracy, trace_example, worst_metric)
 from builder.variants import CPU_TARGETS, register_variant
@@ -319,9 +320,8 @@ def _evaluate_model(ctx: BuildContext, run, fp32) -> quant_search.Result:
     """The INT8 checks of stage verify (tolerance on every case, top-1 drop with labels) and the
     speed against FP32 on this host (not measured with --benchmark-seconds 0)."""
     spec, ref = ctx.spec, ctx.reference
-    metrics = merge_case_metrics([compare_outputs(out, run(case["inputs"]))
-                                  for case, out in zip(ref.cases, ref.outputs)])
-    failures = tolerance_failures(metrics, spec.verify.tolerance("int8"))
+    metrics = merge_case_metrics([compare_outputs(out, run(case["inputs"])) for case, out in zip(ref.cases, ref.outputs)])
+    failures = tolerance_failures(metrics, on_cases(spec.verify.tolerance("int8")))  # a task's: on data.validation
     drop = None
     if ref.validation_inputs is not None:
         got = ref.run_validation(run, spec.max_batch_size)
