@@ -237,7 +237,7 @@ def _search(ctx: BuildContext, base: Variant, prepared: Path, quantize, first, o
         if not _quantized_ops(_graph(trial)):
             nothing.extend([cand] if cand == first and only is None else [])
             return quant_search.Result(False, failures=["no node was quantised (no op of these types)"])
-        return _evaluate_model(ctx, open_runner("onnx", trial, *names), fp32)
+        return _evaluate_model(ctx, open_runner("onnx", trial, *names), fp32, full=only is None)
 
     kind = "dynamic" if first.quant_format == "dynamic" else "static"  # a build may search both: say which
     priors = quant_search.host_priors(host_isa_flags(), kind == "dynamic")
@@ -316,25 +316,25 @@ def _sensitive_nodes(prepared: Path, cand) -> list[str]:
     return [n.name for n in model.graph.node if n.op_type in ops and n.name and n.name not in cand.exclude]
 
 
-def _evaluate_model(ctx: BuildContext, run, fp32) -> quant_search.Result:
-    """The INT8 checks of stage verify (tolerance on every case, top-1 drop with labels) and the
-    speed against FP32 on this host (not measured with --benchmark-seconds 0)."""
+def _evaluate_model(ctx: BuildContext, run, fp32, full: bool = True) -> quant_search.Result:
+    """The INT8 checks of stage verify (tolerance on every case; ``full``: also data.validation, top-1 drop, and
+    the speed against FP32 here unless --benchmark-seconds 0); a node's sensitivity needs only the cases."""
     spec, ref = ctx.spec, ctx.reference
     metrics = merge_case_metrics([compare_outputs(out, run(case["inputs"])) for case, out in zip(ref.cases, ref.outputs)])
     failures = tolerance_failures(metrics, on_cases(spec.verify.tolerance("int8")))  # a task's: on data.validation
     drop = None
-    if ref.validation_inputs is not None:
+    if full and ref.validation_inputs is not None:
         got = ref.run_validation(run, spec.max_batch_size)
         failures += beyond_the_cases(compare_outputs(ref.validation_outputs, got), spec.verify.tolerance("int8"),
                                      failures, ref.validation_samples(spec.batching))
-    if ref.validation_inputs is not None and ref.labels is not None:
+    if full and ref.validation_inputs is not None and ref.labels is not None:
         first = ref.top1_output  # the output the labels score (stage load)
         drop = (top1_accuracy(ref.validation_outputs[first], ref.labels) - top1_accuracy(got[first], ref.labels))
         over = accuracy_drop_failure({"drop": drop}, spec.verify.max_accuracy_drop)
         if over:
             failures.append(f"{first}: top-1 accuracy {over}")
     speedup = None
-    if ctx.options.benchmark_seconds != 0:
+    if full and ctx.options.benchmark_seconds != 0:
         feed = _speed_feed(ctx)
         m = measure_round_robin({"fp32": lambda: fp32(feed), "int8": lambda: run(feed)},
                                 window_seconds=SEARCH_WINDOW_SECONDS, max_seconds=SEARCH_MEASURE_SECONDS)

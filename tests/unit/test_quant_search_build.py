@@ -29,11 +29,11 @@ def avx2(monkeypatch):
         last["candidate"] = cand
         return real_quantize(prepared, target, cand, *args, **kwargs)
 
-    def evaluate(ctx, run, fp32):
+    def evaluate(ctx, run, fp32, full=True):
         cand = last["candidate"]
         if cand.types == "S8S8" and not cand.reduce_range and not cand.exclude:
             return quant_search.Result(False, 0.15, 0.0, None, ["logits: rel L2 1.5e-01 > 0.1"])
-        return real_evaluate(ctx, run, fp32)
+        return real_evaluate(ctx, run, fp32, full)
 
     monkeypatch.setattr(quantize, "_quantize_static", quantize_static)
     monkeypatch.setattr(quantize, "_evaluate_model", evaluate)
@@ -76,7 +76,7 @@ def recipe_speeds(monkeypatch):
         return real_quantize(prepared, target, cand, *args, **kwargs)
 
     monkeypatch.setattr(quantize, "_quantize_static", quantize_static)
-    monkeypatch.setattr(quantize, "_evaluate_model", lambda ctx, run, fp32: speeds.get(
+    monkeypatch.setattr(quantize, "_evaluate_model", lambda ctx, run, fp32, full=True: speeds.get(
         last["candidate"].label(), quant_search.Result(True, 0.02, 0.0, 1.0)))
     monkeypatch.setattr(quantize, "host_isa_flags", lambda: VNNI)
     return speeds
@@ -139,7 +139,7 @@ def test_per_node_fallback_keeps_the_most_sensitive_node_in_fp32(digits_copy, tm
 
     seen = []  # nodes in the order their sensitivity was asked for (graph order)
 
-    def evaluate(ctx, run, fp32):  # injected: the 2nd node is the sensitive one; keeping it FP32 passes
+    def evaluate(ctx, run, fp32, full=True):  # injected: the 2nd node is the sensitive one; keeping it FP32 passes
         only, cand = last["only"], last["cand"]
         if only is not None:
             seen.append(only[0])
@@ -205,7 +205,7 @@ def test_dynamic_int8_runs_its_own_search_where_it_applies(digits_copy, tmp_path
         last["cand"] = cand
         return real(prepared, target, cand, large, only)
 
-    def evaluate(ctx, run, fp32):
+    def evaluate(ctx, run, fp32, full=True):
         ok = last["cand"].reduce_range
         return quant_search.Result(ok, 0.02 if ok else 0.2, failures=[] if ok else ["logits: rel L2 0.2 > 0.1"])
 
