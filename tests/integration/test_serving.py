@@ -198,7 +198,9 @@ def test_check_reports_config_that_triton_changed(served, built_repository):
     assert any(d.startswith("instance_group: intended [('KIND_CPU', 1)], loaded [('KIND_CPU', 3)]") for d in differences)
 
 
-def test_serve_leaves_out_models_the_embedded_server_cannot_load(tmp_path, quiet):
+def test_serve_serves_standard_and_python_folders_and_leaves_out_a_plan(tmp_path, quiet):
+    """A standard onnxruntime_onnx folder (target cpu) serves through the stand-in beside a python-backend one;
+    a TensorRT plan folder - no stand-in here - is left out with the reason."""
     repo = tmp_path / "repo"
     build(EXAMPLES / "digits" / "spec.yaml", repo, variants=["onnx"], target="cpu", benchmark_seconds=0,
           progress=quiet)
@@ -206,6 +208,8 @@ def test_serve_leaves_out_models_the_embedded_server_cannot_load(tmp_path, quiet
     spec = (tmp_path / "d2" / "spec.yaml")
     spec.write_text(spec.read_text().replace("name: digits_cnn", "name: digits_py"))
     build(spec, repo, variants=["onnx"], benchmark_seconds=0, progress=quiet)
+    (repo / "plan_model" / "1").mkdir(parents=True)
+    (repo / "plan_model" / "config.pbtxt").write_text('name: "plan_model"\nplatform: "tensorrt_plan"\n')
     proc = subprocess.Popen([sys.executable, "-m", "builder", "serve", "--repository", str(repo)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     lines = []
@@ -217,8 +221,9 @@ def test_serve_leaves_out_models_the_embedded_server_cannot_load(tmp_path, quiet
             if "Stop with Ctrl-C" in line or not line:
                 break
         text = "".join(lines)
-        assert re.search(r"digits_cnn.*onnxruntime", text), text
-        assert "serving  digits_py" in text or re.search(r"serving\s+digits_py", text), text
+        assert re.search(r"serving\s+digits_cnn, digits_py", text), text
+        assert re.search(r"left out plan_model: .*tensorrt", text), text
+        assert "here are Python-based stand-ins for the NGC image's C++ backends" in text
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
