@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from builder.errors import BuilderError
-from builder.repository.triton_releases import (OPENVINO_MAX_OPSET, Runtime, TritonRelease, onnx_runtime_for,
-                                                triton_release)
+from builder.repository.triton_releases import (OPENVINO_MAX_OPSET, Runtime, TritonRelease, libtorch_failure,
+                                                onnx_runtime_for, triton_release)
 from builder.side_env import cache_root, cached_virtualenv
 
 INSTALL_TIMEOUT_S = 600
@@ -44,11 +44,10 @@ def runtimes_root() -> Path:
     return cache_root() / "runtimes"
 
 
-def side_python(onnxruntime_version: str, progress: Callable[[str], object] = lambda m: None,
+def side_python(version: str, progress: Callable[[str], object] = lambda m: None,
                 package: str = "onnxruntime") -> Path:
-    """The interpreter of a cached virtualenv holding ``package``==``onnxruntime_version`` (onnxruntime, or
-    openvino) and numpy; built on first use (builder/side_env.py: a killed install leaves no half env)."""
-    version = onnxruntime_version
+    """The interpreter of a cached virtualenv holding ``package``==``version`` (onnxruntime, or openvino) and
+    numpy; built on first use (builder/side_env.py: a killed install leaves no half env)."""
     home = runtimes_root() / f"{package}-{version}"
     if not (home / "ready").is_file():
         progress(f"installing {package} {version} into {home} (once; reused afterwards) ...")
@@ -130,12 +129,13 @@ def runtime_gate(folder: Path, meta: dict[str, Any], release_name: str,
     failures = limit_failures(model, runtime)
     if failures:
         return failures, []
-    read_reference(folder / "reference.npz")  # first: a broken reference.npz is named as such, not as a side env's failure
+    # read first: a broken reference.npz is named as such, not as a side environment's failure
+    _, reference = read_reference(folder / "reference.npz")
     python = side_python(runtime.onnxruntime, progress)
     load_error, got = _replay(python, "ort_replay.py", model, folder, meta, f"onnxruntime {runtime.onnxruntime}")
     if load_error:
         return [f"{artifact['file']}: {runtime.label} refuses it: " + _explain_load_error(load_error, runtime)], []
-    failures, worst = _compared(folder, meta, got, runtime.label)
+    failures, worst = _compared(reference, meta, got, runtime.label)
     failures = [f"{line}: rebuild with the release's onnxruntime in mind (opset, passes)" for line in failures]
     notes = [f"Triton {release.release}: loads on {runtime.label}, {len(got)} reference cases, worst rel L2 {worst:.1e}"]
     ops = contrib_ops(model)
@@ -171,12 +171,11 @@ def _replay(python: Path, script_name: str, model: Path, folder: Path, meta: dic
             return None, [{name: archive[f"{key}/{name}"] for name in output_names} for key in keys]
 
 
-def _compared(folder: Path, meta: dict[str, Any], got: list[dict[str, Any]], label: str) -> tuple[list[str], float]:
-    """(failures beyond the build's tolerance, worst rel L2) of ``got`` against reference.npz."""
-    from builder.repository.metadata import read_reference
+def _compared(reference: list[dict[str, Any]], meta: dict[str, Any], got: list[dict[str, Any]],
+              label: str) -> tuple[list[str], float]:
+    """(failures beyond the build's tolerance, worst rel L2) of ``got`` against reference.npz's outputs."""
     from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures, worst_metric
 
-    _, reference = read_reference(folder / "reference.npz")
     metrics = merge_case_metrics([compare_outputs(ref, run) for ref, run in zip(reference, got)])
     tolerance = (meta.get("verification") or {}).get("tolerance") or {"rel_l2": 1e-5}
     failures = [f"{label}: {line}; the model no longer matches its reference on that release"
@@ -191,7 +190,6 @@ def torchscript_gate(folder: Path, meta: dict[str, Any], release: TritonRelease)
 
     from builder.repository.metadata import read_reference
     from builder.runtime import open_runner
-    from builder.repository.triton_releases import libtorch_failure
 
     artifact = meta["artifact"]
     saved_by = (meta.get("versions") or {}).get("torch") or torch.__version__
@@ -199,12 +197,12 @@ def torchscript_gate(folder: Path, meta: dict[str, Any], release: TritonRelease)
         too_new = libtorch_failure(saved_by, release)
         if too_new:
             return [f"{artifact['file']}: {too_new}"], []
-    inputs, _ = read_reference(folder / "reference.npz")
+    inputs, reference = read_reference(folder / "reference.npz")
     run = open_runner("torchscript", folder / artifact["file"], [o["name"] for o in meta["spec"]["outputs"]],
                       [i["name"] for i in meta["spec"]["inputs"]], threads=1)
     got = [run(case["inputs"]) for case in inputs]
     label = f"torch {torch.__version__} (the closest to Triton {release.release}'s libtorch {release.pytorch} that installs here)"
-    failures, worst = _compared(folder, meta, got, label)
+    failures, worst = _compared(reference, meta, got, label)
     return failures, [f"Triton {release.release}: replayed with {label}, {len(got)} reference cases, worst rel L2 "
                       f"{worst:.1e}; saved by torch {saved_by}"]
 
@@ -237,13 +235,16 @@ def openvino_gate(folder: Path, meta: dict[str, Any], release: TritonRelease,
     failures = ir_failures(xml, release)
     if failures:
         return failures, []
+    from builder.repository.metadata import read_reference
+
+    _, reference = read_reference(folder / "reference.npz")
     python = side_python(release.openvino, progress, package="openvino")
     label = f"OpenVINO {release.openvino} (Triton {release.release}, openvino backend)"
     load_error, got = _replay(python, "ov_replay.py", xml, folder, meta, f"openvino {release.openvino}")
     if load_error:
         return [f"{xml.name}: {label} refuses it: {' '.join(load_error.split())[:400]}: publish the onnx variant, "
                 "or build for a --triton-release whose OpenVINO reads it"], []
-    failures, worst = _compared(folder, meta, got, label)
+    failures, worst = _compared(reference, meta, got, label)
     return failures, [f"Triton {release.release}: loads on {label} ({', '.join(f'opset{n}' for n in ir_opsets(xml))}), "
                       f"{len(got)} reference cases, worst rel L2 {worst:.1e}; built with openvino {built_with}"]
 

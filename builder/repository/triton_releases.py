@@ -82,7 +82,13 @@ RELEASES: dict[str, TritonRelease] = {r.release: r for r in (
 )}
 
 #: the newest release in the table: what builds, docker-compose.yml and k8s target unless told otherwise
-DEFAULT_RELEASE = max(RELEASES, key=lambda r: tuple(int(x) for x in r.split(".")))
+def release_order(release: str) -> tuple[int, int]:
+    """``26.07`` -> (26, 7): newest last."""
+    year, month = release.split(".")
+    return int(year), int(month)
+
+
+DEFAULT_RELEASE = max(RELEASES, key=release_order)
 COMPOSE_RELEASE = DEFAULT_RELEASE  # docker-compose.yml's image tag (a unit test keeps the two in step)
 #: the release of the embedded tritonserver (nvidia-pytriton 0.7.0's Triton 2.51.0): what `serve` runs here
 EMBEDDED_RELEASE = "24.10"
@@ -122,7 +128,7 @@ def format_releases() -> str:
     head = ("release", "triton", "onnxruntime (IR, opset)", "openvino (opset)", "libtorch", "python",
             "stub numpy 2", "tensorrt")
     rows = []
-    for key in sorted(RELEASES, key=lambda r: tuple(int(x) for x in r.split(".")), reverse=True):
+    for key in sorted(RELEASES, key=release_order, reverse=True):
         r = RELEASES[key]
         marks = [m for m, on in (("default", key == DEFAULT_RELEASE), ("embedded", key == EMBEDDED_RELEASE)) if on]
         rows.append((key + (f" ({', '.join(marks)})" if marks else ""), r.triton,
