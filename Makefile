@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps perf-analyzer test test-unit demo wheel-smoke bench bench-tuning bench-serving bench-drift bench-replicas bench-faults bench-zoo bench-compression bench-peers bench-vs-ma bench-releases bench-standin clean
+.PHONY: setup system-deps perf-analyzer test test-unit demo wheel-smoke bench bench-tuning bench-serving bench-drift bench-replicas bench-faults bench-zoo bench-compression bench-peers bench-vs-ma bench-releases bench-standin bench-monitor clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	bash scripts/make-venv.sh "$(PYTHON)" $(VENV)
@@ -80,6 +80,9 @@ bench-releases: setup
 # a standard onnxruntime_onnx folder through the embedded server's stand-in vs the python-backend model (issue 34)
 bench-standin: setup
 	$(BIN)/python benchmarks/standin_vs_python.py
+
+bench-monitor: setup
+	$(BIN)/python benchmarks/monitor_cost.py
 
 clean:
 	rm -rf runs .pytest_cache

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from builder.errors import BuilderError
 
-__all__ = ["templates_dir", "python_backend_model", "standin_backend_model", "drift_module", "loadtest_dir", "monitoring_dir",
+__all__ = ["templates_dir", "python_backend_model", "monitor_step_model", "standin_backend_model", "drift_module", "loadtest_dir", "monitoring_dir",
            "EXPORTER_MODULE"]
 
 #: ``python -m`` name of monitoring/exporter.py as installed (the checkout also has ``monitoring.exporter``).
@@ -57,6 +57,12 @@ def templates_dir() -> Path:
 def python_backend_model() -> Path:
     """templates/python_backend/model.py: the python-backend model published next to ONNX/TorchScript files."""
     return _path("builder._assets", "templates", "python_backend", "model.py")
+
+
+def monitor_step_model() -> Path:
+    """templates/monitor/model.py: the python step that monitors a standard model behind an ensemble
+    (deploy.monitor; builder/repository/monitored.py)."""
+    return _path("builder._assets", "templates", "monitor", "model.py")
 
 
 def standin_backend_model() -> Path:

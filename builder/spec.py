@@ -127,6 +127,10 @@ class DeploySpec:
     non_finite_inputs: str = "count"
     onnx_tensorrt: dict[str, Any] | None = None  # target gpu: onnxruntime's TensorRT accelerator (see below)
     instance_kind: str = "auto"  # gpu on target embedded: the python backend runs TorchScript on a GPU
+    # drift and NaN/Inf monitoring: None = the python backend's model.py monitors itself, a standard folder is
+    # served as it is; True = a standard folder is served behind an ensemble with a python monitor step
+    # (builder/repository/monitored.py); False = no drift gauges (the python backend's drift off)
+    monitor: bool | None = None
 
     def kind_for(self, target: str) -> str:  # the pairing is checked by variants.resolve_variants
         return "KIND_GPU" if target == "gpu" or self.instance_kind == "gpu" else "KIND_CPU"
@@ -196,7 +200,7 @@ _DATA_KEYS = ("calibration", "validation", "training")
 _DEPLOY_KEYS = (
     "target", "instances", "dynamic_batching", "max_queue_delay_microseconds",
     "preferred_batch_sizes", "warmup", "publish_variants", "version_policy", "onnx_tensorrt", "non_finite_inputs",
-    "instance_kind",
+    "instance_kind", "monitor",
 )
 NON_FINITE_POLICIES = ("count", "reject")
 INSTANCE_KINDS = ("auto", "cpu", "gpu")
@@ -367,6 +371,7 @@ def _parse_deploy(raw: Any, origin: str, max_batch_size: int) -> DeploySpec:
         non_finite_inputs=f.choice("non_finite_inputs", "count", NON_FINITE_POLICIES),
         onnx_tensorrt=_parse_onnx_tensorrt(f.get("onnx_tensorrt"), origin),
         instance_kind=f.choice("instance_kind", "auto", INSTANCE_KINDS),
+        monitor=f.boolean("monitor", False) if f.get("monitor") is not None else None,
     )
 
 

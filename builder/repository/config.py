@@ -239,9 +239,13 @@ def _environment():
 
 
 def render_config(config: ModelConfig) -> str:
-    info = backend_info(config.backend)
-    template = _environment().get_template(f"config/{info.template}")
-    text = template.render(c=config, template_name=info.template)
+    return render_template(backend_info(config.backend).template, config)
+
+
+def render_template(template_name: str, config: Any) -> str:
+    """templates/config/``template_name`` rendered with ``config`` as ``c``, checked with Triton's schema."""
+    template = _environment().get_template(f"config/{template_name}")
+    text = template.render(c=config, template_name=template_name)
     text = "\n".join(line.rstrip() for line in text.splitlines() if line.strip()) + "\n"
     parsed = parse_config(text)
     if parsed.name != config.name:

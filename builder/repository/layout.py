@@ -33,13 +33,30 @@ RESERVATION_FILE = "reserved-version"  # in a staging folder: the model name and
 from builder.spec import validate_model_name
 
 
-def model_dir(repository: Path, name: str) -> Path:
+#: deploy.monitor (builder/repository/monitored.py): ensemble <name> over <name>__model and <name>__monitor
+MODEL_SUFFIX = "__model"
+MONITOR_SUFFIX = "__monitor"
+
+
+def model_dir(repository: Path, name: str, resolve: bool = True) -> Path:
+    """The folder holding model ``name``'s versions: for a monitored model (``name`` is an ensemble over
+    ``name__model``) that folder, unless ``resolve`` is False (the ensemble's own folder)."""
     validate_model_name(name, "model name")
     root = Path(repository).resolve()
     path = (root / name).resolve()
     if path.parent != root:
         raise UserInputError(f"model name {name!r} escapes the repository {root}")
+    if resolve and is_monitored(root, name):
+        return root / (name + MODEL_SUFFIX)
     return path
+
+
+def is_monitored(repository: Path, name: str) -> bool:
+    """Whether ``name`` is the ensemble of a monitored model (deploy.monitor)."""
+    config = Path(repository) / name / "config.pbtxt"
+    if not (Path(repository) / (name + MODEL_SUFFIX) / "config.pbtxt").is_file() or not config.is_file():
+        return False
+    return any(line.split("#")[0].replace(" ", "") == 'platform:"ensemble"' for line in config.read_text().splitlines())
 
 
 def model_names(repository: Path) -> list[str]:
@@ -257,7 +274,7 @@ def reserve_version(repository: Path, name: str, requested: int | None = None) -
     renames are atomic; outside it: Triton never loads it), owned by this process: a build killed
     now leaves a folder the next one removes."""
     root = Path(repository).resolve()
-    model_dir(root, name)
+    model_dir(root, name, resolve=False)
     try:
         make_folders(root)
     except OSError as exc:
@@ -287,7 +304,7 @@ def publish_version(repository: Path, name: str, version: int | None = None,
             yield draft
         return
     root = reservation.repository
-    target_model = model_dir(root, name)
+    target_model = model_dir(root, name, resolve=False)
     # the whole model folder is staged: a model's first version appears with its config in one rename
     staged_model = reservation.staging.path / "model"
     draft = Draft(name=name, folder=staged_model / "version", version=reservation.version)

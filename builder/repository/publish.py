@@ -63,7 +63,8 @@ def config_for(spec: ModelSpec, variant_format: str, target: str, name: str,
     parameters = {}
     if backend == "python":
         parameters = {"model_file": _model_file_for(variant_format), "runtime": RUNTIME_FOR_FORMAT[variant_format],
-                      "intra_op_threads": str(threads), "non_finite_inputs": spec.deploy.non_finite_inputs}
+                      "intra_op_threads": str(threads), "non_finite_inputs": spec.deploy.non_finite_inputs,
+                      **({"drift": "off"} if spec.deploy.monitor is False else {})}
     elif backend == "openvino":  # Triton's openvino backend: one synchronous request per instance
         parameters = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1", "INFERENCE_NUM_THREADS": str(threads)}
     elif backend == "onnxruntime_onnx":  # the C++ onnxruntime backend's keys (sequential execution: one pool)

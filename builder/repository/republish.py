@@ -17,7 +17,7 @@ from typing import Any
 from builder.errors import UserInputError
 from builder.repository.config import thread_parameter
 from builder.repository.description import VersionDescription
-from builder.repository.layout import latest_version, model_dir, not_in_repository, reserve_version
+from builder.repository.layout import is_monitored, latest_version, model_dir, not_in_repository, reserve_version
 from builder.repository.metadata import read_metadata
 
 COPIED_EXTRAS = ("drift_profile.json",)  # besides reference.npz: copied with the model files
@@ -85,11 +85,20 @@ def require_key_if_signed(repository: Path, name: str, key) -> None:
                          f"--require-signature refuse it); pass --signing-key PEM or set ${KEY_ENV}")
 
 
+def refuse_monitored(repository, name: str) -> None:
+    """A monitored model's new version needs its monitor step's version too, which only a build writes."""
+    if is_monitored(Path(repository), name):
+        raise UserInputError(f"'{name}' is a monitored ensemble (deploy.monitor): a new version of it is published by "
+                             "`triton-builder build` (which also writes the monitor step's version), not by select "
+                             "or tune --publish; rebuild it, or tune with --write to change its model step's config")
+
+
 def republish(repository, name, model_format, model_files, runtime, extra, record, text, config,
                key=None) -> dict[str, Any]:
     """A new version of ``name`` from these parts, signed while staged when ``key`` is given (as build does)."""
     from builder.repository.publish import publish_model
 
+    refuse_monitored(repository, name)
     with reserve_version(repository, name, None) as reservation:
         description = VersionDescription(name=name, version=reservation.version, config=config,
                                          model_format=model_format, model_files=model_files,

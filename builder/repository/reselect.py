@@ -45,7 +45,7 @@ from builder.repository.layout import existing_versions, latest_version, model_d
 from builder.repository.metadata import read_metadata, read_reference
 from builder.repository.provenance import build_difference, integrity_failure, verifying_key
 # publish_tuned, resolve_signing_key: imported from here by tune (builder/tuning/tune.py)
-from builder.repository.republish import (COPIED_EXTRAS, TUNED, publish_tuned, renamed_config,  # noqa: F401
+from builder.repository.republish import (COPIED_EXTRAS, TUNED, publish_tuned, refuse_monitored, renamed_config,  # noqa: F401
                                           republish, require_key_if_signed, resolve_signing_key, version_model_files)
 from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures, worst_metric
 
@@ -217,6 +217,7 @@ def select_for_host(repository: str | Path, name: str, *, measure: Measure | Non
     key = resolve_signing_key(signing_key, repository)  # a bad key fails before any measuring
     if not dry_run:  # likewise a repository the winner could not be published into
         require_writable(repository)
+        refuse_monitored(repository, name)
     main = model_dir(repository, name)
     if not main.is_dir():
         raise not_in_repository(name, repository)

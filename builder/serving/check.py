@@ -24,7 +24,7 @@ from typing import Any
 from builder.errors import ServerError, UserInputError
 from builder.serving.client import TritonClient, TritonError
 from builder.repository.config import config_as_dict
-from builder.repository.layout import latest_version, model_dir, not_in_repository
+from builder.repository.layout import is_monitored, latest_version, model_dir, not_in_repository
 from builder.host import host_warnings
 from builder.repository.metadata import read_metadata, read_reference
 from builder.tensors import compare_outputs, from_wire, merge_case_metrics, to_wire, tolerance_failures
@@ -93,6 +93,15 @@ def check_served(name: str, *, repository: str | Path = "model_repository", url:
         meta, name, [url if p == "http" else grpc_url for p in protocols], current_host, source=meta_path))
     if meta.get("verified_by") == "task_accuracy":
         report.basis = _task_accuracy_basis(meta)
+    # deploy.monitor: clients call the ensemble, which serves the latest version; an older one is asked directly
+    request_name, request_version = folder.name, number
+    if is_monitored(Path(repository), name):
+        if number == latest_version(folder):
+            request_name, request_version = name, ""
+        else:
+            report.basis = ((report.basis + "; ") if report.basis else "") + (
+                f"version {number} asked of {folder.name} directly: the ensemble '{name}' (and its monitor step) "
+                "serves the latest version only")
 
     # Only the protocols asked for are contacted: a gRPC-only endpoint (--protocol grpc) has no HTTP
     # port to ask for liveness or the loaded config, and the first protocol's answers serve for both.
@@ -101,9 +110,11 @@ def check_served(name: str, *, repository: str | Path = "model_repository", url:
         for proto in protocols:
             clients[proto] = _connected_client(url if proto == "http" else grpc_url, proto, timeout)
         first = clients[protocols[0]]
-        _require_ready(first, name, number, first.address)
+        _require_ready(first, folder.name, number, first.address)
+        if request_name != folder.name:
+            _require_ready(first, request_name, 1, first.address)
         intended = config_as_dict((folder / "config.pbtxt").read_text())
-        report.config_differences = config_differences(intended, first.model_config(name))
+        report.config_differences = config_differences(intended, first.model_config(folder.name))
         batching = int(intended.get("max_batch_size", 0)) > 0
         wire_dims = {t["name"]: [int(d) for d in t.get("dims", [])] for t in intended.get("input", [])}
 
@@ -112,7 +123,7 @@ def check_served(name: str, *, repository: str | Path = "model_repository", url:
                 per_case = []
                 for case, ref in zip(cases, outputs):
                     sent = {k: to_wire(v, wire_dims.get(k, []), batching) for k, v in case["inputs"].items()}
-                    got = clients[proto].infer(name, sent, output_names, version=number)
+                    got = clients[proto].infer(request_name, sent, output_names, version=request_version)
                     per_case.append(compare_outputs(ref, {k: from_wire(v, ref[k]) if k in ref else v
                                                           for k, v in got.items()}))
             except TritonError as exc:  # a failed request is a failed gate, with the server's words

@@ -10,11 +10,12 @@ import datetime as dt
 
 from builder.host import host_profile, serving_size, size_queue_delay
 from builder.monitoring.drift_profile import build_profile, profile_text
-from builder.repository.config import render_config, thread_parameter
+from builder.repository.config import backend_for, render_config, thread_parameter
 from builder.repository.description import VersionDescription
 from builder.repository.interface import InterfaceChange, interface_change
 from builder.repository.layout import check_version_free, reserve_version
 from builder.repository.metadata import library_versions, reference_bytes
+from builder.repository.monitored import monitored_names, publish_monitor, refuse_mixed
 from builder.repository.publish import MODEL_FILES, config_for, publish_model, python_backend_files
 from builder.report import report_files
 from builder.stages.base import BuildContext, StageResult, Variant
@@ -59,6 +60,10 @@ def _metadata(ctx: BuildContext, variant: Variant, name: str, version: int, hash
     }
 
 
+PYTHON_BACKEND_IMAGE = ("a python-backend version: its model.py imports onnxruntime, torch or openvino, which the "
+                        "stock NGC Triton image lacks; serve it with the derived image (docker compose -f "
+                        "docker-compose.yml -f docker/triton/python-backend.compose.yml up -d --build), or build "
+                        "with --target cpu for standard folders that the stock image loads")
 NO_DRIFT_PROFILE = ("drift monitoring off: no data.validation describes the traffic to expect (a profile of "
                     "generated inputs would raise drift alerts on real traffic); add data.validation with real "
                     "inputs to get drift gauges")
@@ -99,6 +104,8 @@ def _describe(ctx: BuildContext, variant: Variant, name: str, version: int,
     if profiled is not None:
         extra["drift_profile.json"] = profile_text(build_profile(*profiled)).encode()
     record = _metadata(ctx, variant, name, version, None, config.backend)  # version + files_sha256: on publish
+    if name != ctx.spec.name and name == monitored_names(ctx.spec.name)[0]:
+        record["monitor"] = {"served_as": ctx.spec.name, "step": monitored_names(ctx.spec.name)[1]}
     said = ""
     if config.backend == "python" and profiled is None:
         record.setdefault("notes", []).append(NO_DRIFT_PROFILE)
@@ -155,7 +162,10 @@ def run(ctx: BuildContext) -> StageResult:
         return StageResult.fail(STAGE, "nothing selected to publish")
     check_version_free(ctx.options.repository, ctx.spec.name, ctx.spec.version)
     keep = ctx.options.publish_variants if ctx.options.publish_variants is not None else ctx.spec.deploy.publish_variants
-    plan = [(ctx.selected, ctx.spec.name, ctx.spec.version)]
+    monitored = ensemble_layout(ctx)
+    refuse_mixed(ctx.options.repository, ctx.spec.name, monitored)
+    main_name = monitored_names(ctx.spec.name)[0] if monitored else ctx.spec.name
+    plan = [(ctx.selected, main_name, ctx.spec.version)]
     if keep:
         plan += [(v, f"{ctx.spec.name}__{v.name}", None) for v in ctx.variants if v.eligible and not v.selected]
     # before anything is written: each model's new config against the config.pbtxt its older versions share
@@ -173,10 +183,27 @@ def run(ctx: BuildContext) -> StageResult:
     for variant, name, version, serving, change in checked:
         published.append(_publish_one(ctx, variant, name, version, serving, change, warnings))
         variant.published_as = name
-    ctx.published = published
     main = published[0]
-    return StageResult.ok(STAGE, f"{main['name']} version {main['version']} -> {main['path']}", published=published,
-                          **({"warnings": warnings} if warnings else {}))
+    said = f"{main['name']} version {main['version']} -> {main['path']}"
+    if monitored:
+        profiled = _profile_data(ctx, ctx.selected)
+        drift = profile_text(build_profile(*profiled)).encode() if profiled is not None else None
+        main.update(publish_monitor(ctx.options.repository, ctx.spec.name, main["version"], checked[0][3][0],
+                                    ctx.spec.deploy, drift))
+        main["served_as"] = ctx.spec.name
+        said += (f"; served as '{ctx.spec.name}' (an ensemble: {main['name']}, then the monitor step "
+                 f"{main['monitor']} version {main['version']}{'' if drift else '; ' + NO_DRIFT_PROFILE})")
+        ctx.progress(f"  {said}")
+    if main["backend"] == "python":
+        ctx.progress(f"  note: {PYTHON_BACKEND_IMAGE}")
+    ctx.published = published
+    return StageResult.ok(STAGE, said, published=published, **({"warnings": warnings} if warnings else {}))
+
+
+def ensemble_layout(ctx: BuildContext) -> bool:
+    """deploy.monitor on a standard backend: the model is served behind an ensemble with a monitor step
+    (builder/repository/monitored.py); the python backend's model.py monitors itself."""
+    return bool(ctx.spec.deploy.monitor) and backend_for(ctx.target, ctx.selected.format) != "python"
 
 
 def _earlier_companions(ctx: BuildContext, publishing: set[str]) -> list[str]:
@@ -188,7 +215,10 @@ def _earlier_companions(ctx: BuildContext, publishing: set[str]) -> list[str]:
 
     root, name = Path(ctx.options.repository), ctx.spec.name
     stale = []
+    steps = set(monitored_names(name))  # deploy.monitor's model folder and monitor step are this build's own
     for folder in sorted(root.glob(f"{name}__*")) if root.is_dir() else []:
+        if folder.name in steps:
+            continue
         version = latest_version(folder) if (folder / "config.pbtxt").is_file() else None
         if folder.name not in publishing and version is not None:
             stale.append(f"{folder.name} (version {version}) is from an earlier build of {name}; this build does not "

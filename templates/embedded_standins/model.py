@@ -24,7 +24,25 @@ import sys
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import served_model  # noqa: E402
 from served_model import TritonPythonModel as _ServedModel  # noqa: E402
+
+
+class _Uncounted:
+    """The C++ backends publish no triton_builder_* series of their own (a monitored model's monitor step
+    does): the stand-in's served_model.py counters are replaced by this, which counts nothing."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def check(self, feeds):
+        return None
+
+    def count(self, reason):
+        pass
+
+
+served_model._NonFiniteGuard = served_model._ErrorCounter = _Uncounted
 
 #: backend -> (runtime of served_model.py, default file, the C++ backend's thread-count parameter)
 STANDINS = {"onnxruntime": ("onnxruntime", "model.onnx", "intra_op_thread_count"),

@@ -25,18 +25,27 @@ def _docker_compose() -> str:
     return require_command("docker-compose", "docker-compose")
 
 
-def _config(tmp_path: Path, password: str | None) -> subprocess.CompletedProcess:
+PYTHON_BACKEND = ROOT / "docker" / "triton" / "python-backend.compose.yml"
+
+
+def _config(tmp_path: Path, password: str | None, *extra: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != PASSWORD_VAR and not k.startswith("COMPOSE_")}
     if password is not None:
         env[PASSWORD_VAR] = password
     empty_env_file = tmp_path / "empty.env"  # so a developer's ./.env cannot provide the password
     empty_env_file.write_text("")
-    return subprocess.run([_docker_compose(), "--env-file", str(empty_env_file), "-f", str(COMPOSE), "config", "-q"],
+    files = [arg for path in (COMPOSE, *extra) for arg in ("-f", str(path))]
+    return subprocess.run([_docker_compose(), "--env-file", str(empty_env_file), *files, "config", "-q"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
 def test_config_is_valid_with_a_grafana_password(tmp_path):
     out = _config(tmp_path, "only-for-this-test")
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_python_backend_override_is_valid_over_the_stock_file(tmp_path):
+    out = _config(tmp_path, "only-for-this-test", PYTHON_BACKEND)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -120,7 +129,8 @@ def test_dockerfile_parser_rejects_unknown_instructions(tmp_path):
 
 def test_every_built_image_parses_and_is_pinned():
     built = {name: s["build"] for name, s in _compose()["services"].items() if "build" in s}
-    assert set(built) == {"triton", "exporter"}
+    assert set(built) == {"exporter"}  # Triton: the stock image (the python-backend override builds its own)
+    built["triton"] = yaml.safe_load(PYTHON_BACKEND.read_text())["services"]["triton"]["build"]
     for name, build in built.items():
         dockerfile = ROOT / build["context"] / build["dockerfile"]
         instructions = parse_dockerfile(dockerfile)
@@ -128,7 +138,7 @@ def test_every_built_image_parses_and_is_pinned():
         assert len(froms) == 1, f"{dockerfile}: one FROM expected, got {froms}"
         assert ":" in froms[0] and not froms[0].endswith(":latest"), f"{dockerfile}: FROM {froms[0]} is not pinned"
         # compose copies what the image needs; nothing is mounted over it or installed at start
-        service = _compose()["services"][name]
+        service = _compose()["services"][name] | yaml.safe_load(PYTHON_BACKEND.read_text())["services"].get(name, {})
         start = " ".join(map(str, (service.get("entrypoint") or []) + (service.get("command") or [])))
         assert "pip install" not in start, f"service {name} installs packages at start: {start}"
     assert parse_dockerfile(ROOT / "docker" / "locust" / "Dockerfile")[0] == ("FROM", "locustio/locust:2.47.0")
@@ -141,7 +151,7 @@ def _defaults(text: str) -> str:
     return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", text)
 
 
-def test_triton_image_is_the_newest_ngc_release_plus_the_python_backend_packages():
+def test_triton_is_the_stock_newest_ngc_release_and_the_override_adds_the_python_backend_packages():
     from builder.repository.triton_releases import DEFAULT_RELEASE, python_backend_onnxruntime, triton_release
     from builder.scaleout.k8s import DEFAULT_IMAGE
 
@@ -149,7 +159,8 @@ def test_triton_image_is_the_newest_ngc_release_plus_the_python_backend_packages
     pin = _defaults(doc["x-triton-image"])
     assert pin == DEFAULT_IMAGE == "nvcr.io/nvidia/tritonserver:26.08-py3" == triton_release(DEFAULT_RELEASE).image
     assert doc["services"]["build-plans"]["image"] == doc["x-triton-image"]  # trtexec of the same TensorRT
-    triton = doc["services"]["triton"]
+    assert doc["services"]["triton"]["image"] == doc["x-triton-image"] and "build" not in doc["services"]["triton"]
+    triton = yaml.safe_load(PYTHON_BACKEND.read_text())["services"]["triton"]
     build_args = {k: _defaults(v) for k, v in triton["build"]["args"].items()}
     assert "${TRITON_RELEASE:-" in doc["x-triton-image"] and build_args["TRITON_RELEASE"] == DEFAULT_RELEASE
     assert _defaults(triton["image"]).startswith(f"triton-builder/tritonserver:{DEFAULT_RELEASE}-py3")
