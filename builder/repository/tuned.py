@@ -18,11 +18,11 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from builder.errors import BuilderError, UserInputError
 from builder.repository.config import config_as_dict, parse_config
-from builder.repository.layout import _repository_lock, model_dir
+from builder.repository.layout import _repository_lock, is_monitored, model_dir
 
 TUNING_RECORD = "tuning.json"
 TUNED_MARK = "# Tuned by triton-builder tune"
@@ -105,6 +105,17 @@ def refuse_if_signed(repository: str | Path, name: str) -> None:
                              " in place would break its signature (serve --public-key would refuse it); use "
                              "`tune --publish` with --signing-key (or $TRITON_BUILDER_SIGNING_KEY) to publish the "
                              "tuned config as a new signed version")
+
+
+def monitored_step(repository: str | Path, name: str, say: Callable[[str], object]) -> str:
+    """The model to tune for ``name``: itself, or the model step of a monitored ensemble (deploy.monitor),
+    which has no scheduling of its own to tune."""
+    if not is_monitored(Path(repository), name):
+        return name
+    step = model_dir(Path(repository), name).name
+    say(f"note: '{name}' is a monitored ensemble: tuning its model step '{step}' (measured without the monitor "
+        "step, whose cost is in docs/benchmarks.md)")
+    return step
 
 
 def write_tuned_config(repository: str | Path, name: str, config_text: str,

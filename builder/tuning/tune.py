@@ -88,6 +88,7 @@ from builder.errors import ServerError, UserInputError
 from builder.files import output_folder
 from builder.processes import terminate_as_interrupt
 from builder.repository.config import thread_parameter
+from builder.repository.tuned import monitored_step
 from builder.serving.client import ServerGone
 from builder.serving.startup import bytecode_dirs, remove_new_bytecode
 from builder.tuning.search import Candidate, ModelControl, Search, best_candidate as _best, built_candidate
@@ -129,12 +130,7 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
     from builder.tuning.payload import fetch_model, load_samples, make_requests
 
     say = progress or (lambda message: None)
-    from builder.repository.layout import is_monitored, model_dir
-    if is_monitored(Path(repository), model):  # deploy.monitor: the ensemble has no config to tune, its model step has
-        step = model_dir(Path(repository), model).name
-        say(f"note: '{model}' is a monitored ensemble: tuning its model step '{step}' (measured without the monitor "
-            "step, whose cost is in docs/benchmarks.md)")
-        model = step
+    model = monitored_step(repository, model, say)
     delays, instance_counts, max_batch_sizes, levels = _check_arguments(
         p99_budget_ms, seconds_per_candidate, window_s, protocol, tie_margin, delays, instance_counts,
         max_batch_sizes, levels, max_concurrency, usable_cores)

@@ -160,3 +160,15 @@ def test_select_and_tune_publish_leave_a_monitored_model_to_build(tmp_path):
     with pytest.raises(UserInputError, match=r"'m' is a monitored ensemble"):
         select_for_host(tmp_path, "m", signing_key=None)
     refuse_monitored(tmp_path, "m__model")
+
+
+def test_tune_given_the_ensemble_tunes_its_model_step(tmp_path):
+    from builder.repository.tuned import monitored_step
+
+    _folder(tmp_path, "m", 'name: "m"\nplatform: "ensemble"\n')
+    _folder(tmp_path, "m__model", 'name: "m__model"\nplatform: "onnxruntime_onnx"\n')
+    said = []
+    assert monitored_step(tmp_path, "m", said.append) == "m__model"
+    assert said == ["note: 'm' is a monitored ensemble: tuning its model step 'm__model' (measured without the monitor "
+                    "step, whose cost is in docs/benchmarks.md)"]
+    assert monitored_step(tmp_path, "m__model", said.append) == "m__model" and len(said) == 1
