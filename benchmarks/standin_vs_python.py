@@ -2,7 +2,7 @@
 model of the same variant, side by side (issue 34's no-regression target; a benchmark, not a test).
 
 For each example (default digits, overhead-bound, and convnet64, a conv net) this builds the ONNX variant
-twice with the same sizing (no benchmark: 1 instance x 1 thread for both): ``--target embedded`` (a
+twice with the same sizing (no benchmark: 1 instance x 1 thread for both): ``--target python`` (a
 python-backend folder: config backend "python" + model.py wrapping onnxruntime) and ``--target cpu`` (the
 standard folder: platform "onnxruntime_onnx" + model.onnx, served here by the Python-based stand-in, on the
 NGC image by the C++ onnxruntime backend). Both are served at once by one embedded tritonserver each and
@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from served_side_by_side import compare  # noqa: E402
 
-LAYOUTS = {"python": ("embedded", None), "standard": ("cpu", None)}
+LAYOUTS = {"python": ("python", None), "standard": ("cpu", None)}
 
 if __name__ == "__main__":
     raise SystemExit(compare(LAYOUTS, __doc__))

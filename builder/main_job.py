@@ -93,11 +93,11 @@ def _check_arguments(spec, load_seconds: float, users: int) -> None:
 
     require_stub_safe_tmpdir()  # the server needs it, after the build: said before the build
     target = load_spec(spec).deploy.target
-    if target != "embedded":
+    if target == "gpu":
         raise UserInputError(
-            f"deploy.target: {target}: `run` serves on the embedded tritonserver, which has only the python "
-            f"backend and cannot load a '{target}' build; set deploy.target: embedded for the main job, or "
-            f"`triton-builder build SPEC` and serve it on Triton's own image (docker-compose.yml, k8s)")
+            "deploy.target: gpu: `run` serves on the embedded tritonserver, which has no GPU backends (TensorRT, "
+            "KIND_GPU instances); set deploy.target: cpu for the main job, or `triton-builder build SPEC` and serve "
+            "it on Triton's own image on the GPU host (docker-compose.yml, k8s)")
 
 
 def _empty_job_repository(repository: Path) -> None:

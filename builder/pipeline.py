@@ -18,7 +18,7 @@ from builder.interrupts import raise_if_stopped
 from builder.progress import bar
 from builder.repository.layout import check_version_free
 from builder.scratch import WORK_PREFIX, OwnedFolder, sweep
-from builder.spec import ModelSpec, load_spec
+from builder.spec import ModelSpec, canonical_target, load_spec, target_note
 from builder.stages.base import BuildContext, BuildOptions, StageResult, Status, timed
 
 
@@ -69,11 +69,13 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = "model_reposito
     if register:
         from builder.storage.mlflow_registry import registry_url
         options.registry, options.registry_alias = registry_url(registry), alias
+    target_said = target_note(target if target is not None else model_spec.deploy.target_given)
     if target is not None:
-        from builder.spec import TARGETS
-        if target not in TARGETS:
+        from builder.spec import TARGET_ALIASES, TARGETS
+        if target not in TARGETS and target not in TARGET_ALIASES:
             from builder.errors import unknown_choice
-            raise unknown_choice("target", target, TARGETS, "targets are fixed: embedded, cpu, gpu")
+            raise unknown_choice("target", target, TARGETS, "targets are fixed: cpu, gpu, python (embedded is cpu)")
+        options.target = target = canonical_target(target)
     if benchmark_seconds is not None and benchmark_seconds < 0:
         from builder.errors import UserInputError
         raise UserInputError(f"--benchmark-seconds: {benchmark_seconds} is negative; give seconds per variant, "
@@ -93,6 +95,9 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = "model_reposito
     try:
         ctx = BuildContext(spec=model_spec, options=options, workdir=work.path, progress=progress)
         ctx.requested_variants, ctx.base_only = requested, base_only
+        if target_said:
+            ctx.notes.append(target_said)
+            progress(f"note: {target_said}")
         progress(f"building {model_spec.name} (target {ctx.target}; variants: {', '.join(ctx.requested_variants)})")
         with bar(progress, f"building {model_spec.name}", total=len(PIPELINE)) as advance:
             for index, (name, module, required) in enumerate(PIPELINE, 1):
@@ -128,10 +133,10 @@ def _run_stage(module, ctx: BuildContext, name: str, workdir: Path) -> StageResu
 
 
 def _refuse_unservable_scalars(spec: ModelSpec, target: str) -> None:
-    """A scalar (shape []) of a model without a batch dimension: only the python backend (target embedded)
+    """A scalar (shape []) of a model without a batch dimension: only the python backend (target python)
     can serve it (builder/repository/config.py); said before the build, not at publish. Outputs count where
     the spec gives their shape (the others are known once the model runs, and publish refuses them)."""
-    if target == "embedded" or spec.batching:
+    if target == "python" or spec.batching:
         return
     scalars = ([f"input '{t.name}'" for t in spec.inputs if list(t.shape) == []]
                + [f"output '{o.name}'" for o in spec.outputs if o.shape is not None and list(o.shape) == []])
@@ -140,7 +145,7 @@ def _refuse_unservable_scalars(spec: ModelSpec, target: str) -> None:
         raise UserInputError(
             f"{', '.join(scalars)}: shape [] with max_batch_size 0 and target {target}: Triton's own backends "
             "cannot serve a scalar without a batch dimension (its dims cannot be empty, and Triton refuses reshape "
-            "[] for a model that does not batch). Fix: deploy.target embedded (the python backend serves it as dims "
+            "[] for a model that does not batch). Fix: deploy.target python (the python backend serves it as dims "
             "[1]), or max_batch_size > 0, or make the model take/return it as shape [1]")
 
 

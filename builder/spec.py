@@ -39,7 +39,23 @@ TRITON_DTYPES = {
     "uint8": "TYPE_UINT8",
     "bool": "TYPE_BOOL",
 }
-TARGETS = ("embedded", "cpu", "gpu")
+TARGETS = ("cpu", "gpu", "python")
+#: old target names that still work, with what they now mean (said once per build: target_note)
+TARGET_ALIASES = {"embedded": "cpu"}
+
+
+def canonical_target(target: str) -> str:
+    """``target`` with an old name replaced by the target it now is (TARGET_ALIASES)."""
+    return TARGET_ALIASES.get(target, target)
+
+
+def target_note(target: str | None) -> str | None:
+    """What an old target name now means, or None."""
+    if target not in TARGET_ALIASES:
+        return None
+    return (f"target '{target}' is now '{TARGET_ALIASES[target]}': the standard Triton folders (onnxruntime_onnx, "
+            "pytorch_libtorch, openvino), which the embedded server and the stock NGC image both serve; "
+            "--target python publishes the python-backend model of earlier releases")
 OBJECTIVES = ("throughput", "latency", "tradeoff")
 # objective tradeoff: J = alpha * accuracy (points) - beta * p50 latency at batch 1 (ms) - gamma * memory (MB)
 TRADEOFF_DEFAULTS = {"alpha": 1.0, "beta": 1.0, "gamma": 0.0}
@@ -112,7 +128,8 @@ class DataSpec:
 
 @dataclass
 class DeploySpec:
-    target: str = "embedded"
+    target: str = "cpu"
+    target_given: str | None = None  # as the spec wrote it (an old name: spec.target_note says what it now is)
     instances: int = 1
     instances_auto: bool = True  # instances not set in the spec: the build sizes serving to the host
     dynamic_batching: bool = True
@@ -126,7 +143,7 @@ class DeploySpec:
     # (count), or refuse the request with an error naming the input (reject)
     non_finite_inputs: str = "count"
     onnx_tensorrt: dict[str, Any] | None = None  # target gpu: onnxruntime's TensorRT accelerator (see below)
-    instance_kind: str = "auto"  # gpu on target embedded: the python backend runs TorchScript on a GPU
+    instance_kind: str = "auto"  # gpu on target python: the python backend runs TorchScript on a GPU
     # drift and NaN/Inf monitoring: None = the python backend's model.py monitors itself, a standard folder is
     # served as it is; True = a standard folder is served behind an ensemble with a python monitor step
     # (builder/repository/monitored.py); False = no drift gauges (the python backend's drift off)
@@ -358,7 +375,8 @@ def _parse_deploy(raw: Any, origin: str, max_batch_size: int) -> DeploySpec:
     if dynamic_batching and max_batch_size == 0:
         raise f.error("needs max_batch_size > 0 (the model must have a batch dimension)", "dynamic_batching")
     return DeploySpec(
-        target=f.choice("target", "embedded", TARGETS),
+        target=canonical_target(f.choice("target", "cpu", (*TARGETS, *TARGET_ALIASES))),
+        target_given=f.get("target"),
         instances=f.integer("instances", 1, minimum=1),
         instances_auto=f.get("instances") is None,
         dynamic_batching=dynamic_batching,

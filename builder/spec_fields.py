@@ -3,7 +3,7 @@
 Usage::
 
     f = Fields(raw, "deploy", ("target", "instances"), origin="spec.yaml")
-    target = f.choice("target", "embedded", ("embedded", "cpu", "gpu"))
+    target = f.choice("target", "cpu", ("cpu", "gpu", "python"))
     instances = f.integer("instances", 1, minimum=1)
     # unknown keys, wrong types and out-of-range values raise UserInputError naming 'deploy.<key>'
 """

@@ -21,9 +21,9 @@ from typing import Any, Callable
 
 from builder.errors import UserInputError, unknown_choice
 
-ALL_TARGETS = ("embedded", "cpu", "gpu")
+ALL_TARGETS = ("cpu", "gpu", "python")
 # CPU INT8 is measured and served on the CPU: a gpu target serves on the GPU, where it is opt-in (--variants)
-CPU_TARGETS = ("embedded", "cpu")
+CPU_TARGETS = ("cpu", "python")
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def variants_of_stage(stage: str) -> list[VariantInfo]:
 
 def resolve_variants(requested: list[str] | None, target: str, instance_kind: str = "auto") -> list[str]:
     """The variant names to try: the ones asked for (validated), or the target's defaults.
-    ``instance_kind`` (spec deploy.instance_kind) gpu serves TorchScript variants only, on target embedded."""
+    ``instance_kind`` (spec deploy.instance_kind) gpu serves TorchScript variants only, on target python."""
     known = registered()
     gpu_python = _check_instance_kind(instance_kind, target)
     if requested is None:
@@ -97,14 +97,14 @@ def resolve_variants(requested: list[str] | None, target: str, instance_kind: st
 
 
 def _check_instance_kind(instance_kind: str, target: str) -> bool:
-    """True for the python backend on a GPU instance (target embedded, deploy.instance_kind gpu)."""
+    """True for the python backend on a GPU instance (target python, deploy.instance_kind gpu)."""
     if instance_kind == "gpu" and target == "cpu":
         raise UserInputError("deploy.instance_kind gpu with target cpu: target cpu serves on the CPU; use --target gpu "
-                             "(native backends, KIND_GPU) or target embedded (the python backend on a GPU instance)")
+                             "(native backends, KIND_GPU) or target python (the python backend on a GPU instance)")
     if instance_kind == "cpu" and target == "gpu":
         raise UserInputError("deploy.instance_kind cpu with target gpu: target gpu serves KIND_GPU instances; use "
                              "--target cpu for CPU serving, or drop deploy.instance_kind")
-    return instance_kind == "gpu" and target == "embedded"
+    return instance_kind == "gpu" and target == "python"
 
 
 def add_bases(names: list[str]) -> tuple[list[str], dict[str, list[str]]]:

@@ -124,7 +124,7 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("spec", help="model spec YAML")
     p.add_argument("--repository", default=DEFAULT_REPOSITORY, help="model repository folder (default: %(default)s)")
     p.add_argument("--variants", help="comma-separated variants to try (default: the target's defaults)")
-    p.add_argument("--target", help="embedded | cpu | gpu (default: the spec's deploy.target)")
+    p.add_argument("--target", help="cpu | gpu | python (default: the spec's deploy.target, else cpu; embedded is cpu)")
     p.add_argument("--strict", action="store_true", help="fail if any variant fails verification")
     p.add_argument("--publish-variants", action="store_true", help="also publish the others as <name>__<variant>")
     p.add_argument("--benchmark-seconds", type=finite_float,

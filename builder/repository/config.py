@@ -76,9 +76,9 @@ def backend_info(name: str) -> BackendInfo:
 
 def backend_for(target: str, fmt: str) -> str:
     """Which backend serves a variant of this format on this target."""
-    if target == "embedded":
+    if target == "python":
         if fmt not in BACKENDS["python"].formats:
-            raise UserInputError(f"the embedded target serves ONNX, TorchScript and OpenVINO IR only, not '{fmt}'; "
+            raise UserInputError(f"target python serves ONNX, TorchScript and OpenVINO IR only, not '{fmt}'; "
                                  "use target gpu for TensorRT plans")
         return "python"
     native = [b.name for b in BACKENDS.values() if fmt in b.formats and not b.embedded]
@@ -212,7 +212,7 @@ class ModelConfig:
             f"field '{kind}': {listed} {'is a scalar' if len(scalars) == 1 else 'are scalars'} (shape []) and "
             f"max_batch_size is 0: Triton's {backend_info(self.backend).triton_backend} backend cannot serve a "
             "scalar without a batch dimension (its dims cannot be empty, and Triton refuses reshape [] for a model "
-            "that does not batch). Fix: deploy.target embedded (the python backend serves it as dims [1]), or "
+            "that does not batch). Fix: deploy.target python (the python backend serves it as dims [1]), or "
             f"max_batch_size > 0, or make the model take/return '{name}' as shape [1]")
 
     @property

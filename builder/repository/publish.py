@@ -3,7 +3,7 @@ and the variant), its files, its metadata and reference cases, all in one atomic
 
 Usage::
 
-    config = config_for(spec, variant_format="onnx", target="embedded", name="digits_cnn",
+    config = config_for(spec, variant_format="onnx", target="cpu", name="digits_cnn",
                         output_signature={"logits": ("float32", [10])})
     published = publish_model(repository, VersionDescription(name=..., config=config, ...))
 

@@ -216,7 +216,7 @@ def ir_failures(xml: Path, release: TritonRelease) -> list[str]:
     if not too_new:
         return []
     return [f"{xml.name}: uses OpenVINO opset{max(too_new)} > opset{limit}, the newest OpenVINO {release.openvino} "
-            f"(Triton {release.release}'s openvino backend) reads: serve it on target embedded (the python backend, "
+            f"(Triton {release.release}'s openvino backend) reads: serve it on target python (the python backend, "
             "with the builder's openvino in docker/triton: --build-arg OPENVINO_VERSION) or publish the onnx variant"]
 
 

@@ -85,7 +85,7 @@ def serve_forever(
         try:
             server.start()
             warnings = served_host_warnings(repository, server.models, current_host) + \
-                served_release_warnings(repository, server.models)
+                served_release_warnings(repository, server.models) + python_backend_notes(repository, server.models)
             _announce_started(server, announce, warnings, temporary_log=log_path is None)
             with HangWatch(server, announce, hang_probe_interval, hang_probe_misses):
                 while not received:
@@ -167,6 +167,26 @@ def served_release_warnings(repository: Path | str, models: Sequence[str]) -> li
             out.append(f"{name}: built for Triton {release}; this embedded server is Triton {EMBEDDED_RELEASE} with this "
                        f"environment's runtimes. `triton-builder validate REPO/{name} --triton-release {release}` "
                        f"replays it under {release}'s own runtimes; serve it on that release's image (docker compose)")
+    return out
+
+
+def python_backend_notes(repository: Path | str, models: Sequence[str]) -> list[str]:
+    """One line per served model whose latest version is a python-backend wrapper (target python, or the
+    layout every build published before standard folders became the default): served here as it is, but
+    the stock NGC image needs the derived one for it; a build republishes it standard."""
+    from builder.storage.s3_location import is_s3_url
+
+    if is_s3_url(str(repository)):
+        return []
+    out = []
+    for name in models:
+        meta = _latest_metadata(Path(repository), name) or {}
+        if (meta.get("artifact") or {}).get("backend") == "python" and meta.get("model_name") == name:
+            spec = (meta.get("spec") or {}).get("path") or "SPEC"
+            out.append(f"{name}: a python-backend model (model.py wrapping the model file; the layout of earlier "
+                       f"releases, or --target python): it serves here, but the stock NGC image cannot load it "
+                       f"(docker/triton/python-backend.compose.yml builds one that can); `triton-builder build {spec} "
+                       f"--repository {repository}` republishes it as a standard folder that both serve")
     return out
 
 

@@ -403,7 +403,7 @@ def _check_onnx_release(ctx: BuildContext, path: Path) -> None:
     from builder.repository.runtime_gate import limit_failures
     from builder.repository.triton_releases import onnx_runtime_for, triton_release
 
-    backend = "python" if ctx.target == "embedded" else "onnxruntime"
+    backend = "python" if ctx.target == "python" else "onnxruntime"
     failures = limit_failures(path, onnx_runtime_for(triton_release(ctx.options.triton_release), backend), given=True)
     if failures:
         raise UserInputError("source.onnx: the file is newer than the Triton release this build targets loads "

@@ -15,7 +15,7 @@ variant list (converting and quantising add seconds to every build): ask for the
 ``variants: [onnx, openvino, openvino_int8]`` or ``--variants``.
 
 Served: target ``cpu`` with Triton's ``backend: "openvino"`` (model.xml + model.bin in the version
-folder); target ``embedded`` with the python backend's model.py running the IR (runtime openvino).
+folder); target ``python`` with the python backend's model.py running the IR (runtime openvino).
 """
 
 from __future__ import annotations

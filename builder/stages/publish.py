@@ -100,14 +100,16 @@ def _describe(ctx: BuildContext, variant: Variant, name: str, version: int,
     # a variant verified by task accuracy serves its own function: check compares with its own outputs
     outputs = variant.own_outputs if variant.own_outputs is not None else ctx.reference.outputs
     extra: dict[str, bytes] = {"reference.npz": reference_bytes(ctx.reference.cases, outputs)}
-    profiled = _profile_data(ctx, variant) if config.backend == "python" else None
+    # every version carries the profile of the traffic it was built for: the python backend's model.py and a
+    # deploy.monitor step read it; a standard folder keeps it as its record (monitoring can be switched on later)
+    profiled = _profile_data(ctx, variant)
     if profiled is not None:
         extra["drift_profile.json"] = profile_text(build_profile(*profiled)).encode()
     record = _metadata(ctx, variant, name, version, None, config.backend)  # version + files_sha256: on publish
     if name != ctx.spec.name and name == monitored_names(ctx.spec.name)[0]:
         record["monitor"] = {"served_as": ctx.spec.name, "step": monitored_names(ctx.spec.name)[1]}
     said = ""
-    if config.backend == "python" and profiled is None:
+    if profiled is None:
         record.setdefault("notes", []).append(NO_DRIFT_PROFILE)
         said = f"  {name} version {version}: {NO_DRIFT_PROFILE}"
     record["serving"] = {"instances": config.instance_groups[0].count,

@@ -25,7 +25,7 @@ STAGE = "select"
 
 # used only when nothing was measured
 PREFERENCE = {
-    "embedded": ["onnx", "torchscript"],
+    "python": ["onnx", "torchscript"],
     "cpu": ["onnx", "torchscript"],
     "gpu": ["tensorrt_fp16", "onnx_fp16", "onnx", "torchscript"],
 }

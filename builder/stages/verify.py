@@ -26,14 +26,14 @@ def release_failures(ctx: BuildContext, variant: Variant) -> list[str]:
     """What keeps a variant from loading on the build's Triton release (ONNX IR version and opset; the
     torch that saved a TorchScript for the libtorch backend)."""
     release = triton_release(ctx.options.triton_release)
-    if variant.format == "torchscript" and ctx.target != "embedded":
+    if variant.format == "torchscript" and ctx.target != "python":
         import torch
 
         too_new = libtorch_failure(torch.__version__, release)
         return [too_new] if too_new else []
     if variant.format != "onnx":
         return []
-    backend = "python" if ctx.target == "embedded" else "onnxruntime"
+    backend = "python" if ctx.target == "python" else "onnxruntime"
     return limit_failures(variant.path, onnx_runtime_for(release, backend))
 
 

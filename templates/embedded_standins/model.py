@@ -29,8 +29,10 @@ from served_model import TritonPythonModel as _ServedModel  # noqa: E402
 
 
 class _Uncounted:
-    """The C++ backends publish no triton_builder_* series of their own (a monitored model's monitor step
-    does): the stand-in's served_model.py counters are replaced by this, which counts nothing."""
+    """The C++ backends count no NaN/Inf inputs (a monitored model's monitor step does): the stand-in's
+    served_model.py guard is replaced by this, which counts nothing. Its error counter stays: a C++ backend's
+    failed request is counted by Triton (nv_inference_request_failure), a python model's is not, and the
+    failure-ratio rule reads triton_builder_request_errors_total for it."""
 
     def __init__(self, *args, **kwargs):
         pass
@@ -38,11 +40,8 @@ class _Uncounted:
     def check(self, feeds):
         return None
 
-    def count(self, reason):
-        pass
 
-
-served_model._NonFiniteGuard = served_model._ErrorCounter = _Uncounted
+served_model._NonFiniteGuard = _Uncounted
 
 #: backend -> (runtime of served_model.py, default file, the C++ backend's thread-count parameter)
 STANDINS = {"onnxruntime": ("onnxruntime", "model.onnx", "intra_op_thread_count"),

@@ -369,7 +369,8 @@ def test_tuned_config_is_validated_before_anything_is_written(built_repository, 
     config = config_as_dict(original)
     config["instance_group"][0]["count"] = 2
     text = config_text_from_dict(config, ["# tuned"])
-    assert text.startswith('# tuned\nname: "digits_cnn"\nbackend: "python"\nmax_batch_size: 64\n')
+    assert text.startswith('# tuned\nname: "digits_cnn"\nplatform: "onnxruntime_onnx"\n'
+                           'default_model_filename: "model.onnx"\nmax_batch_size: 64\n')
     write_tuned_config(repo, MODEL, text, {"winner": "2 instances"})
     assert config_as_dict(config_file.read_text())["instance_group"][0]["count"] == 2
     assert json.loads((repo / MODEL / "tuning.json").read_text()) == {"winner": "2 instances"}

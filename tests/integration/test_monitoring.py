@@ -22,8 +22,8 @@ their labels line up, whether or not the alert would fire. The unmodified expres
 (it must evaluate without error), and ``/api/v1/rules`` must report every rule healthy.
 
 One dedicated EmbeddedServer (``--metrics-config=summary_latencies=true``) serves a copy of the
-session repository (digits_cnn + bert_tiny) plus a tiny python model that always raises (the
-failure counters), with digits_cnn's drift window made small (``drift_window`` 128 -- the alert
+session repository (bert_tiny; digits_cnn rebuilt with deploy.monitor) plus a tiny python model that always
+raises (the failure counters), with digits_cnn's drift window made small (``drift_window`` 128 -- the alert
 wants >= 100 rows -- and ``drift_publish_every`` 1) and 2 instances in the copy's config.pbtxt, so
 drift shows within seconds. The exporter runs as ``python -m monitoring.exporter`` (a subprocess).
 """
@@ -47,7 +47,9 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
+from builder.pipeline import build
 from builder.serving.embedded import EmbeddedServer
+from builder.spec import load_spec
 from builder.monitoring.prometheus import LocalExporter, LocalPrometheus
 from tests.conftest import EXAMPLES, ROOT, in_ci
 from tests.unit.test_dashboard import metric_names
@@ -119,15 +121,27 @@ def stack(built_repository, tmp_path_factory):
         pytest.skip(message + "; set CI=true to make this a failure")
     repo = tmp_path_factory.mktemp("monitoring") / "model_repository"
     shutil.copytree(built_repository, repo, ignore=shutil.ignore_patterns(".triton-builder.lock", "__pycache__"))
-    config = repo / "digits_cnn" / "config.pbtxt"
-    text = _set_parameter(config.read_text(), "drift_window", str(DRIFT_WINDOW))
+    # digits_cnn monitored as deploy.monitor serves it on the stock image: the ensemble over the standard folder
+    # digits_cnn__model and the python step digits_cnn__monitor, which publishes the drift and NaN/Inf series
+    shutil.rmtree(repo / "digits_cnn")
+    spec = load_spec(EXAMPLES / "digits" / "spec.yaml")
+    spec.deploy.monitor = True
+    build(spec, repo, variants=["onnx"], benchmark_seconds=0, progress=lambda m: None)
+    monitor = repo / "digits_cnn__monitor" / "config.pbtxt"
+    text = _set_parameter(monitor.read_text(), "drift_window", str(DRIFT_WINDOW))
     text = _set_parameter(text, "drift_publish_every", "1")
+    # two stub processes: the drift gauges must describe both (one window shared by the instances)
+    text, counts = re.subn(r"(instance_group \{[^}]*count: )\d+", r"\g<1>2", text)
+    assert counts == 1, "digits_cnn__monitor's config has no instance_group count to set"
+    monitor.write_text(text)
+    config = repo / "digits_cnn__model" / "config.pbtxt"
+    text = config.read_text()
     # concurrent requests meet in the queue on any host, however fast it executes: batches > 1 form
     text, delays = re.subn(r"max_queue_delay_microseconds: \d+", "max_queue_delay_microseconds: 20000", text)
-    assert delays == 1, "digits_cnn's config has no dynamic_batching queue delay to set"
-    # two stub processes, as the build's sizing gives most hosts: the drift gauges must describe both
+    assert delays == 1, "digits_cnn__model's config has no dynamic_batching queue delay to set"
+    # two model instances, as the build's sizing gives most hosts
     text, counts = re.subn(r"(instance_group \{[^}]*count: )\d+", r"\g<1>2", text)
-    assert counts == 1, "digits_cnn's config has no instance_group count to set"
+    assert counts == 1, "digits_cnn__model's config has no instance_group count to set"
     config.write_text(text)
     _write_failing_model(repo / FAILING_MODEL)
 
@@ -282,7 +296,8 @@ def test_traffic_reached_prometheus(stack, traffic):
     assert {(dict(k)["model"], dict(k)["reason"]) for k in failed} == {(FAILING_MODEL, "BACKEND")}, failed
     ratio = prom.values(f'triton:request_failure_ratio:rate1m{{model="{FAILING_MODEL}"}}')
     assert list(ratio.values()) == [1.0], ratio
-    formed = prom.values('sum by (batch_size) (triton_builder_formed_batch_executions_total{model="digits_cnn"})')
+    # the batches form in the model step (an ensemble forms none)
+    formed = prom.values('sum by (batch_size) (triton_builder_formed_batch_executions_total{model="digits_cnn__model"})')
     sizes = {int(dict(k)["batch_size"]): v for k, v in formed.items() if v > 0}
     assert sizes and max(sizes) > 1, f"the exporter saw no batch > 1 for digits_cnn: {sizes}"
 

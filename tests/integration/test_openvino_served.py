@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 def openvino_repository(tmp_path_factory):
     repo = tmp_path_factory.mktemp("openvino_repo") / "model_repository"
     # no measuring: the preference order publishes onnx as digits_cnn, the others as digits_cnn__<variant>
-    build(EXAMPLES / "digits" / "spec.yaml", repo, variants=["onnx", "openvino", "openvino_int8"],
+    build(EXAMPLES / "digits" / "spec.yaml", repo, variants=["onnx", "openvino", "openvino_int8"], target="python",
           benchmark_seconds=0, publish_variants=True, progress=lambda message: None)
     return repo
 

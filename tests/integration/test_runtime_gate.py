@@ -41,7 +41,8 @@ def side(tmp_path_factory):
 def test_every_example_passes_the_compose_release(built_repository, side, model):
     proc = run_cli("validate", str(built_repository / model), "--triton-release", COMPOSE_RELEASE)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"Triton {COMPOSE_RELEASE}: loads on onnxruntime {DEFAULT_PYTHON_ORT} (Triton {COMPOSE_RELEASE}, python " \
+    backend_ort = triton_release(COMPOSE_RELEASE).onnxruntime  # a standard folder: the release's onnxruntime backend
+    assert f"Triton {COMPOSE_RELEASE}: loads on onnxruntime {backend_ort} (Triton {COMPOSE_RELEASE}, onnxruntime_onnx " \
         "backend" in proc.stdout
 
 
@@ -58,8 +59,8 @@ def test_a_model_the_release_cannot_load_is_refused_with_the_fix(built_repositor
     onnx.save(model, str(folder / "model.onnx"))
     meta = read_metadata(folder / "metadata.yaml")
     failures, _ = runtime_gate.runtime_gate(folder, meta, OLD)
-    assert failures == [f"model.onnx: ONNX IR version 11 > 10, the newest onnxruntime {PYTHON_ORT} (Triton 24.10, "
-                        "python backend, docker/triton image) loads: export with IR version <= 10 (the spec's "
+    assert failures == [f"model.onnx: ONNX IR version 11 > 10, the newest onnxruntime {BACKEND_ORT} (Triton 24.10, "
+                        "onnxruntime_onnx backend) loads: export with IR version <= 10 (the spec's "
                         "onnx.opset at most 21, or onnx.version_converter and model.ir_version = 10)"]
     # past the static check, the real onnxruntimes refuse it too (the python backend's, and - as an
     # onnxruntime_onnx model - Triton 24.10's own 1.19.2), and the message keeps the fix

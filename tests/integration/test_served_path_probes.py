@@ -80,7 +80,8 @@ def probes_served(tmp_path_factory):
         folder = root / name
         folder.mkdir()
         (folder / "model.py").write_text(source.lstrip() + "\n\ndef build():\n    return M().eval()\n")
-        data = {"name": name, "source": {"module": "model:build"}, **spec, "deploy": {"publish_variants": True}}
+        data = {"name": name, "source": {"module": "model:build"}, **spec, "deploy": {"publish_variants": True,
+                                                                                        "target": "python"}}
         (folder / "spec.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
         build(folder / "spec.yaml", repo, benchmark_seconds=0, progress=lambda _: None)
     server = EmbeddedServer(repo, ready_timeout=120)

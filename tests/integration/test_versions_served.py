@@ -1,7 +1,8 @@
 """A model's versions share one config.pbtxt: two versions of different formats (ONNX, then TorchScript,
 as the build's measured selection may pick on another day or host) are served side by side under
-version_policy all by the python backend - each version's model.py finds its own model file - and
-answer like their reference; validate passes both."""
+version_policy all by the python backend (target python) - each version's model.py finds its own model file -
+and answer like their reference; validate passes both. A standard folder's versions share one backend
+(tests/unit/test_interface_change.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ pytestmark = pytest.mark.integration
 def test_versions_of_different_formats_serve_side_by_side(tmp_path, quiet):
     repo = tmp_path / "repo"
     for variant in ("onnx", "torchscript"):
-        spec = write_model(tmp_path, "dotted", variants=[variant], deploy={"version_policy": "all"})
+        spec = write_model(tmp_path, "dotted", variants=[variant], deploy={"version_policy": "all",
+                                                                                          "target": "python"})
         build(spec, repo, benchmark_seconds=0, progress=quiet)
     assert (repo / "dotted" / "1" / "model.onnx").is_file() and (repo / "dotted" / "2" / "model.pt").is_file()
     assert 'model_file"' in (repo / "dotted" / "config.pbtxt").read_text()

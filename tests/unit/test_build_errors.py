@@ -235,7 +235,7 @@ def test_onnx_beyond_the_target_release_is_refused_before_publishing(digits_copy
     with pytest.raises(VerificationError, match="no variant passed verification") as err:
         build(digits_copy / "spec.yaml", repo, variants=["onnx"], triton_release="19.02", benchmark_seconds=0,
               progress=quiet)
-    assert "model.onnx: ONNX IR version 10 > 9, the newest onnxruntime 0.2.0 (Triton 19.02, python backend, docker/triton image) " \
+    assert "model.onnx: ONNX IR version 10 > 9, the newest onnxruntime 0.2.0 (Triton 19.02, onnxruntime backend) " \
            "loads: export with IR version <= 9" in str(err.value), str(err.value)
     assert_nothing_written(tmp_path, repo)
 
@@ -274,7 +274,7 @@ def test_torchscript_for_libtorch_follows_the_release(digits_copy, tmp_path, qui
     assert result.published[0]["backend"] == "pytorch_libtorch"
 
 
-@pytest.mark.parametrize("target", ["embedded", "cpu"])
+@pytest.mark.parametrize("target", ["python", "cpu"])
 def test_a_tensorrt_variant_off_the_gpu_target_is_refused_up_front(target):
     from builder.errors import UserInputError
     from builder.pipeline import build  # noqa: F401 - imports every stage, so every variant is registered
@@ -291,7 +291,7 @@ def test_cpu_int8_variants_are_defaults_on_cpu_targets_and_opt_in_on_gpu():
     from builder.variants import resolve_variants
 
     cpu_int8 = {"onnx_int8_static", "onnx_int8_dynamic", "torchscript_int8_dynamic"}
-    for target in ("embedded", "cpu"):
+    for target in ("python", "cpu"):
         assert cpu_int8 <= set(resolve_variants(None, target)), target
     gpu = resolve_variants(None, "gpu")
     assert not cpu_int8 & set(gpu) and {"onnx", "onnx_fp16"} <= set(gpu)

@@ -103,19 +103,19 @@ def test_unknown_backend_lists_supported_and_how_to_add():
 
 
 def test_backend_choice_per_target():
-    assert backend_for("embedded", "onnx") == "python"
-    assert backend_for("embedded", "torchscript") == "python"
+    assert backend_for("python", "onnx") == "python"
+    assert backend_for("python", "torchscript") == "python"
     assert backend_for("cpu", "onnx") == "onnxruntime_onnx"
     assert backend_for("gpu", "torchscript") == "pytorch_libtorch"
     assert backend_for("gpu", "plan") == "tensorrt_plan"
-    assert backend_for("embedded", "openvino") == "python"  # model.py runs the IR
+    assert backend_for("python", "openvino") == "python"  # model.py runs the IR
     assert backend_for("cpu", "openvino") == "openvino"
-    with pytest.raises(UserInputError, match="embedded target serves ONNX, TorchScript and OpenVINO IR only"):
-        backend_for("embedded", "plan")
+    with pytest.raises(UserInputError, match="target python serves ONNX, TorchScript and OpenVINO IR only"):
+        backend_for("python", "plan")
 
 
 PUBLISHED = [("onnx", "cpu", "onnxruntime_onnx"), ("torchscript", "cpu", "pytorch_libtorch"),
-             ("openvino", "cpu", "openvino"), ("onnx", "embedded", "python")]
+             ("openvino", "cpu", "openvino"), ("onnx", "python", "python")]
 
 
 def _published(fmt: str, target: str) -> str:

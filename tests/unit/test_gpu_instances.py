@@ -39,12 +39,12 @@ def test_instance_kind_is_parsed_and_a_wrong_value_named(tmp_path):
 
 
 def test_gpu_instances_take_torchscript_only_and_pair_with_target_embedded():
-    assert resolve_variants(None, "embedded", "gpu") == ["torchscript", "torchscript_fp16"]
+    assert resolve_variants(None, "python", "gpu") == ["torchscript", "torchscript_fp16"]
     assert "torchscript_fp16" in resolve_variants(None, "gpu")
-    assert "torchscript_fp16" not in resolve_variants(None, "embedded")
+    assert "torchscript_fp16" not in resolve_variants(None, "python")
     with pytest.raises(UserInputError, match=r"variants onnx .*deploy.instance_kind gpu: the python backend runs only "
                                              r"TorchScript"):
-        resolve_variants(["onnx", "torchscript"], "embedded", "gpu")
+        resolve_variants(["onnx", "torchscript"], "python", "gpu")
     with pytest.raises(UserInputError, match="deploy.instance_kind gpu with target cpu"):
         resolve_variants(None, "cpu", "gpu")
     with pytest.raises(UserInputError, match="deploy.instance_kind cpu with target gpu"):
@@ -55,12 +55,12 @@ def test_config_of_a_gpu_instance_is_kind_gpu_and_not_sized_from_cpu_cores():
     from builder.repository.publish import config_for
 
     signature = {"logits": ("float32", [10])}
-    gpu = config_for(_spec("gpu"), "torchscript", "embedded", "digits_cnn", signature, sizing=(2, 1),
+    gpu = config_for(_spec("gpu"), "torchscript", "python", "digits_cnn", signature, sizing=(2, 1),
                      queue_delay_us=500)
     assert [(g.kind, g.count) for g in gpu.instance_groups] == [("KIND_GPU", 1)]
     assert gpu.backend == "python" and gpu.parameters["runtime"] == "torchscript"
     assert gpu.dynamic_batching.max_queue_delay_microseconds == 0
-    cpu = config_for(_spec(), "torchscript", "embedded", "digits_cnn", signature, sizing=(2, 1), queue_delay_us=500)
+    cpu = config_for(_spec(), "torchscript", "python", "digits_cnn", signature, sizing=(2, 1), queue_delay_us=500)
     assert [(g.kind, g.count) for g in cpu.instance_groups] == [("KIND_CPU", 2)]
     assert cpu.dynamic_batching.max_queue_delay_microseconds == 500
 

@@ -143,14 +143,14 @@ def test_config_for_applies_the_size_unless_the_spec_sets_instances(digits_copy)
 
     signature = {"logits": ("float32", [10])}
     spec = load_spec(digits_copy / "spec.yaml")
-    config = config_for(spec, "onnx", "embedded", "digits_cnn", signature, sizing=(1, 2))
+    config = config_for(spec, "onnx", "python", "digits_cnn", signature, sizing=(1, 2))
     assert config.instance_groups[0].count == 1 and config.parameters["intra_op_threads"] == "2"
-    config = config_for(spec, "onnx", "embedded", "digits_cnn", signature)
+    config = config_for(spec, "onnx", "python", "digits_cnn", signature)
     assert config.instance_groups[0].count == 1 and config.parameters["intra_op_threads"] == "1"
     deploy = yaml.safe_load((digits_copy / "spec.yaml").read_text()).get("deploy") or {}
     edit_spec(digits_copy, deploy={**deploy, "instances": 3})
     spec = load_spec(digits_copy / "spec.yaml")
-    config = config_for(spec, "onnx", "embedded", "digits_cnn", signature, sizing=(2, 1))
+    config = config_for(spec, "onnx", "python", "digits_cnn", signature, sizing=(2, 1))
     assert config.instance_groups[0].count == 3 and config.parameters["intra_op_threads"] == "1"
 
 
@@ -163,14 +163,14 @@ def test_config_for_applies_the_sized_delay_unless_the_spec_sets_one(digits_copy
     spec = load_spec(digits_copy / "spec.yaml")
     assert spec.deploy.max_queue_delay_auto
     delay = lambda config: config.dynamic_batching.max_queue_delay_microseconds  # noqa: E731
-    assert delay(config_for(spec, "onnx", "embedded", "digits_cnn", signature, queue_delay_us=650)) == 650
-    assert delay(config_for(spec, "onnx", "embedded", "digits_cnn", signature)) == 0  # not measured: the default
+    assert delay(config_for(spec, "onnx", "python", "digits_cnn", signature, queue_delay_us=650)) == 650
+    assert delay(config_for(spec, "onnx", "python", "digits_cnn", signature)) == 0  # not measured: the default
     assert delay(config_for(spec, "onnx", "gpu", "digits_cnn", signature, queue_delay_us=650)) == 0  # GPU: the spec
     deploy = yaml.safe_load((digits_copy / "spec.yaml").read_text()).get("deploy") or {}
     edit_spec(digits_copy, deploy={**deploy, "max_queue_delay_microseconds": 0})  # set, even to 0: the user's
     spec = load_spec(digits_copy / "spec.yaml")
     assert not spec.deploy.max_queue_delay_auto
-    assert delay(config_for(spec, "onnx", "embedded", "digits_cnn", signature, queue_delay_us=650)) == 0
+    assert delay(config_for(spec, "onnx", "python", "digits_cnn", signature, queue_delay_us=650)) == 0
 
 
 def test_validate_warns_on_a_host_that_differs(built_repository, tmp_path):
@@ -215,7 +215,7 @@ def test_a_measured_build_sizes_serving_to_its_host(tmp_path):
     assert f"{cores} usable cores" in serving["sized"]
     config = config_as_dict((repo / "digits_cnn" / "config.pbtxt").read_text())
     assert config["instance_group"][0]["count"] == serving["instances"]
-    assert config["parameters"]["intra_op_threads"]["string_value"] == str(serving["intra_op_threads"])
+    assert config["parameters"]["intra_op_thread_count"]["string_value"] == str(serving["intra_op_threads"])
     # the batching delay: sized from the same benchmark (whatever it measured here), recorded with its reason
     assert int(config["dynamic_batching"].get("max_queue_delay_microseconds", 0)) == \
         serving["max_queue_delay_microseconds"]

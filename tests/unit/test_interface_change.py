@@ -123,8 +123,8 @@ def test_a_version_for_another_backend_is_an_interface_change(tmp_path):
 
 def test_the_python_backend_serves_versions_of_different_formats_under_one_config(tmp_path):
     repo = tmp_path / "repo"
-    _publish(tmp_path, repo, policy="all", target="embedded")  # model.onnx; model.py finds each version's file
-    ctx, result = _publish(tmp_path, repo, policy="all", target="embedded", selected="torchscript")
+    _publish(tmp_path, repo, policy="all", target="python")  # model.onnx; model.py finds each version's file
+    ctx, result = _publish(tmp_path, repo, policy="all", target="python", selected="torchscript")
     assert existing_versions(repo / "m") == [1, 2] and "warnings" not in result.outputs
     assert (repo / "m" / "1" / "model.onnx").is_file() and (repo / "m" / "2" / "model.pt").is_file()
 

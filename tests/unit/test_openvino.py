@@ -65,13 +65,13 @@ def tiny_build(tmp_path_factory):
     root = tmp_path_factory.mktemp("openvino")
     repo = root / "repo"
     result = build(tiny_spec(root), repo, variants=VARIANTS, benchmark_seconds=0, publish_variants=True,
-                   progress=lambda m: None)
+                   target="python", progress=lambda m: None)
     return result, repo
 
 
 def test_openvino_variants_are_opt_in_on_every_target():
     assert {"openvino", "openvino_int8"} <= set(registered())
-    for target in ("embedded", "cpu", "gpu"):
+    for target in ("python", "cpu", "gpu"):
         assert not {"openvino", "openvino_int8"} & set(resolve_variants(None, target)), target
 
 
@@ -117,7 +117,7 @@ def test_the_runtime_runs_the_ir_with_the_settings_it_was_verified_with(tiny_bui
         openvino_runner(ir, ["probs"])
 
 
-def test_published_for_the_embedded_target_the_python_backend_runs_the_ir(tiny_build, tmp_path):
+def test_published_for_target_python_the_python_backend_runs_the_ir(tiny_build, tmp_path):
     result, repo = tiny_build
     folder = repo / "tiny__openvino" / "1"
     assert {"model.xml", "model.bin", "model.py"} <= {p.name for p in folder.iterdir()}
@@ -176,7 +176,7 @@ def test_target_cpu_publishes_the_ir_for_tritons_openvino_backend(tmp_path):
                             (version / "model.xml").read_text()))
     assert ir_failures(newer, triton_release("24.10")) == [
         "newer.xml: uses OpenVINO opset15 > opset14, the newest OpenVINO 2024.4.0 (Triton 24.10's openvino backend) "
-        "reads: serve it on target embedded (the python backend, with the builder's openvino in docker/triton: "
+        "reads: serve it on target python (the python backend, with the builder's openvino in docker/triton: "
         "--build-arg OPENVINO_VERSION) or publish the onnx variant"]
 
 

@@ -14,12 +14,15 @@ from tests.conftest import EXAMPLES, run_cli
 
 @pytest.fixture(scope="module")
 def two_versions(tmp_path_factory):
-    """digits twice: version 1 TorchScript, version 2 ONNX (no benchmark) - real, slightly different outputs."""
+    """digits twice: version 1 TorchScript, version 2 ONNX (no benchmark) - real, slightly different outputs. Target
+    python: its model.py serves versions of different formats under one config (a standard folder's versions share
+    one backend, and validate fails a version the config cannot serve: tests/unit/test_interface_change.py)."""
     from builder.pipeline import build
 
     repo = tmp_path_factory.mktemp("regression") / "model_repository"
     for variant in ("torchscript", "onnx"):
-        build(EXAMPLES / "digits/spec.yaml", repo, variants=[variant], benchmark_seconds=0, progress=lambda m: None)
+        build(EXAMPLES / "digits/spec.yaml", repo, variants=[variant], target="python", benchmark_seconds=0,
+              progress=lambda m: None)
     return repo / "digits_cnn"
 
 

@@ -61,11 +61,12 @@ def test_model_dir_refuses_traversal(tmp_path, name):
 def test_published_version_holds_the_artifact_record(built_repository):
     folder = built_repository / "digits_cnn" / "1"
     names = {p.name for p in folder.iterdir()}
-    assert {"model.onnx", "model.py", "metadata.yaml", "reference.npz", "build_report.md", "build_report.json"} <= names
+    assert {"model.onnx", "metadata.yaml", "reference.npz", "drift_profile.json", "build_report.md",
+            "build_report.json"} <= names and "model.py" not in names  # the default: a standard folder
     meta = yaml.safe_load((folder / "metadata.yaml").read_text())
     assert meta["model_name"] == "digits_cnn" and meta["version"] == 1
     assert meta["artifact"]["exporter"] == "dynamo" and meta["artifact"]["opset"] >= 18
-    assert meta["artifact"]["backend"] == "python"
+    assert meta["artifact"]["backend"] == "onnxruntime_onnx"
     assert set(meta["versions"]) >= {"torch", "onnx", "onnxruntime", "openvino", "python"}
     assert len(meta["files_sha256"]["model.onnx"]) == 64
     assert meta["source"]["sha256"]["weights.safetensors"]
@@ -75,7 +76,7 @@ def test_published_version_holds_the_artifact_record(built_repository):
     assert [c["inputs"]["image"].shape[0] for c in cases] == [1, 3, 64]
     assert outputs[0]["logits"].shape == (1, 10)
     config = parse_config((built_repository / "digits_cnn" / "config.pbtxt").read_text())
-    assert config.backend == "python" and config.max_batch_size == 64
+    assert config.platform == "onnxruntime_onnx" and config.max_batch_size == 64
 
 
 def test_bert_reference_covers_dynamic_sizes(built_repository):

@@ -95,12 +95,12 @@ def test_a_full_disk_during_publish_names_the_file_and_keeps_earlier_versions(di
     real_copy = publish.shutil.copyfile
 
     def copy_until_full(source, target):
-        if Path(target).name == "model.py":
+        if Path(target).name == "model.onnx":
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_copy(source, target)
 
     monkeypatch.setattr(publish.shutil, "copyfile", copy_until_full)
-    with pytest.raises(UserInputError, match=r"publishing 'digits_cnn' failed writing model.py \(.*\): No space left on "
+    with pytest.raises(UserInputError, match=r"publishing 'digits_cnn' failed writing model.onnx \(.*\): No space left on "
                                            r"device; nothing was published and earlier versions are intact; free "
                                            r"space on that file system and build again"):
         build(digits_copy / "spec.yaml", repo, variants=["onnx"], benchmark_seconds=0, progress=quiet)

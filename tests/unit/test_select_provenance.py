@@ -14,6 +14,7 @@ import yaml
 
 from builder.errors import UserInputError
 from builder.files import sha256_file
+from builder.repository.config import thread_parameter
 from builder.repository.reselect import publish_tuned, select_for_host
 from tests.conftest import EXAMPLES
 
@@ -143,7 +144,7 @@ def test_select_keeps_the_size_tune_published(two_builds, tmp_path):
     assert "instances kept: by triton-builder tune" in report.why and report.published["version"] == 4
     config = config_as_dict((repo / "digits_cnn/config.pbtxt").read_text())
     assert config["instance_group"][0]["count"] == 3
-    assert config["parameters"]["intra_op_threads"] == {"string_value": "2"}
+    assert config["parameters"][thread_parameter(config["parameters"])] == {"string_value": "2"}
 
     # another variant wins: its config (never tuned) is given the tuned size, and the lines say to tune it
     switched = select_for_host(repo, "digits_cnn", measure=_torchscript_wins, current_host=big)
@@ -151,7 +152,7 @@ def test_select_keeps_the_size_tune_published(two_builds, tmp_path):
     assert "tuned for onnx: run `triton-builder tune --publish` again for torchscript" in switched.why
     config = config_as_dict((repo / "digits_cnn/config.pbtxt").read_text())
     assert config["instance_group"][0]["count"] == 3
-    assert config["parameters"]["intra_op_threads"] == {"string_value": "2"}
+    assert config["parameters"][thread_parameter(config["parameters"])] == {"string_value": "2"}
     assert _meta(repo, "digits_cnn/5")["serving"]["sized"].startswith("by triton-builder tune")
 
 

@@ -190,7 +190,7 @@ def test_triton_rules_refuse_an_empty_reshape_without_batching():
 def test_a_backend_other_than_python_refuses_a_scalar_without_batching(backend, library):
     with pytest.raises(UserInputError, match=rf"field 'outputs': output 'close_pairs' is a scalar \(shape \[\]\) and "
                                              rf"max_batch_size is 0: Triton's {library} backend cannot serve a scalar "
-                                             r"without a batch dimension .* Fix: deploy.target embedded \(the python "
+                                             r"without a batch dimension .* Fix: deploy.target python \(the python "
                                              r"backend serves it as dims \[1\]\), or max_batch_size > 0, or make the "
                                              r"model take/return 'close_pairs' as shape \[1\]"):
         ModelConfig(name="m", backend=backend, max_batch_size=0,

@@ -27,7 +27,7 @@ def spec_with(**changes):
 def test_valid_spec_parses_with_defaults(tmp_path):
     spec = parse_spec(spec_with(), tmp_path / "spec.yaml")
     assert spec.name == "m" and spec.max_batch_size == 8
-    assert spec.deploy.target == "embedded" and spec.deploy.dynamic_batching is True
+    assert spec.deploy.target == "cpu" and spec.deploy.dynamic_batching is True
     assert spec.verify.tolerance("fp32") == {"rel_l2": 1e-5, "max_mismatch": 0.0}
     assert spec.inputs[0].triton_dtype == "TYPE_FP32"
 

@@ -178,7 +178,7 @@ def test_tune_publish_makes_the_tuned_config_a_new_version(built_repository, tmp
     assert published["version"] == 2
     served = config_as_dict((repo / "digits_cnn" / "config.pbtxt").read_text())
     assert served["instance_group"][0]["count"] == 2
-    assert served["parameters"]["intra_op_threads"] == {"string_value": "2"}
+    assert served["parameters"]["intra_op_thread_count"] == {"string_value": "2"}  # the onnxruntime backend's key
     meta = yaml.safe_load((repo / "digits_cnn" / "2" / "metadata.yaml").read_text())
     assert meta["serving"]["instances"] == 2 and meta["serving"]["intra_op_threads"] == 2
     assert meta["tuned_from"] == {"version": 1}

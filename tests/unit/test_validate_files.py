@@ -26,7 +26,7 @@ def _meta(folder):
 def test_every_published_file_is_hashed(digits):
     hashed = set(_meta(digits)["files_sha256"])
     published = {p.name for p in (digits / "1").iterdir() if p.is_file()} - {"metadata.yaml"}
-    assert {"reference.npz", "drift_profile.json", "build_report.md", "model.onnx", "model.py"} <= hashed
+    assert {"reference.npz", "drift_profile.json", "build_report.md", "model.onnx"} <= hashed
     assert hashed == published
     report = validate_model(digits)
     assert report.ok and report.versions[0].notes == [], report.lines()
