@@ -188,7 +188,7 @@ def _name_files(names: Iterable[str], shown: int = 5) -> str:
 
 def _local_versions(repository: Path, models: Sequence[str] | None,
                     version: int | None) -> list[tuple[str, list[int]]]:
-    from builder.repository.layout import existing_versions, model_dir
+    from builder.repository.layout import MODEL_SUFFIX, MONITOR_SUFFIX, existing_versions, is_monitored, model_dir
 
     if not repository.is_dir():
         raise UserInputError(f"--repository {repository}: not a directory; pass the local model repository "
@@ -196,6 +196,12 @@ def _local_versions(repository: Path, models: Sequence[str] | None,
     names = list(models) if models else sorted(p.name for p in repository.iterdir()
                                                if p.is_dir() and not p.name.startswith("."))
     chosen = []
+    monitored = [n for n in names if is_monitored(repository, n) or any(
+        n.endswith(suffix) and is_monitored(repository, n[:-len(suffix)]) for suffix in (MODEL_SUFFIX, MONITOR_SUFFIX))]
+    if monitored:
+        raise UserInputError(f"{', '.join(monitored)}: part of a monitored model (deploy.monitor: an ensemble, its model "
+                             "step and its python monitor step); publishing to object storage does not carry those "
+                             "yet: publish a build without deploy.monitor, or name the other models with --model")
     for name in names:
         folder = model_dir(repository, name)
         versions = existing_versions(folder)

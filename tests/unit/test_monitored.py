@@ -172,3 +172,13 @@ def test_tune_given_the_ensemble_tunes_its_model_step(tmp_path):
     assert said == ["note: 'm' is a monitored ensemble: tuning its model step 'm__model' (measured without the monitor "
                     "step, whose cost is in docs/benchmarks.md)"]
     assert monitored_step(tmp_path, "m__model", said.append) == "m__model" and len(said) == 1
+
+
+def test_publishing_to_object_storage_refuses_a_monitored_model_before_contacting_the_store(tmp_path):
+    from builder.storage.s3 import publish_repository
+
+    _folder(tmp_path, "m", 'name: "m"\nplatform: "ensemble"\n')
+    _folder(tmp_path, "m__model", 'name: "m__model"\nplatform: "onnxruntime_onnx"\n')
+    _folder(tmp_path, "m__monitor", 'name: "m__monitor"\nbackend: "python"\n')
+    with pytest.raises(UserInputError, match=r"^m, m__model, m__monitor: part of a monitored model \(deploy.monitor"):
+        publish_repository(tmp_path, "s3://bucket/models", client=object())
