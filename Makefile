@@ -79,10 +79,10 @@ bench-releases: setup
 
 # a standard onnxruntime_onnx folder through the embedded server's stand-in vs the python-backend model (issue 34)
 bench-standin: setup
-	$(BIN)/python benchmarks/standin_vs_python.py
+	$(BIN)/python benchmarks/served_side_by_side.py standin
 
 bench-monitor: setup
-	$(BIN)/python benchmarks/monitor_cost.py
+	$(BIN)/python benchmarks/served_side_by_side.py monitor
 
 clean:
 	rm -rf runs .pytest_cache

@@ -1,11 +1,24 @@
-"""Two layouts of the same ONNX variant served by the embedded tritonserver, side by side: each example is
-built once per layout with the same sizing (no benchmark: 1 instance x 1 thread), both repositories are
-served at once (one embedded tritonserver each) and measured in turns (a, b, a, b, ...) with Triton's
-perf_analyzer over gRPC at each concurrency level (batch-1 requests from reference.npz, time windows until
-stable); the median of the rounds is reported with the min-max spread. Used by benchmarks/standin_vs_python.py
-and benchmarks/monitor_cost.py.
+"""Two layouts of the same ONNX variant served by the embedded tritonserver, side by side (a benchmark, not a
+test). Each example (default digits, overhead-bound, and convnet64, a conv net) is built once per layout
+with the same sizing (no benchmark: 1 instance x 1 thread), both repositories are served at once (one
+embedded tritonserver each) and measured in turns (a, b, a, b, ...) with Triton's perf_analyzer over gRPC
+at each concurrency level (batch-1 requests from reference.npz, time windows until stable); the median of
+the rounds is reported with the min-max spread. Prints the CPU model and ISA flags first, one JSON line per
+measurement, then a table.
 
-Prints the CPU model and ISA flags first, one JSON line per measurement, then a table.
+Comparisons (the first argument):
+
+standin (`make bench-standin`, issue 34's no-regression target): ``--target python`` (config backend
+  "python" + model.py wrapping onnxruntime) vs ``--target cpu`` (the standard folder: platform
+  "onnxruntime_onnx" + model.onnx, served here by the Python-based stand-in, on the NGC image by the C++
+  onnxruntime backend). Target: the standard folder reaches at least the python model's req/s and at most
+  its p99 at each level (within the host's run-to-run spread).
+monitor (`make bench-monitor`, issue 34: what deploy.monitor costs): the standard folder alone vs behind the
+  monitor ensemble (<name> -> <name>__model -> <name>__monitor, the python step counting NaN/Inf and
+  feeding the drift window; 1 monitor instance).
+
+Usage: python benchmarks/served_side_by_side.py standin|monitor [--models digits,convnet64] [--rounds 3]
+       [--levels 1,8,16] [--seconds 6]
 """
 
 from __future__ import annotations
@@ -21,14 +34,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def compare(layouts: dict, doc: str, argv=None) -> int:
-    """``layouts``: {label: (target, deploy.monitor)}, two of them; the second is the ratio's numerator."""
-    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+#: comparison -> {label: (target, deploy.monitor)}, two layouts; the second is the ratio's numerator
+COMPARISONS = {"standin": {"python": ("python", None), "standard": ("cpu", None)},
+               "monitor": {"plain": ("cpu", None), "monitored": ("cpu", True)}}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("comparison", choices=sorted(COMPARISONS), help="which two layouts (see above)")
     ap.add_argument("--models", default="digits,convnet64", help="examples/<name>/spec.yaml, comma-separated")
     ap.add_argument("--rounds", type=int, default=3, help="measurements of each layout and level, in turns")
     ap.add_argument("--levels", default="1,8,16", help="concurrency levels")
     ap.add_argument("--seconds", type=float, default=6.0, help="time cap per measured level")
     args = ap.parse_args(argv)
+    layouts = COMPARISONS[args.comparison]
     from builder.host import host_profile
     from builder.pipeline import build
     from builder.serving.embedded import EmbeddedServer
@@ -89,3 +108,7 @@ def compare(layouts: dict, doc: str, argv=None) -> int:
     for row in [head, ["-" * w for w in widths], *table]:
         print(" | ".join(cell.ljust(w) for cell, w in zip(row, widths)))
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
