@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -203,6 +204,24 @@ def _require_staging_beside(root: Path, existing: Path, where: str) -> None:
     if reason is not None:
         raise UserInputError(f"{where} {root}: its parent folder {parent} is not writable ({reason}), and versions "
                              "are staged beside the repository so that each appears in one rename; " + fix)
+
+
+def atomic_write(root: Path, target: Path, text: str) -> None:
+    """Replace ``target`` (a file in a model folder of repository ``root``) with ``text`` at once: written to a
+    temporary file in ``root`` (never a half-written file in a model folder), then renamed over it."""
+    handle, tmp = tempfile.mkstemp(prefix=f".{target.parent.name}.{target.name}.", suffix=".tmp", dir=root)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 @contextlib.contextmanager

@@ -26,7 +26,6 @@ Usage::
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,7 +33,8 @@ from builder import assets
 from builder.errors import UserInputError
 from builder.repository.config import (DynamicBatching, InstanceGroup, ModelConfig, TensorConfig, render_config,
                                        render_template)
-from builder.repository.layout import (MODEL_SUFFIX, MONITOR_SUFFIX, is_monitored, model_dir, publish_version)
+from builder.repository.layout import (MODEL_SUFFIX, MONITOR_SUFFIX, _repository_lock, atomic_write, is_monitored,
+                                       model_dir, publish_version)
 from builder.spec import DeploySpec
 
 #: the monitor step's input for model output X is X + PASSED_SUFFIX (templates/monitor/model.py reads it)
@@ -140,8 +140,8 @@ def publish_monitor(repository: Path, name: str, version: int, model: ModelConfi
         with publish_version(repository, name, ENSEMBLE_VERSION) as ensemble:
             ensemble.config_text = ensemble_text
     elif config_path.read_text() != ensemble_text:  # the interface changed: the ensemble follows it
-        staged = folder / ".config.pbtxt.new"
-        staged.write_text(ensemble_text)
-        os.replace(staged, config_path)
+        root = Path(repository).resolve()
+        with _repository_lock(root):
+            atomic_write(root, config_path, ensemble_text)
     return {"ensemble": name, "monitor": monitor_name, "monitor_version": version}
 

@@ -15,14 +15,12 @@ Usage::
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 from builder.errors import BuilderError, UserInputError
 from builder.repository.config import config_as_dict, parse_config
-from builder.repository.layout import _repository_lock, is_monitored, model_dir
+from builder.repository.layout import _repository_lock, atomic_write, model_dir
 
 TUNING_RECORD = "tuning.json"
 TUNED_MARK = "# Tuned by triton-builder tune"
@@ -75,22 +73,6 @@ def original_header(text: str) -> list[str]:
     return lines
 
 
-def _atomic_write(root: Path, target: Path, text: str) -> None:
-    handle, tmp = tempfile.mkstemp(prefix=f".{target.parent.name}.{target.name}.", suffix=".tmp", dir=root)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def refuse_if_signed(repository: str | Path, name: str) -> None:
     """A signed latest version's signature covers a copy of the config it was published with
     (signing.SIGNED_CONFIG): rewriting config.pbtxt in place would make `serve --public-key` refuse it.
@@ -110,9 +92,9 @@ def refuse_if_signed(repository: str | Path, name: str) -> None:
 def monitored_step(repository: str | Path, name: str, say: Callable[[str], object]) -> str:
     """The model to tune for ``name``: itself, or the model step of a monitored ensemble (deploy.monitor),
     which has no scheduling of its own to tune."""
-    if not is_monitored(Path(repository), name):
-        return name
     step = model_dir(Path(repository), name).name
+    if step == name:
+        return name
     say(f"note: '{name}' is a monitored ensemble: tuning its model step '{step}' (measured without the monitor "
         "step, whose cost is in docs/benchmarks.md)")
     return step
@@ -143,6 +125,6 @@ def write_tuned_config(repository: str | Path, name: str, config_text: str,
                                "tuning may only change batching, instances and max_batch_size")
     record_text = json.dumps(record, indent=2, default=str) + "\n"
     with _repository_lock(root):
-        _atomic_write(root, folder / TUNING_RECORD, record_text)
-        _atomic_write(root, current_path, config_text)
+        atomic_write(root, folder / TUNING_RECORD, record_text)
+        atomic_write(root, current_path, config_text)
     return current_path, folder / TUNING_RECORD

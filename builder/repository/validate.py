@@ -28,7 +28,7 @@ from builder.errors import UserInputError
 from builder.files import sha256_file
 from builder.repository.config import parse_config
 from builder.repository.interface import version_mismatch
-from builder.repository.layout import MODEL_SUFFIX, existing_versions, is_monitored, misnamed_versions
+from builder.repository.layout import MODEL_SUFFIX, existing_versions, is_monitored, misnamed_versions, model_dir
 from builder.host import host_warnings
 from builder.repository.metadata import read_metadata, read_reference
 from builder.repository.signing import SIGNATURE_FILE, SIGNED_CONFIG, public_key as signature_key, verify_model
@@ -96,7 +96,7 @@ def validate_model(model_path: str | Path, version: int | None = None, *, gpu: s
         raise UserInputError(f"{model_path}: no such model folder; pass <repository>/<model name>")
     if is_monitored(folder.parent, folder.name):  # deploy.monitor: the ensemble's versions are its model step's
         progress(f"{folder.name} is a monitored ensemble: validating its model step {folder.name}{MODEL_SUFFIX}")
-        folder = folder.parent / (folder.name + MODEL_SUFFIX)
+        folder = model_dir(folder.parent, folder.name)
     report = ValidationReport(model=folder.name, path=folder)
     config_path = folder / "config.pbtxt"
     if not config_path.is_file():

@@ -24,9 +24,10 @@ from typing import Any
 from builder.errors import ServerError, UserInputError
 from builder.serving.client import TritonClient, TritonError
 from builder.repository.config import config_as_dict
-from builder.repository.layout import is_monitored, latest_version, model_dir, not_in_repository
+from builder.repository.layout import latest_version, model_dir, not_in_repository
 from builder.host import host_warnings
 from builder.repository.metadata import read_metadata, read_reference
+from builder.repository.monitored import ENSEMBLE_VERSION
 from builder.tensors import compare_outputs, from_wire, merge_case_metrics, to_wire, tolerance_failures
 
 
@@ -95,7 +96,7 @@ def check_served(name: str, *, repository: str | Path = "model_repository", url:
         report.basis = _task_accuracy_basis(meta)
     # deploy.monitor: clients call the ensemble, which serves the latest version; an older one is asked directly
     request_name, request_version = folder.name, number
-    if is_monitored(Path(repository), name):
+    if folder.name != name:  # model_dir resolved the ensemble to its model step
         if number == latest_version(folder):
             request_name, request_version = name, ""
         else:
@@ -112,7 +113,7 @@ def check_served(name: str, *, repository: str | Path = "model_repository", url:
         first = clients[protocols[0]]
         _require_ready(first, folder.name, number, first.address)
         if request_name != folder.name:
-            _require_ready(first, request_name, 1, first.address)
+            _require_ready(first, request_name, ENSEMBLE_VERSION, first.address)
         intended = config_as_dict((folder / "config.pbtxt").read_text())
         report.config_differences = config_differences(intended, first.model_config(folder.name))
         batching = int(intended.get("max_batch_size", 0)) > 0

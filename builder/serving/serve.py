@@ -84,8 +84,10 @@ def serve_forever(
     with stop_signals() as received:
         try:
             server.start()
-            warnings = served_host_warnings(repository, server.models, current_host) + \
-                served_release_warnings(repository, server.models) + python_backend_notes(repository, server.models)
+            metas = latest_metadata(repository, server.models)  # read once for the three kinds of line
+            warnings = served_host_warnings(repository, server.models, current_host, metas) + \
+                served_release_warnings(repository, server.models, metas) + \
+                python_backend_notes(repository, server.models, metas)
             _announce_started(server, announce, warnings, temporary_log=log_path is None)
             with HangWatch(server, announce, hang_probe_interval, hang_probe_misses):
                 while not received:
@@ -126,20 +128,31 @@ def _refuse_empty(repository: Path | str, load_models: Sequence[str] | None) -> 
                          f"(triton-builder build SPEC.yaml --repository {folder})")
 
 
-def served_host_warnings(repository: Path | str, models: Sequence[str], current_host: dict | None = None) -> list[str]:
+def served_host_warnings(repository: Path | str, models: Sequence[str], current_host: dict | None = None,
+                         metas: dict[str, dict | None] | None = None) -> list[str]:
     """compare_hosts for each model's latest version in ``repository`` (models without metadata: none);
-    for an ``s3://`` repository, its newest served complete version's metadata.yaml in the bucket."""
+    for an ``s3://`` repository, its newest served complete version's metadata.yaml in the bucket.
+    ``metas``: latest_metadata's, when the caller has read them already."""
     from builder.host import host_warnings
     from builder.storage.s3_location import is_s3_url
     if is_s3_url(str(repository)):
         from builder.storage.served import s3_host_warnings
         return s3_host_warnings(str(repository), list(models), current_host)
+    metas = latest_metadata(repository, models) if metas is None else metas
     out = []
     for name in models:
-        meta = _latest_metadata(Path(repository), name)
-        if meta is not None:
-            out += host_warnings(meta, name, current_host)
+        if metas.get(name) is not None:
+            out += host_warnings(metas[name], name, current_host)
     return out
+
+
+def latest_metadata(repository: Path | str, models: Sequence[str]) -> dict[str, dict | None]:
+    """{model: its latest version's metadata.yaml, or None} of a local repository ({} for ``s3://``)."""
+    from builder.storage.s3_location import is_s3_url
+
+    if is_s3_url(str(repository)):
+        return {}
+    return {name: _latest_metadata(Path(repository), name) for name in models}
 
 
 def _latest_metadata(repository: Path, name: str) -> dict | None:
@@ -152,17 +165,16 @@ def _latest_metadata(repository: Path, name: str) -> dict | None:
     return read_metadata(meta_path) if number is not None and meta_path.is_file() else None
 
 
-def served_release_warnings(repository: Path | str, models: Sequence[str]) -> list[str]:
+def served_release_warnings(repository: Path | str, models: Sequence[str],
+                            metas: dict[str, dict | None] | None = None) -> list[str]:
     """One line per served model whose latest version was built for another Triton release than the
     embedded server's (metadata ``artifact.triton_release``): what is served here is not that release."""
     from builder.repository.triton_releases import EMBEDDED_RELEASE
-    from builder.storage.s3_location import is_s3_url
 
-    if is_s3_url(str(repository)):
-        return []
+    metas = latest_metadata(repository, models) if metas is None else metas
     out = []
     for name in models:
-        release = ((_latest_metadata(Path(repository), name) or {}).get("artifact") or {}).get("triton_release")
+        release = ((metas.get(name) or {}).get("artifact") or {}).get("triton_release")
         if release and release != EMBEDDED_RELEASE:
             out.append(f"{name}: built for Triton {release}; this embedded server is Triton {EMBEDDED_RELEASE} with this "
                        f"environment's runtimes. `triton-builder validate REPO/{name} --triton-release {release}` "
@@ -170,17 +182,15 @@ def served_release_warnings(repository: Path | str, models: Sequence[str]) -> li
     return out
 
 
-def python_backend_notes(repository: Path | str, models: Sequence[str]) -> list[str]:
+def python_backend_notes(repository: Path | str, models: Sequence[str],
+                         metas: dict[str, dict | None] | None = None) -> list[str]:
     """One line per served model whose latest version is a python-backend wrapper (target python, or the
     layout every build published before standard folders became the default): served here as it is, but
     the stock NGC image needs the derived one for it; a build republishes it standard."""
-    from builder.storage.s3_location import is_s3_url
-
-    if is_s3_url(str(repository)):
-        return []
+    metas = latest_metadata(repository, models) if metas is None else metas
     out = []
     for name in models:
-        meta = _latest_metadata(Path(repository), name) or {}
+        meta = metas.get(name) or {}
         if (meta.get("artifact") or {}).get("backend") == "python" and meta.get("model_name") == name:
             spec = (meta.get("spec") or {}).get("path") or "SPEC"
             out.append(f"{name}: a python-backend model (model.py wrapping the model file; the layout of earlier "

@@ -7,6 +7,7 @@ writes into the repository."""
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 
 from builder.host import host_profile, serving_size, size_queue_delay
 from builder.monitoring.drift_profile import build_profile, profile_text
@@ -187,9 +188,9 @@ def run(ctx: BuildContext) -> StageResult:
         variant.published_as = name
     main = published[0]
     said = f"{main['name']} version {main['version']} -> {main['path']}"
-    if monitored:
-        profiled = _profile_data(ctx, ctx.selected)
-        drift = profile_text(build_profile(*profiled)).encode() if profiled is not None else None
+    if monitored:  # the monitor step gets the drift profile the model version was just published with
+        profile = Path(main["path"]) / "drift_profile.json"
+        drift = profile.read_bytes() if profile.is_file() else None
         main.update(publish_monitor(ctx.options.repository, ctx.spec.name, main["version"], checked[0][3][0],
                                     ctx.spec.deploy, drift))
         main["served_as"] = ctx.spec.name
@@ -211,8 +212,6 @@ def ensemble_layout(ctx: BuildContext) -> bool:
 def _earlier_companions(ctx: BuildContext, publishing: set[str]) -> list[str]:
     """The ``<name>__<variant>`` models an earlier build published that this one does not replace: they go on
     serving that build's model (older weights, perhaps) beside this one, and nothing else says so."""
-    from pathlib import Path
-
     from builder.repository.layout import latest_version
 
     root, name = Path(ctx.options.repository), ctx.spec.name
