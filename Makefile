@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps perf-analyzer test test-unit demo wheel-smoke bench bench-tuning bench-serving bench-drift bench-replicas bench-faults bench-zoo bench-compression bench-peers bench-vs-ma bench-releases bench-standin bench-monitor clean
+.PHONY: setup system-deps perf-analyzer test test-unit demo docs wheel-smoke bench bench-tuning bench-serving bench-drift bench-replicas bench-faults bench-zoo bench-compression bench-peers bench-vs-ma bench-releases bench-standin bench-monitor clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	bash scripts/make-venv.sh "$(PYTHON)" $(VENV)
@@ -34,6 +34,12 @@ test-unit: $(STAMP)
 
 demo: setup
 	$(BIN)/triton-builder run examples/digits/spec.yaml
+
+# the docs site (mkdocs.yml) into build/site/, after rewriting docs/reference/cli.md and spec.md from the code with
+# scripts/gen_docs_reference.py (tests/unit/test_docs_site.py fails when the committed ones are out of date)
+docs: $(STAMP)
+	$(BIN)/python scripts/gen_docs_reference.py
+	$(BIN)/mkdocs build --strict
 
 # the wheel installed into a fresh venv outside the checkout builds, serves and checks digits (CI runs it)
 wheel-smoke: $(STAMP)

@@ -7,7 +7,7 @@
 #
 # Needs only bash, python3, trtexec and nvidia-smi (all in the pinned NGC Triton image, so a plan
 # is built by the TensorRT that serves it). The work is done by builder/tensorrt/plan_build.py
-# (standard library only); this script finds the tools and hands over. README: "TensorRT plans".
+# (standard library only); this script finds the tools and hands over. docs/guides/tensorrt.md.
 # Exit codes: 0 built / up to date / nothing to do; 1 a plan failed; 2 no GPU, trtexec or repository.
 set -euo pipefail
 

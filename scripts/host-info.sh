@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Print the host's CPU model, usable cores and the ISA flags that decide which variants win here
-# (INT8 speed and accuracy depend on AVX-512 VNNI / AMX; see README "Variants, measured and selected").
+# (INT8 speed and accuracy depend on AVX-512 VNNI / AMX; see docs/explanation/variants.md).
 # CI prints it first so that numbers and INT8 verdicts in a log can be read against the machine.
 #
 # Usage: scripts/host-info.sh
