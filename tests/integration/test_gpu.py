@@ -119,7 +119,7 @@ def _gpu_processes() -> set[int]:
 
 
 @pytest.mark.xfail(strict=False, reason="on the lent H100 host (Python 3.12, nvidia-pytriton 0.7) every python-backend "
-                   "answer came back empty, ONNX and TorchScript, KIND_GPU and KIND_CPU alike (README: On a GPU host)")
+                   "answer came back empty, ONNX and TorchScript, KIND_GPU and KIND_CPU alike (docs/known-issues.md)")
 def test_embedded_server_serves_torchscript_fp16_on_a_gpu_instance(tmp_path):
     """deploy.instance_kind gpu: the python backend's KIND_GPU instance runs the FP16 TorchScript on the GPU
     (a process other than this one holds GPU memory), and its answers pass the served accuracy gate."""

@@ -1,5 +1,5 @@
 """User errors the prober found raw tracebacks or misleading texts for: each is one clear message naming
-the option, field or file and the fix (README: Errors policy)."""
+the option, field or file and the fix (docs/explanation/errors.md)."""
 
 from __future__ import annotations
 
