@@ -5,14 +5,19 @@ the set keeps its similarity order (Spearman correlation of the pairwise cosine 
 nearest neighbours (top-k agreement). A whole-tensor relative L2 refuses a dynamic INT8 MiniLM at rel L2
 0.138 whose per-sample cosine is 0.9905 - what a retrieval user sees is the latter.
 
+A classifier is judged by the labels it gives: ``text_classification`` (one label per sample) and
+``token_classification`` (one per token) count the positions whose argmax over the last axis is kept.
+
 ``verify.metric`` picks it (``rel_l2``, the default: element-wise, every output; ``embedding``: the three
-above for lossy variants, FP16 and INT8; an FP32 variant is still held to rel L2). Add a metric by adding
+above, ``text_classification``/``token_classification``: label agreement, for lossy variants, FP16 and INT8;
+an FP32 variant is still held to rel L2). Add a metric by adding
 its tolerance keys to ``METRICS`` and its numbers to ``embedding_metrics``-like function called from
 builder/tensors.py compare_outputs.
 
 Usage::
 
     m = embedding_metrics(reference, variant)     # {"row_cosine_min", "spearman", "neighbours_kept"}
+    m |= label_metrics(reference, variant)        # {"label_agreement"}
     embedding_failures("embedding", m, {"min_row_cosine": 0.99, "min_spearman": 0.99})
 """
 
@@ -26,10 +31,15 @@ from builder.errors import unknown_choice
 METRICS: dict[str, dict[str, float]] = {
     "rel_l2": {},
     "embedding": {"min_row_cosine": 0.99, "min_spearman": 0.99, "min_neighbours": 0.9},
+    # the label each sample (text) or each token (token classification) gets: argmax of the last axis
+    "text_classification": {"min_label_agreement": 0.99},
+    "token_classification": {"min_label_agreement": 0.99},
 }
-TOLERANCE_KEYS = tuple(key for keys in METRICS.values() for key in keys)
+TOLERANCE_KEYS = tuple(dict.fromkeys(key for keys in METRICS.values() for key in keys))
 #: the metrics' numbers in compare_outputs (merged over cases: the lowest)
-NUMBERS = ("row_cosine_min", "spearman", "neighbours_kept")
+NUMBERS = ("row_cosine_min", "spearman", "neighbours_kept", "label_agreement")
+#: the numbers a verdict by each metric reports
+METRIC_NUMBERS = {"embedding": NUMBERS[:3], "text_classification": NUMBERS[3:], "token_classification": NUMBERS[3:]}
 NEIGHBOURS = 5  # top-k of each sample's nearest neighbours (fewer where the set is smaller)
 MIN_ROWS_FOR_ORDER = 4  # pairwise order and neighbours say nothing about 2-3 samples
 MAX_ORDER_ROWS = 512  # order and neighbours over the first 512 samples (pairwise: rows^2)
@@ -43,6 +53,7 @@ def check_metric(name: str) -> str:
     return name
 
 
+CASES_LABEL_AGREEMENT = 0.9  # on the verification cases: most labels kept, a broken graph keeps few
 CASES_ROW_COSINE = 0.95  # on the verification cases (generated inputs too): a broken graph, not quantisation noise
 ORDER_KEYS = ("min_spearman", "min_neighbours")
 
@@ -51,11 +62,15 @@ def on_cases(tolerance: dict[str, float]) -> dict[str, float]:
     """The tolerance for the verification cases, which hold generated inputs (random token ids, odd sizes):
     the task's thresholds describe its own data, so there order and neighbours are not judged and the
     per-sample cosine only has to show the same function (>= CASES_ROW_COSINE); data.validation is held to
-    the full tolerance. Unchanged for a tolerance without task keys."""
-    if "min_row_cosine" not in tolerance:
+    the full tolerance; labels likewise only have to be mostly kept (>= CASES_LABEL_AGREEMENT). Unchanged for
+    a tolerance without task keys."""
+    if "min_row_cosine" not in tolerance and "min_label_agreement" not in tolerance:
         return tolerance
     relaxed = {k: v for k, v in tolerance.items() if k not in ORDER_KEYS}
-    relaxed["min_row_cosine"] = min(tolerance["min_row_cosine"], CASES_ROW_COSINE)
+    if "min_row_cosine" in tolerance:
+        relaxed["min_row_cosine"] = min(tolerance["min_row_cosine"], CASES_ROW_COSINE)
+    if "min_label_agreement" in tolerance:  # random inputs give near-tied logits: a flip there is no lost task
+        relaxed["min_label_agreement"] = min(tolerance["min_label_agreement"], CASES_LABEL_AGREEMENT)
     return relaxed
 
 
@@ -108,13 +123,30 @@ def embedding_metrics(reference: np.ndarray, got: np.ndarray) -> dict[str, float
     return numbers
 
 
+def label_metrics(reference: np.ndarray, got: np.ndarray) -> dict[str, float]:
+    """The share of positions (samples of [batch, classes], tokens of [batch, tokens, labels]) whose label
+    (argmax of the last axis) the variant keeps. {} for outputs without a class axis."""
+    if np.ndim(reference) < 2 or np.shape(reference)[-1] < 2 or np.shape(reference) != np.shape(got):
+        return {}
+    ref, out = np.asarray(reference), np.asarray(got)
+    if not (np.isfinite(ref).all() and np.isfinite(out).all()):
+        return {}
+    return {"label_agreement": float(np.mean(np.argmax(ref, axis=-1) == np.argmax(out, axis=-1)))}
+
+
 def embedding_failures(metrics: dict[str, float], tolerance: dict[str, float]) -> list[str]:
     """The broken limits of the embedding metric, each with its number ([] where none is set or measured)."""
     checks = (("min_row_cosine", "row_cosine_min", "per-sample cosine {:.4f} < {}"),
               ("min_spearman", "spearman", "similarity-order Spearman {:.4f} < {}"),
-              ("min_neighbours", "neighbours_kept", f"top-{NEIGHBOURS} neighbours kept {{:.3f}} < {{}}"))
+              ("min_neighbours", "neighbours_kept", f"top-{NEIGHBOURS} neighbours kept {{:.3f}} < {{}}"),
+              ("min_label_agreement", "label_agreement", "labels kept {:.4f} < {}"))
     broken = []
     for limit, number, text in checks:
         if limit in tolerance and number in metrics and not metrics[number] >= tolerance[limit]:
             broken.append(text.format(metrics[number], tolerance[limit]))
     return broken
+
+
+def judged_as_task(tolerance: dict[str, float]) -> bool:
+    """Whether a tolerance judges whole vectors or labels (a task metric), not each value."""
+    return any(key in tolerance for key in TOLERANCE_KEYS)

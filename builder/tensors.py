@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from builder.spec import ModelSpec, TensorSpec
-from builder.task_metrics import NUMBERS as EMBEDDING_NUMBERS, embedding_failures, embedding_metrics
+from builder.task_metrics import NUMBERS as EMBEDDING_NUMBERS, embedding_failures, embedding_metrics, judged_as_task, label_metrics
 
 EPS = 1e-12
 
@@ -239,6 +239,7 @@ def compare_outputs(reference: dict[str, np.ndarray], got: dict[str, np.ndarray]
             **exact,
             **({} if exact else _lost_column(np.asarray(ref, dtype=np.float64), np.asarray(out, dtype=np.float64))),
             **({} if exact else embedding_metrics(np.asarray(ref), np.asarray(out))),
+            **({} if exact else label_metrics(np.asarray(ref), np.asarray(out))),
         }
     return metrics
 
@@ -347,8 +348,9 @@ def tolerance_failures(metrics: dict[str, dict[str, float]], tolerance: dict[str
         if "min_cosine" in tolerance and not m["cosine"] >= tolerance["min_cosine"]:  # a flipped sign rounds below -1
             broken.append(f"cosine {m['cosine']:.6f} < {tolerance['min_cosine']}")
         broken += embedding_failures(m, tolerance)
-        # an embedding is judged as whole vectors (task_metrics): a near-zero dimension is no lost signal there
-        if "min_row_cosine" not in tolerance and \
+        # an embedding is judged as whole vectors, a classifier by its labels (task_metrics): a near-zero
+        # dimension or a small logit is no lost signal there
+        if not judged_as_task(tolerance) and \
                 not m.get("lost_column_rel_l2", 0.0) <= max(LOST_COLUMN_REL_L2, tolerance.get("rel_l2", 0.0)):
             broken.append(f"{m['lost_column']} is lost: rel L2 {m['lost_column_rel_l2']:.1e} of its own values "
                           "(a mixed-scale output keeps its small part only as separate outputs, or in a variant "

@@ -15,7 +15,7 @@ from builder.repository.triton_releases import libtorch_failure, onnx_runtime_fo
 from builder.runtime import open_runner, tensorrt_unavailable_reason
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import accuracy_drop_failure, judged_precision
-from builder.task_metrics import NUMBERS as TASK_NUMBERS, TOLERANCE_KEYS as TASK_TOLERANCE_KEYS, on_cases
+from builder.task_metrics import METRIC_NUMBERS, TOLERANCE_KEYS as TASK_TOLERANCE_KEYS, on_cases
 from builder.tensors import (UNMEASURED, beyond_the_cases, class_id_outputs, compare_outputs, merge_case_metrics,
                              tolerance_failures, top1_accuracy)
 
@@ -104,13 +104,20 @@ def _note_task_metric(ctx: BuildContext, variant: Variant, metrics: dict, tolera
     metric = ctx.spec.verify.metric
     if metric == "rel_l2" or not any(key in tolerance for key in TASK_TOLERANCE_KEYS):
         return
-    numbers = {name: {k: m[k] for k in TASK_NUMBERS if k in m} for name, m in metrics.items() if not m.get("integer")}
+    numbers = {name: {k: m[k] for k in METRIC_NUMBERS[metric] if k in m} for name, m in metrics.items()
+               if not m.get("integer")}
     variant.verification["task_metric"] = {"metric": metric, "samples": samples, "numbers": numbers,
                                            "limits": {k: tolerance[k] for k in TASK_TOLERANCE_KEYS if k in tolerance}}
-    said = "; ".join(f"{name}: per-sample cosine {n.get('row_cosine_min', float('nan')):.4f}, similarity-order "
-                     f"Spearman {n.get('spearman', float('nan')):.4f}, top-5 neighbours kept "
-                     f"{n.get('neighbours_kept', float('nan')):.3f}" for name, n in numbers.items())
-    note = f"judged as an {metric} on {samples} validation samples (verify.metric): {said}"
+    if metric == "embedding":
+        said = "; ".join(f"{name}: per-sample cosine {n.get('row_cosine_min', float('nan')):.4f}, similarity-order "
+                         f"Spearman {n.get('spearman', float('nan')):.4f}, top-5 neighbours kept "
+                         f"{n.get('neighbours_kept', float('nan')):.3f}" for name, n in numbers.items())
+    else:
+        unit = "tokens" if metric == "token_classification" else "samples"
+        said = "; ".join(f"{name}: labels kept on {n['label_agreement']:.2%} of the {unit}"
+                         for name, n in numbers.items() if "label_agreement" in n)
+    article = "an" if metric[0] in "aeiou" else "a"
+    note = f"judged as {article} {metric.replace('_', ' ')} on {samples} validation samples (verify.metric): {said}"
     variant.notes.append(note)
     ctx.progress(f"  {variant.name}: {note}")
 

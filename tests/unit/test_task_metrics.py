@@ -107,3 +107,53 @@ def test_a_near_zero_dimension_is_no_lost_signal_for_an_embedding():
     metrics = compare_outputs({"embedding": reference}, {"embedding": noisy})
     assert any("is lost" in line for line in tolerance_failures(metrics, VerifySpec().tolerance("int8")))
     assert tolerance_failures(metrics, EMBEDDING.tolerance("int8")) == []
+
+
+LOGITS = RNG.normal(size=(200, 5)).astype(np.float32)
+TEXT = VerifySpec(metric="text_classification")
+
+
+def test_a_classifier_is_judged_by_the_labels_it_keeps():
+    """Logits shifted and rescaled per sample keep every label (rel L2 refuses them); one label in ten
+    flipped is refused with its share - per sample for text, per token for token classification."""
+    from builder.task_metrics import label_metrics
+
+    shifted = LOGITS * 1.3 + RNG.normal(size=(200, 1)).astype(np.float32)
+    metrics = compare_outputs({"logits": LOGITS}, {"logits": shifted})
+    assert metrics["logits"]["label_agreement"] == 1.0 and metrics["logits"]["rel_l2"] > 0.1
+    assert tolerance_failures(metrics, VerifySpec().tolerance("int8"))
+    assert tolerance_failures(metrics, TEXT.tolerance("int8")) == []
+    flipped = LOGITS.copy()
+    rows = np.arange(0, 200, 10)
+    flipped[rows] = -flipped[rows]  # the lowest logit becomes the highest: those labels change
+    failures = tolerance_failures(compare_outputs({"logits": LOGITS}, {"logits": flipped}), TEXT.tolerance("int8"))
+    assert len(failures) == 1 and failures[0].startswith("logits: labels kept 0.9000 < 0.99")
+    tokens = RNG.normal(size=(4, 16, 9)).astype(np.float32)
+    changed = tokens.copy()
+    changed[0, :4] = -changed[0, :4]  # 4 of 64 tokens relabelled
+    assert label_metrics(tokens, changed) == {"label_agreement": 60 / 64}
+    assert label_metrics(LOGITS[:, :1], LOGITS[:, :1]) == {}  # one column: no label to keep
+    token = VerifySpec(metric="token_classification")
+    assert token.tolerance("int8")["min_label_agreement"] == 0.99 and "rel_l2" not in token.tolerance("int8")
+
+
+def test_on_the_generated_cases_most_labels_must_be_kept():
+    from builder.task_metrics import on_cases
+
+    assert on_cases(TEXT.tolerance("int8"))["min_label_agreement"] == 0.9
+    assert TEXT.tolerance("fp32")["rel_l2"] == 1e-5  # FP32 stays exact
+
+
+def test_a_classifier_build_records_its_label_verdict(digits_copy, tmp_path, quiet):
+    from builder.pipeline import build
+    from builder.spec import load_spec
+    from tests.conftest import edit_spec
+
+    spec = edit_spec(digits_copy, verify={"metric": "text_classification"})
+    assert load_spec(spec).verify.metric == "text_classification"
+    result = build(spec, tmp_path / "repo", variants=["onnx", "onnx_int8_dynamic"], benchmark_seconds=0, progress=quiet)
+    int8 = result.context.variant("onnx_int8_dynamic")
+    task = int8.verification["task_metric"]
+    assert task["metric"] == "text_classification" and task["limits"] == {"min_label_agreement": 0.99}
+    assert set(task["numbers"]["logits"]) == {"label_agreement"} and 0 <= task["numbers"]["logits"]["label_agreement"] <= 1
+    assert any(n.startswith("judged as a text classification on ") and "labels kept on " in n for n in int8.notes)
