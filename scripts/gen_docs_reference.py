@@ -225,13 +225,16 @@ DESCRIPTIONS = {
                          "fp16 1e-2, int8 0.1.",
     "verify.max_accuracy_drop": "Largest top-1 drop in percentage points, with labels; default 1.0.",
     "verify.seed": "Seed of the generated inputs; default 0.",
-    "verify.metric": "`rel_l2` (element-wise, default) or `embedding` (FP16/INT8 variants judged as an embedding's "
-                     "users judge it).",
+    "verify.metric": "`rel_l2` (element-wise, default), `embedding` (FP16/INT8 variants judged as an embedding's "
+                     "users judge it), `text_classification` / `token_classification` (judged by the labels "
+                     "kept per sample / per token).",
     "verify.tolerances.<precision>.rel_l2": "Largest relative L2 error of each output.",
     "verify.tolerances.<precision>.max_abs": "Largest absolute error.",
     "verify.tolerances.<precision>.min_cosine": "Smallest cosine similarity.",
     "verify.tolerances.<precision>.max_mismatch": "Integer/bool outputs: share of values that may differ "
                                                   "(default fp32 0, fp16 0.01, int8 0.05).",
+    "verify.tolerances.<precision>.min_label_agreement": "`metric: text_classification` / `token_classification`: "
+                                                          "share of labels kept (default 0.99).",
     "verify.tolerances.<precision>.min_row_cosine": "`metric: embedding`: per-sample cosine (default 0.99).",
     "verify.tolerances.<precision>.min_spearman": "`metric: embedding`: Spearman of the pairwise similarities "
                                                   "(default 0.99).",
@@ -261,7 +264,7 @@ DESCRIPTIONS = {
     "deploy.dynamic_batching": "Triton's dynamic batcher; default on when `max_batch_size > 0`.",
     "deploy.max_queue_delay_microseconds": "Batching delay; default: sized by the build from its measurements.",
     "deploy.preferred_batch_sizes": "Preferred batch sizes (each <= `max_batch_size`); default none.",
-    "deploy.warmup": "Warm the model up at load (zeros for every input); default true.",
+    "deploy.warmup": "Warm the model up at load with one reference sample (<model>/warmup/); default true.",
     "deploy.publish_variants": "Also publish the other eligible variants as `<name>__<variant>`; default false.",
     "deploy.version_policy": "Triton's version policy: `latest` (default) or `all`.",
     "deploy.onnx_tensorrt": "Target gpu: ONNX through onnxruntime's TensorRT accelerator (keys below).",
