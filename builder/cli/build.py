@@ -1,4 +1,4 @@
-"""CLI verbs ``build``, ``validate``, ``select``, ``clean``, ``releases`` and ``run`` (the main job); builder/cli/__init__.py adds them
+"""CLI verbs ``init``, ``build``, ``validate``, ``select``, ``clean``, ``releases`` and ``run`` (the main job); builder/cli/__init__.py adds them
 with ``register(subparsers)``. Each forwards to one library function."""
 
 from __future__ import annotations
@@ -15,6 +15,16 @@ from builder.progress import Reporter
 
 DEFAULT_REPOSITORY = "model_repository"
 DEFAULT_RUN_SPEC = "examples/digits/spec.yaml"  # what `make demo` runs
+
+
+def cmd_init(args: argparse.Namespace, reporter: Reporter) -> int:
+    from builder.scaffold import init_spec
+
+    result = init_spec(Path(args.source), Path(args.out), sample=Path(args.sample) if args.sample else None,
+                       name=args.name, force=args.force)
+    for line in result.lines():
+        print(line)
+    return 0
 
 
 def cmd_build(args: argparse.Namespace, reporter: Reporter) -> int:
@@ -120,6 +130,17 @@ def cmd_clean(args: argparse.Namespace, reporter: Reporter) -> int:
 
 
 def register(sub, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("init", parents=[common],
+                       help="draft a commented spec.yaml from a model: values it guessed are marked '# review:'")
+    p.add_argument("source", help="model.onnx, a TorchScript file (model.pt), model.py:factory, or a Hugging Face "
+                   "folder (config.json + tokenizer files)")
+    p.add_argument("--out", default="spec.yaml", help="the spec file to write (default: %(default)s)")
+    p.add_argument("--sample", help="an .npz keyed by input name, samples first (never unpickled): TorchScript and "
+                   "model.py sources read the inputs' dtypes and shapes from it and run once on it for the outputs")
+    p.add_argument("--name", help="the Triton model name (default: from the file or folder name)")
+    p.add_argument("--force", action="store_true", help="overwrite --out (and hf_model.py) if they exist")
+    p.set_defaults(func=cmd_init)
+
     p = sub.add_parser("build", parents=[common], help="export, verify, measure and publish a model spec")
     p.add_argument("spec", help="model spec YAML")
     p.add_argument("--repository", default=DEFAULT_REPOSITORY, help="model repository folder (default: %(default)s)")

@@ -11,7 +11,7 @@ from builder.cli import make_parser
 from builder.progress import Reporter, bar, report
 from tests.conftest import EXAMPLES, run_cli
 
-VERBS = {"build", "validate", "select", "clean", "releases", "run", "serve", "check", "loadtest", "sweep", "tune", "publish", "replicas", "k8s",
+VERBS = {"init", "build", "validate", "select", "clean", "releases", "run", "serve", "check", "loadtest", "sweep", "tune", "publish", "replicas", "k8s",
          "register"}
 
 
