@@ -1,41 +1,24 @@
 """triton-builder: PyTorch model -> verified, optimised Triton model repository -> served, checked,
 load-tested and monitored deployment.
 
-Public API (the CLI forwards to these)::
+Public API (builder/api.py; the CLI's verbs do the same). A model is named the same way everywhere:
+its ``name`` first, then the ``repository`` it lives in (default ``"model_repository"``)::
 
-    from builder import build, validate
-    result = build("examples/digits/spec.yaml", repository="model_repository")
-    report = validate("model_repository/digits_cnn")
+    import builder
+
+    result = builder.build("examples/digits/spec.yaml", "model_repository")
+    report = builder.validate("digits_cnn", "model_repository")
+    with builder.serving_context("model_repository") as server:
+        checked = builder.check("digits_cnn", "model_repository", url=server.http_url)
+        load = builder.loadtest("digits_cnn", "model_repository", url=server.http_url, run_time_s=10)
 """
 
 from __future__ import annotations
 
+from builder.api import (LoadTestResult, SweepResult, TuneResult, build, check, loadtest, select, serve,
+                         serving_context, sweep, tune, validate)
 from builder.errors import BuilderError, ServerError, UserInputError, VerificationError
 
-__all__ = ["build", "validate", "check", "serve", "select", "BuilderError", "UserInputError", "VerificationError",
-           "ServerError"]
-
-
-def build(*args, **kwargs):
-    from builder.pipeline import build as _build
-    return _build(*args, **kwargs)
-
-
-def validate(*args, **kwargs):
-    from builder.repository.validate import validate_model
-    return validate_model(*args, **kwargs)
-
-
-def check(*args, **kwargs):
-    from builder.serving.check import check_served
-    return check_served(*args, **kwargs)
-
-
-def select(*args, **kwargs):
-    from builder.repository.reselect import select_for_host
-    return select_for_host(*args, **kwargs)
-
-
-def serve(*args, **kwargs):
-    from builder.serving.serve import serve_forever
-    return serve_forever(*args, **kwargs)
+__all__ = ["build", "validate", "check", "select", "serve", "serving_context", "loadtest", "sweep", "tune",
+           "LoadTestResult", "SweepResult", "TuneResult",
+           "BuilderError", "UserInputError", "VerificationError", "ServerError"]

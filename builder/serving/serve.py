@@ -22,7 +22,7 @@ from builder.serving.embedded import EmbeddedServer
 from builder.serving.hang_watch import HANG_PROBE_INTERVAL_S, HANG_PROBE_MISSES, HangWatch
 from builder.serving.server_log import describe_exit as _describe_exit
 
-__all__ = ["serve_forever"]
+__all__ = ["checked_server", "serve_forever"]
 
 
 def _print_flush(*args, **kwargs) -> None:
@@ -64,23 +64,10 @@ def serve_forever(
     whose build measured on a different host (ISA class, usable cores, GPU; builder/host.py) gets a
     warning line saying what to run (``current_host`` injects this host's profile).
     """
-    # with a public key (or $TRITON_BUILDER_PUBLIC_KEY): every version's signature, before anything loads
-    from builder.repository.signing import verify_repository
-    _refuse_empty(repository, load_models)
-    verify_repository(repository, public_key, require_signature)
-    server = EmbeddedServer(
-        repository,
-        http_port=http_port,
-        grpc_port=grpc_port,
-        metrics_port=metrics_port,
-        host=host,
-        log_path=log_path,
-        model_control=model_control,
-        load_models=load_models,
-        extra_args=extra_args,
-        ready_timeout=ready_timeout,
-        keep_going=load_models is None,  # one bad model (a published variant) must not take down the rest
-    )
+    server = checked_server(repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+                            host=host, log_path=log_path, model_control=model_control, load_models=load_models,
+                            extra_args=extra_args, ready_timeout=ready_timeout, public_key=public_key,
+                            require_signature=require_signature)
     with stop_signals() as received:
         try:
             server.start()
@@ -109,6 +96,33 @@ def serve_forever(
             return 0
         finally:
             server.stop()
+
+
+def checked_server(repository: Path | str, *, http_port: int | None = None, grpc_port: int | None = None,
+                   metrics_port: int | None = None, host: str = "127.0.0.1", log_path: Path | str | None = None,
+                   model_control: str = "explicit", load_models: Sequence[str] | None = None,
+                   extra_args: Sequence[str] = (), ready_timeout: float = 60.0, public_key: str | Path | None = None,
+                   require_signature: bool = False) -> EmbeddedServer:
+    """The ``EmbeddedServer`` that ``serve_forever`` runs, not started yet, after the checks it makes first: a
+    repository with nothing to serve is refused, and (with a public key, or $TRITON_BUILDER_PUBLIC_KEY)
+    every version's signature is verified before anything loads. Serving the whole repository (no
+    ``load_models``), a model that fails to load leaves the others served (``server.failed`` names it)."""
+    from builder.repository.signing import verify_repository
+    _refuse_empty(repository, load_models)
+    verify_repository(repository, public_key, require_signature)
+    return EmbeddedServer(
+        repository,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        host=host,
+        log_path=log_path,
+        model_control=model_control,
+        load_models=load_models,
+        extra_args=extra_args,
+        ready_timeout=ready_timeout,
+        keep_going=load_models is None,  # one bad model (a published variant) must not take down the rest
+    )
 
 
 def _refuse_empty(repository: Path | str, load_models: Sequence[str] | None) -> None:
