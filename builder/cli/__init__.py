@@ -1,6 +1,6 @@
 """The `triton-builder` command: one module per verb family, each verb forwarding to one library
-function (build.py: build, validate, run; serving.py: serve, check; tuning.py: loadtest, sweep,
-tune; scaleout.py: publish, replicas, k8s).
+function (build.py: init, build, validate, select, clean, releases, run; serving.py: serve, check;
+tuning.py: loadtest, sweep, tune; scaleout.py: publish, replicas, k8s).
 
 Exit codes: 0 success; 1 verification/check failure; 2 user input or server unreachable
 (see builder/errors.py); 3 an internal error (a bug: one line, the traceback in a file it names);
