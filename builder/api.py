@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from builder.serving.embedded import EmbeddedServer
     from builder.spec import ModelSpec
 
-DEFAULT_REPOSITORY = "model_repository"
+DEFAULT_REPOSITORY = "model_repository"  #: every verb's and function's repository (the CLI's too)
+DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}  #: Triton's own, which serve binds and clients assume
 Progress = Callable[[str], object]
 
 
@@ -169,7 +170,7 @@ def _protocol(value: str, allowed: Sequence[str]) -> str:
 
 def _url(url: str | None, protocol: str) -> str:
     """``url``, else this machine's default port for ``protocol`` (Triton's: 8000 HTTP, 8001 gRPC)."""
-    return url or f"127.0.0.1:{8001 if protocol == 'grpc' else 8000}"
+    return url or f"127.0.0.1:{DEFAULT_PORTS['grpc' if protocol == 'grpc' else 'http']}"
 
 
 def _local_repository(name: str, repository: str | Path | None, required: bool = False) -> Path | None:

@@ -1,8 +1,11 @@
 """The `triton-builder` command: one module per verb family, each verb forwarding to one library
 function (build.py: init, build, validate, select, clean, releases, run; serving.py: serve, check;
-tuning.py: loadtest, sweep, tune; scaleout.py: publish, replicas, k8s).
+tuning.py: loadtest, sweep, tune; scaleout.py: register, publish, replicas, k8s).
 
-Exit codes: 0 success; 1 verification/check failure; 2 user input or server unreachable
+One grammar on every verb (arguments.py, docs/reference/grammar.md): a model is NAME with --repository;
+-o table|json; -q/-v; durations as 30, 90s, 2m or 1h; writes only with an explicit flag.
+
+Exit codes: 0 success; 1 verification/check/budget failure; 2 user input or server unreachable
 (see builder/errors.py); 3 an internal error (a bug: one line, the traceback in a file it names);
 130 stopped by Ctrl-C or SIGTERM. Errors print one clear message, never a traceback.
 """
@@ -18,10 +21,10 @@ import signal
 import sys
 from pathlib import Path
 
+from builder.api import DEFAULT_REPOSITORY  # noqa: F401 - the one default, re-exported for the verbs
+from builder.cli.output import json_mode, wants_json
 from builder.errors import BuilderError
 from builder.progress import Reporter, closed_pipe_safe_output
-
-DEFAULT_REPOSITORY = "model_repository"
 
 
 def _version() -> str:
@@ -35,8 +38,10 @@ def _version() -> str:
 
 def _common_options() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-q", "--quiet", action="store_true", help="only results and errors: no progress lines or bars")
-    common.add_argument("-v", "--verbose", action="store_true", help="more detail in the progress lines")
+    common.add_argument("-q", "--quiet", action="store_true",
+                        help="only results, notes and errors: no progress lines or bars")
+    common.add_argument("-v", "--verbose", action="store_true",
+                        help="more detail in the progress lines, and an internal error's traceback")
     return common
 
 
@@ -182,12 +187,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.reconfigure(errors="backslashreplace")
     # a closed stdout (`build ... | head -2`) stops the printing, never the build: it still publishes and
     # ends with its own exit code (stderr too: `2>&1 | head` closes both)
-    with closed_pipe_safe_output():
+    with closed_pipe_safe_output(), json_mode(wants_json(args)):
         return _run(args)
 
 
 def _run(args: argparse.Namespace) -> int:
-    reporter = Reporter(quiet=args.quiet, verbose=args.verbose)
+    reporter = Reporter(quiet=args.quiet, verbose=args.verbose)  # under -o json sys.stdout is stderr
     from builder.interrupts import terminate_as_interrupt
 
     try:

@@ -8,12 +8,13 @@ import os
 import tempfile
 from pathlib import Path
 
-from builder.cli.arguments import finite_float
-from builder.cli.output import add_signature_arguments, print_json
+from builder.api import DEFAULT_REPOSITORY
+from builder.cli.arguments import (add_model, add_model_version, add_output, add_repository, duration,
+                                   model_folder_form, note)
+from builder.cli.output import add_signature_arguments, emit
 from builder.errors import UserInputError
 from builder.progress import Reporter
 
-DEFAULT_REPOSITORY = "model_repository"
 DEFAULT_RUN_SPEC = "examples/digits/spec.yaml"  # what `make demo` runs
 
 
@@ -22,8 +23,7 @@ def cmd_init(args: argparse.Namespace, reporter: Reporter) -> int:
 
     result = init_spec(Path(args.source), Path(args.out), sample=Path(args.sample) if args.sample else None,
                        name=args.name, force=args.force)
-    for line in result.lines():
-        print(line)
+    emit(args, result, result.lines())
     return 0
 
 
@@ -36,40 +36,41 @@ def cmd_build(args: argparse.Namespace, reporter: Reporter) -> int:
                    publish_variants=args.publish_variants or None, benchmark_seconds=args.benchmark_seconds,
                    progress=reporter, signing_key=args.signing_key, register=args.register, registry=args.registry,
                    alias=args.alias, triton_release=args.triton_release)
-    print()
-    print(format_table(result.rows))
-    for item in result.published:
-        print(f"published {item['name']} version {item['version']} ({item['backend']}) -> {item['path']}")
     registered = next((r.outputs.get("registered") for r in result.results if r.stage == "register"), None) or []
-    for item in registered:
-        print(f"registered {item['name']} version {item['version']} as {item['uri']}"
-              + (f" (alias {item['alias']})" if item.get("alias") else ""))
+    lines = ["", format_table(result.rows)]
+    lines += [f"published {item['name']} version {item['version']} ({item['backend']}) -> {item['path']}"
+              for item in result.published]
+    lines += [f"registered {item['name']} version {item['version']} as {item['uri']}"
+              + (f" (alias {item['alias']})" if item.get("alias") else "") for item in registered]
+    emit(args, {"published": result.published, "registered": registered, "rows": result.rows}, lines, ok=True)
     return 0
 
 
 def cmd_validate(args: argparse.Namespace, reporter: Reporter) -> int:
     from builder.repository.validate import validate_model
 
-    if args.model.startswith("models:/"):  # a registry version, materialised into a local repository first
+    if args.name.startswith("models:/"):  # a registry version, materialised into a local repository first
         from builder.storage.mlflow_registry import materialise
-        args.model = str(materialise(args.model, args.registry))
-    report = validate_model(args.model, args.version, gpu=args.gpu, tensorrt_version=args.tensorrt_version,
+        folder = materialise(args.name, args.registry)
+    else:
+        name, repository = model_folder_form(args.name, args.repository, "validate")
+        if "://" in repository:
+            raise UserInputError(f"--repository {repository}: validate reads a local folder; validate before "
+                                 "`publish`, or on a local copy")
+        folder = Path(repository) / name
+    report = validate_model(folder, args.model_version, gpu=args.gpu, tensorrt_version=args.tensorrt_version,
                             public_key=args.public_key, require_signature=args.require_signature,
                             triton_release=args.triton_release, progress=reporter,
                             max_regression=args.max_regression)
-    if args.json:
-        print_json(report)
-        return 0 if report.ok else 1
-    print(f"{report.model}: {'OK' if report.ok else 'FAIL'}")
-    for line in report.lines():
-        print(line)
+    emit(args, report, [f"{report.model}: {'OK' if report.ok else 'FAIL'}", *report.lines()])
     return 0 if report.ok else 1
 
 
 def cmd_releases(args: argparse.Namespace, reporter: Reporter) -> int:
-    from builder.repository.triton_releases import format_releases
+    from builder.repository import triton_releases as t
 
-    print(format_releases())
+    emit(args, {"releases": t.RELEASES, "default": t.DEFAULT_RELEASE, "embedded": t.EMBEDDED_RELEASE},
+         [t.format_releases()], ok=True)
     return 0
 
 
@@ -86,11 +87,15 @@ def cmd_run(args: argparse.Namespace, reporter: Reporter) -> int:
 def cmd_select(args: argparse.Namespace, reporter: Reporter) -> int:
     from builder.repository.reselect import default_measure, select_for_host
 
+    if not args.seconds > 0:
+        raise UserInputError(f"--seconds {args.seconds:g}: give the measuring time per variant, more than 0")
+    if args.write is None:  # neither --write nor --dry-run: the old default published
+        note("select no longer publishes by default: this is a dry run; pass --write to publish the winner "
+             "(--dry-run, now the default, is still accepted)")
     report = select_for_host(args.repository, args.name, measure=default_measure(args.seconds),
-                             public_key=args.public_key,
-                             dry_run=args.dry_run, signing_key=args.signing_key, progress=reporter)
-    for line in report.lines():
-        print(line)
+                             public_key=args.public_key, dry_run=not args.write, signing_key=args.signing_key,
+                             progress=reporter)
+    emit(args, report, report.lines(), ok=True)
     return 0
 
 
@@ -109,23 +114,24 @@ def cmd_clean(args: argparse.Namespace, reporter: Reporter) -> int:
     from builder.scratch import clean
 
     repository = args.repository
-    if repository is None:  # not named: the default one where there is one, else only the temp dir's work folders
-        repository = DEFAULT_REPOSITORY if Path(DEFAULT_REPOSITORY).is_dir() else None
+    if repository == DEFAULT_REPOSITORY and not Path(repository).is_dir():
+        repository = None  # the default, not here: only the temp dir's work folders
     missing = repository is not None and not os.path.lexists(repository)
     # a build killed before its first publish left work folders but never created its repository
     removed = clean(None if missing else repository)
     logs = _dead_replicas_logs()
     from builder.serving.startup import remove_dead_server_folders
     servers = remove_dead_server_folders(Path(tempfile.gettempdir()))
-    for folder in removed + logs + servers:
-        print(f"removed {folder}")
+    lines = [f"removed {folder}" for folder in removed + logs + servers]
     said = ([f"{len(removed)} folder(s) left by dead builds"] if removed else []) + \
         ([f"{len(logs)} log folder(s) of ended replicas sessions (in {tempfile.gettempdir()})"] if logs else []) + \
         ([f"{len(servers)} folder(s) of ended tritonservers (their logs, in {tempfile.gettempdir()})"] if servers else [])
-    print(f"removed {' and '.join(said)}" if said else "nothing to clean")
+    lines.append(f"removed {' and '.join(said)}" if said else "nothing to clean")
     if missing:
-        print(f"--repository {repository}: no such folder (nothing was published there yet, or a typo), so only the "
-              "temp folder's work folders were looked at")
+        lines.append(f"--repository {repository}: no such folder (nothing was published there yet, or a typo), so "
+                     "only the temp folder's work folders were looked at")
+    emit(args, {"removed": removed, "replicas_logs": logs, "server_folders": servers,
+                "repository_missing": missing}, lines, ok=True)
     return 0
 
 
@@ -139,17 +145,19 @@ def register(sub, common: argparse.ArgumentParser) -> None:
                    "model.py sources read the inputs' dtypes and shapes from it and run once on it for the outputs")
     p.add_argument("--name", help="the Triton model name (default: from the file or folder name)")
     p.add_argument("--force", action="store_true", help="overwrite --out (and hf_model.py) if they exist")
+    add_output(p)
     p.set_defaults(func=cmd_init)
 
     p = sub.add_parser("build", parents=[common], help="export, verify, measure and publish a model spec")
     p.add_argument("spec", help="model spec YAML")
-    p.add_argument("--repository", default=DEFAULT_REPOSITORY, help="model repository folder (default: %(default)s)")
+    add_repository(p, "model repository folder to publish into")
     p.add_argument("--variants", help="comma-separated variants to try (default: the target's defaults)")
     p.add_argument("--target", help="cpu | gpu | python (default: the spec's deploy.target, else cpu; embedded is cpu)")
     p.add_argument("--strict", action="store_true", help="fail if any variant fails verification")
     p.add_argument("--publish-variants", action="store_true", help="also publish the others as <name>__<variant>")
-    p.add_argument("--benchmark-seconds", type=finite_float,
-                   help="measuring time cap per variant (default 2; 0 skips measuring and selects by preference)")
+    p.add_argument("--benchmark-seconds", type=duration,
+                   help="measuring time cap per variant, e.g. 2, 30s, 1m (default 2; 0 skips measuring and "
+                        "selects by preference)")
     p.add_argument("--signing-key", help="elliptic-curve private key (PEM) that signs each published version "
                    "(default: $TRITON_BUILDER_SIGNING_KEY; its password only via $TRITON_BUILDER_SIGNING_KEY_PASSWORD)")
     p.add_argument("--triton-release", help="the NGC Triton release the versions must load on: ONNX variants beyond "
@@ -160,12 +168,14 @@ def register(sub, common: argparse.ArgumentParser) -> None:
                    help="also register each published version in MLflow's model registry (artifacts, metrics, tags)")
     p.add_argument("--registry", help="MLflow server URL for --register (default: $MLFLOW_TRACKING_URI)")
     p.add_argument("--alias", help="with --register: set this alias (e.g. prod) on the model's registered version")
+    add_output(p)
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("validate", parents=[common], help="re-check hashes and equivalence of a published model")
-    p.add_argument("model", help="<repository>/<model name>, or models:/NAME/VERSION | models:/NAME@ALIAS (MLflow)")
+    add_model(p, "model repository folder", help="model name in --repository, or models:/NAME/VERSION | "
+              "models:/NAME@ALIAS (MLflow); the old REPOSITORY/NAME still works, with a note")
     p.add_argument("--registry", help="MLflow server URL for models:/ (default: $MLFLOW_TRACKING_URI)")
-    p.add_argument("--version", type=int, help="the version to check (default: the latest)")
+    add_model_version(p, "the model version to check (default: all)")
     p.add_argument("--gpu", help="target GPU compute capability (e.g. 9.0) for TensorRT plans")
     p.add_argument("--tensorrt-version", help="target TensorRT version for TensorRT plans")
     add_signature_arguments(p)
@@ -175,33 +185,41 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--max-regression", help="fail (exit 1) where the version regresses against the previous one "
                    "beyond these limits: latency=PCT slower, accuracy=PP lost, rel_l2=X between their outputs; "
                    "e.g. latency=20,accuracy=0.5 (without it the difference is only shown)")
-    p.add_argument("--json", action="store_true", help="print the report as one JSON object (for CI pipelines)")
+    add_output(p)
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("select", parents=[common],
                        help="on the serving host: re-measure a model's variants, publish the winner sized to this host")
-    p.add_argument("name", help="model name in the repository (its variants: --publish-variants at build time)")
-    p.add_argument("--repository", default=DEFAULT_REPOSITORY, help="model repository folder (default: %(default)s)")
-    p.add_argument("--seconds", type=finite_float, default=2.0, help="measuring time cap per variant (default: %(default)s)")
-    p.add_argument("--dry-run", action="store_true", help="measure and say what would be published; publish nothing")
+    add_model(p, "model repository folder", help="model name in --repository (its variants: --publish-variants at "
+              "build time)")
+    p.add_argument("--seconds", type=duration, default=2.0,
+                   help="measuring time cap per variant, e.g. 2, 30s (default: %(default)s)")
+    writes = p.add_mutually_exclusive_group()
+    writes.add_argument("--write", action="store_true", default=None,
+                        help="publish the winner as a new version (without it: a dry run that says what it would "
+                             "publish)")
+    writes.add_argument("--dry-run", dest="write", action="store_false", default=None,
+                        help="measure and say what would be published; publish nothing (the default)")
     p.add_argument("--signing-key", help="elliptic-curve private key (PEM) that signs the published version "
                    "(default: $TRITON_BUILDER_SIGNING_KEY; its password only via $TRITON_BUILDER_SIGNING_KEY_PASSWORD)")
     p.add_argument("--public-key", help="public key (PEM) the repository's versions were signed with, to check them "
                    "before one is copied (default: $TRITON_BUILDER_PUBLIC_KEY, else the signing key's public half: "
                    "give the old one after a key change)")
+    add_output(p)
     p.set_defaults(func=cmd_select)
 
     p = sub.add_parser("clean", parents=[common],
                        help="remove the work and staging folders that killed builds left, and the temp log folders of "
                             "ended replicas sessions: killed ones', and those a failed session kept for you (never a "
                             "live one's)")
-    p.add_argument("--repository",
-                   help=f"also its staging folders, which sit beside it (default: {DEFAULT_REPOSITORY} where "
-                        "it exists)")
+    add_repository(p, "also this repository's staging folders, which sit beside it (the default only where it "
+                      "exists)")
+    add_output(p)
     p.set_defaults(func=cmd_clean)
 
     p = sub.add_parser("releases", parents=[common],
                        help="the NGC Triton releases builds can target, with the runtimes each ships (--triton-release)")
+    add_output(p)
     p.set_defaults(func=cmd_releases)
 
     p = sub.add_parser("run", parents=[common],
@@ -210,7 +228,8 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--repository", default="runs/model_repository",
                    help="where to publish (default: %(default)s, the job's scratch repository, emptied at the "
                         "start of each run; another folder is kept, and the build adds a version)")
-    p.add_argument("--load-seconds", type=finite_float, default=10.0, help="load test length (default: %(default)s)")
+    p.add_argument("--load-seconds", type=duration, default=10.0,
+                   help="load test length, e.g. 10, 30s, 2m (default: %(default)s)")
     p.add_argument("--users", type=int, default=8, help="load test users (default: %(default)s)")
     p.add_argument("--keep-serving", action="store_true",
                    help="keep the server up at the end until Ctrl-C or SIGTERM, its normal stop (exit: the job's verdict)")

@@ -5,13 +5,24 @@ from __future__ import annotations
 
 import argparse
 
-from builder.cli.output import add_signature_arguments, print_json
+from builder.api import DEFAULT_PORTS  # Triton's own, which `check`, `loadtest`, `sweep` and `tune` assume too
+from builder.cli.arguments import add_model, add_model_version, add_output, add_repository
+from builder.cli.output import add_signature_arguments, emit
 from builder.errors import UserInputError
 from builder.progress import Reporter
 
+# what `serve -q` / `replicas -q` still print: where to connect, and what failed or stopped
+RESULT_LINES = ("  HTTP", "  gRPC", "  metrics", "  log", "  serving", "  replica", "  Prometheus", "  FAILED",
+                "  left out", "  warning", "received ", "tritonserver ", "nginx ", "replica ", "every replica",
+                "rollout stopped")
 
-# Triton's own defaults, which `check`, `loadtest`, `sweep` and `tune` assume too
-DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+
+def quiet_announce(reporter: Reporter):
+    """``announce`` for the long-running verbs: every line, or under -q only the RESULT_LINES ones."""
+    def announce(line: str) -> None:
+        if not reporter.quiet or line.startswith(RESULT_LINES):
+            print(line, flush=True)
+    return announce
 
 
 def port_number(text: str) -> int:
@@ -78,7 +89,8 @@ def cmd_serve(args: argparse.Namespace, reporter: Reporter) -> int:
     ports = _ports(args, reporter)
     return serve(args.repository, http_port=ports["http"], grpc_port=ports["grpc"],
                  metrics_port=ports["metrics"], host=args.host, extra_args=extra,
-                 public_key=args.public_key, require_signature=args.require_signature)
+                 public_key=args.public_key, require_signature=args.require_signature,
+                 announce=quiet_announce(reporter))
 
 
 def cmd_check(args: argparse.Namespace, reporter: Reporter) -> int:
@@ -89,22 +101,17 @@ def cmd_check(args: argparse.Namespace, reporter: Reporter) -> int:
         from builder.storage.mlflow_registry import materialise
         folder = materialise(args.repository, args.registry)
         args.repository = str(folder.parent)
-        if args.version is None:  # that version, not whatever the server serves as its latest
-            args.version = existing_versions(folder)[-1]
+        if args.model_version is None:  # that version, not whatever the server serves as its latest
+            args.model_version = existing_versions(folder)[-1]
     report = check_served_at(args.name, args.repository, url=args.url, grpc_url=args.grpc_url,
-                             protocol=args.protocol, version=args.version)
-    if args.json:
-        print_json(report)
-        return 0 if report.ok else 1
-    for line in report.lines():
-        print(line)
+                             protocol=args.protocol, version=args.model_version)
+    emit(args, report, report.lines())
     return 0 if report.ok else 1
 
 
 def register(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("serve", parents=[common], help="serve a repository on the embedded tritonserver until Ctrl-C")
-    p.add_argument("--repository", default="model_repository",
-                   help="model repository folder or s3:// URL (default: %(default)s)")
+    add_repository(p, "model repository folder, s3:// URL or models:/NAME/VERSION")
     p.add_argument("--http-port", type=port_number,
                    help="HTTP port (default: 8000, as check/loadtest assume; a free one if busy)")
     p.add_argument("--grpc-port", type=port_number, help="gRPC port (default: 8001; a free one if busy)")
@@ -120,15 +127,13 @@ def register(sub, common: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("check", parents=[common],
                        help="served accuracy gate: compare a running server's answers with reference.npz")
-    p.add_argument("name", help="model name")
-    p.add_argument("--repository", default="model_repository",
-                   help="model repository folder, s3:// URL or models:/NAME/VERSION (default: %(default)s)")
+    add_model(p, "model repository folder, s3:// URL or models:/NAME/VERSION")
     p.add_argument("--url", default="127.0.0.1:8000", help="Triton HTTP address (default: %(default)s)")
     p.add_argument("--grpc-url", help="Triton gRPC address (default: HTTP port + 1)")
     p.add_argument("--protocol", choices=("http", "grpc", "both"), default="both",
                    help="which protocols to check (default: %(default)s)")
-    p.add_argument("--version", type=int, help="the version to check (default: the latest)")
-    p.add_argument("--json", action="store_true", help="print the report as one JSON object (for CI pipelines)")
+    add_model_version(p, "the model version to check (default: the latest)")
     p.add_argument("--registry", help="MLflow server URL when --repository is models:/NAME/VERSION or "
                    "models:/NAME@ALIAS (default: $MLFLOW_TRACKING_URI)")
+    add_output(p)
     p.set_defaults(func=cmd_check)

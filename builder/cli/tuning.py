@@ -1,20 +1,22 @@
 """CLI verbs ``loadtest``, ``sweep`` and ``tune``; builder/cli/__init__.py adds them with ``register(subparsers)``.
 
 Each verb forwards to one library function. Exit codes: 0 ok; 1 SLO broken (loadtest), failed
-requests (sweep), no candidate met the budget (tune); 2 bad arguments or server unreachable.
+requests (sweep), no candidate met the budget (tune: a budget failure, as docs/reference/grammar.md
+says); 2 bad arguments or server unreachable.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
-from builder.cli.arguments import finite_float
+from builder.api import DEFAULT_PORTS, DEFAULT_REPOSITORY
+from builder.cli.arguments import add_model, add_output, duration, finite_float
+from builder.cli.output import emit
 from builder.errors import UserInputError
 from builder.progress import Reporter
 
-DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
+seconds = duration  # the old name of this module's duration type
 
 
 def _url(args: argparse.Namespace) -> str:
@@ -22,8 +24,11 @@ def _url(args: argparse.Namespace) -> str:
 
 
 def _repository(args: argparse.Namespace) -> Path | None:
-    """--repository if given (it must exist), else ./model_repository when it holds the model (a
+    """--repository (it must exist); the default ./model_repository only when it holds the model (a
     default that does not is no mistake of the user's: the payload is then generated)."""
+    default = Path(DEFAULT_REPOSITORY)
+    if args.repository == DEFAULT_REPOSITORY:
+        return default if (default / args.name / "config.pbtxt").is_file() else None
     if args.repository is not None:
         if "://" in args.repository:  # Path() would fold s3://b/p into s3:/b/p in the message
             raise UserInputError(f"--repository {args.repository}: loadtest, sweep and tune read the repository "
@@ -33,16 +38,7 @@ def _repository(args: argparse.Namespace) -> Path | None:
         if not path.is_dir():
             raise UserInputError(f"--repository {path}: not a directory; pass the folder the server serves")
         return path
-    default = Path("model_repository")
-    return default if (default / args.name / "config.pbtxt").is_file() else None
-
-
-def seconds(text: str) -> float:
-    """``30``, ``30s``, ``2m``, ``1h`` -> seconds (argparse type)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", str(text))
-    if not match:
-        raise argparse.ArgumentTypeError(f"{text!r}: use seconds, e.g. 30, 30s, 2m")
-    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+    return None
 
 
 def int_list(text: str) -> list[int]:
@@ -54,7 +50,7 @@ def int_list(text: str) -> list[int]:
 
 
 def cmd_loadtest(args: argparse.Namespace, reporter: Reporter) -> int:
-    from builder.tuning.loadtest import run_loadtest
+    from builder.tuning.loadtest import format_summary, run_loadtest
 
     summary = run_loadtest(
         args.name, _url(args), args.protocol, args.users, args.run_time,
@@ -62,7 +58,9 @@ def cmd_loadtest(args: argparse.Namespace, reporter: Reporter) -> int:
         repository=_repository(args), spawn_rate=args.spawn_rate, shape=args.shape, slo_p99_ms=args.slo_p99_ms,
         slo_max_failure_ratio=args.slo_max_failure_ratio, workers=args.workers, batch_size=args.batch_size,
         progress=reporter)
-    print(f"reports: {Path(summary['files']['summary']).parent} (summary.json, report.html, locust_*.csv)")
+    lines = [format_summary(summary)] if reporter.quiet else []  # else the progress lines said it
+    lines.append(f"reports: {Path(summary['files']['summary']).parent} (summary.json, report.html, locust_*.csv)")
+    emit(args, summary, lines, ok=summary["exit_code"] == 0)
     return summary["exit_code"]
 
 
@@ -74,14 +72,13 @@ def cmd_sweep(args: argparse.Namespace, reporter: Reporter) -> int:
                        repository=_repository(args), levels=args.levels, window_s=args.window,
                        max_seconds_per_level=args.seconds_per_level, batch_size=args.batch_size,
                        engine=args.engine, progress=reporter)
-    print(f"client: {result['client']}")
-    print(f"wrote {result['files']['csv']} and {result['files']['png']}")
     failed = [row for row in result["levels"] if row["failures"]]
-    for row in failed:  # the reasons, not only a count (they were in sweep.json alone)
-        print(f"concurrency {row['concurrency']}: {row['failures']} failed request(s): "
-              + "; ".join(row.get("errors") or ["no reason recorded"]))
     if failed and all(not row["requests"] or row["requests"] == row["failures"] for row in result["levels"]):
         _raise_if_unreachable(args)
+    lines = [f"client: {result['client']}", f"wrote {result['files']['csv']} and {result['files']['png']}"]
+    lines += [f"concurrency {row['concurrency']}: {row['failures']} failed request(s): "  # the reasons, not a count
+              + "; ".join(row.get("errors") or ["no reason recorded"]) for row in failed]
+    emit(args, result, lines, ok=not failed)
     return 1 if failed else 0
 
 
@@ -113,21 +110,23 @@ def cmd_tune(args: argparse.Namespace, reporter: Reporter) -> int:
                       confirm=not args.no_confirm, serve_copies=not args.in_place, batch_size=args.batch_size,
                       tie_margin=args.tie_margin,
                       engine=args.engine, signing_key=args.signing_key, progress=reporter, **kwargs)
+    lines = list(result.get("table") or []) + [result.get("summary") or ""] if reporter.quiet else []
     if not args.write and not args.publish and result["winner"]:
-        print("(dry run: pass --write to write the winner into config.pbtxt and tuning.json)")
+        lines.append("(dry run: pass --write to write the winner into config.pbtxt and tuning.json)")
+    emit(args, result, [line for line in lines if line], ok=result["exit_code"] == 0)
     return result["exit_code"]
 
 
 def _common(p: argparse.ArgumentParser, default_protocol: str) -> None:
-    p.add_argument("name", help="model name")
-    p.add_argument("--repository", help="model repository (payload from the latest version's reference.npz; "
-                                        "default: ./model_repository if it holds the model)")
+    add_model(p, "the local model repository folder the server serves (the payload: the latest version's "
+                 "reference.npz; the default only where it holds the model, else a payload is generated)")
     p.add_argument("--url", help="Triton address HOST:PORT for --protocol (default 127.0.0.1:8000 http / 8001 grpc)")
     p.add_argument("--protocol", choices=("http", "grpc"), default=default_protocol,
                    help="default: %(default)s")
     p.add_argument("--payload", help="request data: a reference.npz or an .npz keyed by input name")
     p.add_argument("--batch-size", type=int, default=1, help="rows per request (default 1)")
     p.add_argument("--out", help="output folder (default runs/<verb>/<name>)")
+    add_output(p)
 
 
 def _engine(p: argparse.ArgumentParser) -> None:
@@ -141,28 +140,30 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     _common(p, "http")
     p.add_argument("--users", type=int, default=8, help="concurrent users, one request in flight each (default 8)")
     p.add_argument("--spawn-rate", type=finite_float, help="users started per second (default: all at once)")
-    p.add_argument("--run-time", type=seconds, default=30.0, help="e.g. 30, 30s, 2m (default 30 s)")
+    p.add_argument("--run-time", type=duration, default=30.0, help="e.g. 30, 30s, 2m (default 30 s)")
     p.add_argument("--shape", choices=("constant", "ramp", "steps"), default="constant",
                    help="load shape: constant users, a ramp, or steps (default: %(default)s)")
     p.add_argument("--slo-p99-ms", type=finite_float, help="p99 latency SLO over the run (default: none)")
     p.add_argument("--slo-max-failure-ratio", type=finite_float, help="largest allowed failure ratio (default 0.01)")
     p.add_argument("--workers", type=int, default=0, help="run 1 master + N worker processes (default 0: one process)")
-    p.add_argument("--timeout", type=seconds, help="hard limit on the whole run (default: run time + 65 s)")
+    p.add_argument("--timeout", type=duration, help="hard limit on the whole run (default: run time + 65 s)")
     p.set_defaults(func=cmd_loadtest)
 
     p = sub.add_parser("sweep", parents=[common], help="closed-loop concurrency sweep: latency vs throughput (CSV + PNG)")
     _common(p, "grpc")
     p.add_argument("--max-concurrency", type=int, default=16, help="levels 1, 2, 4, ... up to this (default 16)")
     p.add_argument("--levels", type=int_list, help="explicit levels instead, e.g. 1,4,16")
-    p.add_argument("--window", type=finite_float, default=0.5, help="measurement window in s (default 0.5)")
-    p.add_argument("--seconds-per-level", type=finite_float, default=8.0, help="time cap per level (default 8)")
+    p.add_argument("--window", type=duration, default=0.5, help="measurement window, e.g. 0.5, 2s (default 0.5 s)")
+    p.add_argument("--seconds-per-level", type=duration, default=8.0, help="time cap per level, e.g. 8, 1m "
+                   "(default 8 s)")
     _engine(p)
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("tune", parents=[common], help="search batching/instances/max batch size under a p99 budget on the running server")
     _common(p, "grpc")
     p.add_argument("--p99-budget-ms", type=finite_float, required=True, help="p99 latency budget (ms)")
-    p.add_argument("--seconds-per-candidate", type=finite_float, default=10.0, help="time per candidate (default 10)")
+    p.add_argument("--seconds-per-candidate", type=duration, default=10.0,
+                   help="time per candidate, e.g. 10, 30s, 1m (default 10 s)")
     writes = p.add_mutually_exclusive_group()  # one place for the winner: the served config, or a new version
     writes.add_argument("--write", action="store_true", help="write the winner into config.pbtxt (+ tuning.json)")
     writes.add_argument("--publish", action="store_true",
