@@ -75,6 +75,9 @@ def cmd_k8s(args: argparse.Namespace, reporter: Reporter) -> int:
         raise UserInputError(f"--repository {args.repository}: the pods read their models from object storage: pass "
                              "--repository s3://BUCKET/PREFIX (`triton-builder publish --to s3://...` uploads a "
                              "local repository there)")
+    from builder.storage.s3_location import parse_s3_url
+
+    parse_s3_url(args.repository, "--repository")  # its errors name this verb's option
     if args.poll_seconds != int(args.poll_seconds) or args.poll_seconds < 1:
         raise UserInputError(f"--poll-seconds {args.poll_seconds:g}: Triton polls in whole seconds: give 1 or more")
     model = args.name if args.name is not None else getattr(args, "model", None)

@@ -306,6 +306,8 @@ def test_k8s_needs_an_object_store_repository(capsys):
     assert cli.main(["k8s", "m", "--out", "o", "--no-validate"]) == 2
     assert f"--repository {DEFAULT_REPOSITORY}: the pods read their models from object storage" in \
         capsys.readouterr().err
+    assert cli.main(["k8s", "m", "--repository", "s3://b/p", "--out", "o", "--no-validate"]) == 2
+    assert capsys.readouterr().err.startswith("error: --repository 's3://b/p': bucket 'b' is not a valid bucket")
 
 
 def test_tune_without_a_candidate_in_the_budget_is_exit_1_as_documented(tmp_path, monkeypatch, capsys):
