@@ -122,12 +122,14 @@ class InstanceGroup:
 
 @dataclass
 class WarmupInput:
-    """Warmed up with zeros (zero_data), never Triton's random_data: random bytes make floats up to ~3e38,
-    NaN and inf, which a dynamically quantized model refuses (min > max) and the server then fails to start;
-    random integer ids may be out of range."""
+    """Warmed up with one reference sample (``data_file``: Triton's input_data_file in the model folder's
+    warmup/, written by publish: warmup_data.py), else zeros (zero_data); never Triton's random_data: random
+    bytes make floats up to ~3e38, NaN and inf, which a dynamically quantized model refuses (min > max) and the
+    server then fails to start; random integer ids may be out of range."""
     name: str
     data_type: str
     dims: list[int]
+    data_file: str | None = None  # a file name under <model>/warmup/
 
 
 @dataclass

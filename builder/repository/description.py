@@ -19,6 +19,8 @@ version folder. builder/repository/ alone writes it, atomically (builder/reposit
   version is staged, so a failing writer leaves the repository as it was);
 - ``metadata.yaml`` is rendered by the repository from ``metadata`` with ``version`` and
   ``files_sha256`` (name -> sha256 of every file above: model, runtime and extra files) filled in;
+- ``warmup_files`` (a config rendered from ``config``: made from reference.npz here) go to the model
+  folder's ``warmup/`` before the config that names them;
 - with ``signing_key``, ``signed_config.pbtxt`` (the config.pbtxt published with it) and ``model.sig``
   over every file of the version folder (builder/repository/signing.py).
 """
@@ -49,3 +51,6 @@ class VersionDescription:
     # its name and sizing changed); None: rendered from ``config``, whose name and backend count either way
     config_text: str | None = None
     signing_key: SigningKey | None = None  # sign the version (model.sig; builder/repository/signing.py)
+    # files the config reads from the MODEL folder (Triton's warmup/<input>.<hash>.bin: warmup_data.py); a
+    # build's are made by publish_model from reference.npz, a republished config's are read from its source
+    warmup_files: dict[str, bytes] = field(default_factory=dict)

@@ -23,7 +23,7 @@ import contextlib
 import fcntl
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -144,6 +144,8 @@ class Draft:
     path: Path | None = None  # set once the version folder is in place
     config_replaced: bool = True  # False: a higher version was there, its config.pbtxt was kept
     note: str = ""  # what the caller should tell the user (a version published below the latest)
+    # files of the model folder the config reads (warmup/...: content-addressed, never rewritten with other bytes)
+    model_files: dict[str, bytes] = field(default_factory=dict)
 
 
 LOCK_FILE = ".triton-builder.lock"
@@ -206,15 +208,16 @@ def _require_staging_beside(root: Path, existing: Path, where: str) -> None:
                              "are staged beside the repository so that each appears in one rename; " + fix)
 
 
-def atomic_write(root: Path, target: Path, text: str) -> None:
-    """Replace ``target`` (a file in a model folder of repository ``root``) with ``text`` at once: written to a
-    temporary file in ``root`` (never a half-written file in a model folder), then renamed over it."""
+def atomic_write(root: Path, target: Path, content: str | bytes) -> None:
+    """Replace ``target`` (a file in a model folder of repository ``root``) with ``content`` at once: written to
+    a temporary file in ``root`` (never a half-written file in a model folder), then renamed over it (0644)."""
     handle, tmp = tempfile.mkstemp(prefix=f".{target.parent.name}.{target.name}.", suffix=".tmp", dir=root)
     try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
+        with os.fdopen(handle, "wb") as out:
+            out.write(content.encode("utf-8") if isinstance(content, str) else content)
             out.flush()
             os.fsync(out.fileno())
+        os.chmod(tmp, 0o644)
         os.replace(tmp, target)
     except BaseException:
         try:
@@ -237,6 +240,19 @@ def _repository_lock(root: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _place_model_files(root: Path, model: Path, files: dict[str, bytes]) -> None:
+    """Files of a model folder that its new config reads, each written whole (a temp file in the repository
+    root, then a rename) unless it is already there with the same bytes."""
+    for relative, data in files.items():
+        target = model / relative
+        if target.is_file() and target.read_bytes() == data:
+            continue
+        if not target.parent.is_dir():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.parent.chmod(0o755)
+        atomic_write(root, target, data)
 
 
 def _readable_by_all(folder: Path) -> None:
@@ -333,6 +349,9 @@ def publish_version(repository: Path, name: str, version: int | None = None,
     if draft.config_text is None:
         raise RuntimeError("publish_version: config_text was not set")
     (staged_model / "config.pbtxt").write_text(draft.config_text)
+    for relative, data in draft.model_files.items():
+        (staged_model / relative).parent.mkdir(parents=True, exist_ok=True)
+        (staged_model / relative).write_bytes(data)
     _readable_by_all(staged_model)
     with _repository_lock(root):
         if draft.version in existing_versions(target_model):
@@ -357,5 +376,6 @@ def publish_version(repository: Path, name: str, version: int | None = None,
                               f"{draft.version}; to serve this build, build it without 'version:' (it takes the "
                               "next number)")
             else:
+                _place_model_files(root, target_model, draft.model_files)  # before the config that reads them
                 os.replace(staged_model / "config.pbtxt", target_model / "config.pbtxt")
         draft.path = destination

@@ -13,6 +13,7 @@ builder/repository/description.py says what a description holds and how it is wr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import shutil
 from pathlib import Path
@@ -29,6 +30,7 @@ from builder.repository.layout import Reservation, publish_version
 from builder.repository.metadata import write_metadata
 from builder.repository.signing import SIGNED_CONFIG, sign_version
 from builder.repository.warmup import warmup_failure
+from builder.repository.warmup_data import with_reference_warmup
 from builder.files import sha256_file
 from builder.spec import TRITON_DTYPES, ModelSpec
 
@@ -107,12 +109,17 @@ def publish_model(repository: Path, description: VersionDescription,
     they were. With ``description.signing_key`` the version is signed while staged (signing.py).
     A config whose interface differs from the model folder's, served with older versions built for the
     old one (version_policy all), is refused before anything is written (interface.py)."""
+    if description.config_text is None and not description.warmup_files:  # warmed up with its reference data
+        reference = description.extra_files.get("reference.npz")
+        config, files = with_reference_warmup(description.config, reference() if callable(reference) else reference)
+        description = dataclasses.replace(description, config=config, warmup_files=files)
     config = description.config
     config_text = description.config_text or render_config(config)
     interface_change(repository, description.name, config_text)  # raises UserInputError; a warning is the caller's
     failure = warmup_failure(description)
     if failure is not None:  # Triton would not load it, and serve of the whole repository would fail
-        raise VerificationError(f"'{description.name}' was not published: its warm-up (zeros, config.pbtxt's "
+        data = "a reference sample" if any(i.data_file for w in config.warmups for i in w.inputs) else "zeros"
+        raise VerificationError(f"'{description.name}' was not published: its warm-up ({data}, config.pbtxt's "
                                 f"model_warmup) fails in {description.model_format}, so Triton would not load it: "
                                 f"{failure}; models published before it in this run stay; build it without this "
                                 "variant (--variants) or set deploy.warmup: false")
@@ -140,6 +147,7 @@ def publish_model(repository: Path, description: VersionDescription,
             with _writing(draft.folder / "metadata.yaml", description.name):
                 write_metadata(draft.folder / "metadata.yaml", record)
         draft.config_text = config_text
+        draft.model_files = dict(description.warmup_files)
         if description.signing_key is not None:  # signed while staged: the version appears signed or not at all
             with _writing(draft.folder / SIGNED_CONFIG, description.name):
                 (draft.folder / SIGNED_CONFIG).write_text(draft.config_text)

@@ -19,6 +19,7 @@ from builder.repository.config import thread_parameter
 from builder.repository.description import VersionDescription
 from builder.repository.layout import is_monitored, latest_version, model_dir, not_in_repository, reserve_version
 from builder.repository.metadata import read_metadata
+from builder.repository.warmup_data import read_warmup_files
 
 COPIED_EXTRAS = ("drift_profile.json",)  # besides reference.npz: copied with the model files
 TUNED = "by triton-builder tune"  # metadata.yaml serving.sized of a version `tune --publish` published
@@ -93,17 +94,19 @@ def refuse_monitored(repository, name: str) -> None:
                              "or tune --publish; rebuild it, or tune with --write to change its model step's config")
 
 
-def republish(repository, name, model_format, model_files, runtime, extra, record, text, config,
-               key=None) -> dict[str, Any]:
-    """A new version of ``name`` from these parts, signed while staged when ``key`` is given (as build does)."""
+def republish(repository, name, model_format, model_files, runtime, extra, record, text, config, source: Path,
+              key=None) -> dict[str, Any]:
+    """A new version of ``name`` from these parts, signed while staged when ``key`` is given (as build does);
+    ``source``: the model folder ``text`` was taken from (its warm-up files travel with it)."""
     from builder.repository.publish import publish_model
 
     refuse_monitored(repository, name)
+    warmup_files = read_warmup_files(source, text)  # before a version is reserved: a missing file is the user's
     with reserve_version(repository, name, None) as reservation:
         description = VersionDescription(name=name, version=reservation.version, config=config,
                                          model_format=model_format, model_files=model_files,
                                          runtime_files=runtime, extra_files=extra, metadata=record,
-                                         config_text=text, signing_key=key)
+                                         config_text=text, signing_key=key, warmup_files=warmup_files)
         return publish_model(repository, description, reservation)
 
 
@@ -151,4 +154,4 @@ def publish_tuned(repository: str | Path, name: str, config_text: str, tuning: d
         "tuned_from": {"version": number},
     })
     return republish(repository, name, artifact["format"], model_files, runtime, extra, record, text, config,
-                     signer)
+                     main, signer)

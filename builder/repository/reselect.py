@@ -418,7 +418,8 @@ def _publish(repository: Path, name: str, served_number: int, winner: Candidate,
         "reselected_from": {"model": winner.label, "served_version": served_number,
                             "measured_on": winner.meta.get("host")},
     })
-    return republish(repository, name, artifact["format"], model_files, runtime, extra, record, text, config, key)
+    return republish(repository, name, artifact["format"], model_files, runtime, extra, record, text, config,
+                     winner.folder.parent, key)
 
 
 def _benchmark_here(winner: Candidate, report: SelectReport, host: dict[str, Any]) -> dict[str, Any]:

@@ -33,6 +33,7 @@ import numpy as np
 
 from builder.repository import pb_utils_stand_in
 from builder.repository.config import SCALAR_TENSORS, config_as_dict, render_config
+from builder.repository.warmup_data import WARMUP_FOLDER, warmup_array
 
 if TYPE_CHECKING:
     from builder.repository.description import VersionDescription
@@ -122,7 +123,7 @@ def _replay(description: "VersionDescription", config: dict[str, Any], tmp: Path
         # unless the builder's runner cannot load the file either: whether it loads is verify's question
         return [f"model.py initialize() fails: {_short(exc)}"] if _runner_opens(description) else []
     try:
-        failures = _warmup_failures(instance, config)
+        failures = _warmup_failures(instance, config, description.warmup_files)
         if not failures and (folder / "reference.npz").is_file():
             failures = _reference_failures(instance, config, folder / "reference.npz", description.metadata or {})
         return failures
@@ -194,7 +195,7 @@ def _execute(instance, inputs: dict[str, np.ndarray], config: dict[str, Any]) ->
     return outputs
 
 
-def _warmup_failures(instance, config: dict[str, Any]) -> list[str]:
+def _warmup_failures(instance, config: dict[str, Any], files: dict[str, bytes]) -> list[str]:
     batching = int(config.get("max_batch_size", 0)) > 0
     failures = []
     for warmup in config.get("model_warmup", []):
@@ -204,7 +205,10 @@ def _warmup_failures(instance, config: dict[str, Any]) -> list[str]:
             dtype = pb_utils_stand_in.NUMPY_TYPES.get(value.get("data_type", ""))
             if dtype is None or dtype is np.object_:
                 break  # strings: Triton's zero_data is empty bytes, nothing to replay in this warm-up
-            feeds[name] = np.zeros(([count] if batching else []) + [int(d) for d in value.get("dims", [])], dtype)
+            dims = [int(d) for d in value.get("dims", [])]
+            sample = (warmup_array(files[f"{WARMUP_FOLDER}/{value['input_data_file']}"], value["data_type"], dims)
+                      if value.get("input_data_file") else np.zeros(dims, dtype))
+            feeds[name] = np.stack([sample] * count) if batching else sample
         if not feeds or len(feeds) != len(warmup.get("inputs") or {}):
             continue
         try:

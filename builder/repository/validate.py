@@ -28,6 +28,7 @@ from builder.errors import UserInputError
 from builder.files import sha256_file
 from builder.repository.config import parse_config
 from builder.repository.interface import version_mismatch
+from builder.repository.warmup_data import read_warmup_files
 from builder.repository.layout import MODEL_SUFFIX, existing_versions, is_monitored, misnamed_versions, model_dir
 from builder.host import host_warnings
 from builder.repository.metadata import read_metadata, read_reference
@@ -108,6 +109,10 @@ def validate_model(model_path: str | Path, version: int | None = None, *, gpu: s
         return report
     if config.name != folder.name:
         report.failures.append(f"config.pbtxt: name '{config.name}' != folder name '{folder.name}'")
+    try:  # Triton refuses to load a model whose warm-up file is missing or the wrong size
+        read_warmup_files(folder, config_path.read_text())
+    except UserInputError as exc:
+        report.failures.append(f"config.pbtxt's model_warmup: {exc}")
     versions = existing_versions(folder)
     misnamed = misnamed_versions(folder)
     report.failures.extend(_misnamed_failure(folder, name) for name in misnamed)

@@ -1,4 +1,4 @@
-"""Replay a version's Triton warm-up (config.pbtxt's model_warmup: zero_data inputs) in-process before it
+"""Replay a version's Triton warm-up (config.pbtxt's model_warmup: a reference sample or zeros) in-process before it
 is published: Triton runs it while loading the model, and a model failing it is not loaded - in
 ``serve``, the whole repository then fails to start. Every published model is replayed, the
 ``NAME__variant`` companions of ``--publish-variants`` too (the build's checks ran only on reference data).
@@ -21,6 +21,7 @@ import numpy as np
 from builder.errors import VerificationError
 from builder.repository.config import config_as_dict, render_config
 from builder.repository.served_replay import model_shapes, served_path_failures
+from builder.repository.warmup_data import WARMUP_FOLDER, warmup_array
 from builder.spec import TRITON_DTYPES
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ REPLAYED_FORMATS = ("onnx", "torchscript", "openvino")  # a TensorRT plan is bui
 
 
 def warmup_inputs(description: "VersionDescription") -> list[dict[str, np.ndarray]]:
-    """One feed per warm-up: zeros of each input's warm-up dims, reshaped as Triton reshapes them for the
+    """One feed per warm-up: each input's warm-up sample (its data file's, else zeros), reshaped as Triton reshapes them for the
     model (a scalar per sample: dims [1], reshape []), with the batch dimension when batched."""
     config = description.config
     # from the text Triton reads (a republished version's description holds no reshape of its own)
@@ -42,7 +43,8 @@ def warmup_inputs(description: "VersionDescription") -> list[dict[str, np.ndarra
         for i in warmup.inputs:
             if i.data_type not in NUMPY_DTYPES:  # strings: Triton's zero_data is empty bytes, nothing to replay
                 return []
-            sample = np.zeros(i.dims, dtype=NUMPY_DTYPES[i.data_type])
+            sample = (warmup_array(description.warmup_files[f"{WARMUP_FOLDER}/{i.data_file}"], i.data_type, i.dims)
+                      if i.data_file else np.zeros(i.dims, dtype=NUMPY_DTYPES[i.data_type]))
             if reshapes.get(i.name) is not None:
                 sample = sample.reshape(reshapes[i.name])
             feed[i.name] = (np.stack([sample] * warmup.batch_size) if config.max_batch_size > 0 else sample)

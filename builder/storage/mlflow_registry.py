@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 from builder.errors import ServerError, UserInputError
 from builder.processes import LocalService, free_port, http_get
+from builder.repository.warmup_data import referenced_files
 
 MLFLOW_VERSION = "3.17.2"
 EXPERIMENT = "triton-builder"
@@ -211,6 +212,7 @@ def register_version(registry: str, model_folder: Path, version: int | None = No
     files = [(f"model/{version}/{p.relative_to(version_dir)}", p) for p in sorted(version_dir.rglob("*"))
              if p.is_file() and "__pycache__" not in p.relative_to(version_dir).parts]
     files.append(("model/config.pbtxt", config_path))
+    files += [(f"model/{relative}", folder / relative) for relative in referenced_files(config_path.read_text())]
     for relative, path in files:
         rest.call("PUT", f"api/2.0/mlflow-artifacts/artifacts/{root}/{urllib.parse.quote(relative)}",
                   path.read_bytes())

@@ -31,7 +31,7 @@ How a version becomes visible (never half of one):
 2. Then ``<model>/<version>/.complete`` is written (create-only, ``If-None-Match: *``): a JSON record
    of every file with its sha256 and size. A version folder without a valid marker is an upload in
    progress or an interrupted one: ``serve``, ``replicas`` and publish itself treat it as not there.
-3. Last, ``<model>/config.pbtxt`` is written with ``version_policy { specific { versions: [...] } }``
+3. The warm-up files the config names (``<model>/warmup/``) are uploaded; last, ``<model>/config.pbtxt`` is written with ``version_policy { specific { versions: [...] } }``
    naming only complete versions (the local config's policy - latest N, all, specific - applied
    to the complete versions). Triton loads exactly the versions the config names, so a Triton
    polling the bucket (``--model-control-mode=poll``) or reloading a model (explicit mode) never
@@ -54,6 +54,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from builder.errors import ServerError, UserInputError
 from builder.repository.config import parse_config
+from builder.repository.warmup_data import read_warmup_files
 from builder.storage.s3_location import S3Location, is_s3_url, parse_s3_url
 from builder.storage.s3_store import MARKER, MARKER_FORMAT, S3Store, _now
 
@@ -304,6 +305,9 @@ def publish_repository(repository: str | Path, to: str, *, models: Sequence[str]
                                  f"versions in the bucket ({', '.join(map(str, complete))}); fix the policy")
         pinned = pin_versions(local_config, served, str(folder / "config.pbtxt"))
         if changed or store.config_text(model) != pinned:
+            for relative, data in read_warmup_files(folder, local_config).items():  # what the config reads, first
+                if store.get_bytes(model, *relative.split("/")) != data:
+                    store.put_bytes(data, model, *relative.split("/"))
             # last write: the switch that makes the new versions visible to Triton
             store.put_bytes(pinned.encode(), model, "config.pbtxt", content_type="text/plain")
             say(f"  {model}: config.pbtxt written last, serving versions {', '.join(map(str, served))}")

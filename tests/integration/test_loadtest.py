@@ -374,7 +374,7 @@ def test_tuned_config_is_validated_before_anything_is_written(built_repository, 
     write_tuned_config(repo, MODEL, text, {"winner": "2 instances"})
     assert config_as_dict(config_file.read_text())["instance_group"][0]["count"] == 2
     assert json.loads((repo / MODEL / "tuning.json").read_text()) == {"winner": "2 instances"}
-    assert sorted(p.name for p in (repo / MODEL).iterdir()) == ["1", "config.pbtxt", "tuning.json"]
+    assert sorted(p.name for p in (repo / MODEL).iterdir()) == ["1", "config.pbtxt", "tuning.json", "warmup"]
 
 
 def test_payload_layouts(built_repository, tmp_path):

@@ -78,7 +78,8 @@ def test_a_build_without_monitoring_is_refused_into_a_monitored_model(monitored_
     with pytest.raises(UserInputError, match=r"deploy.monitor is off, but 'digits_cnn' .* is served monitored"):
         build(_digits(None), monitored_repository, variants=["onnx"], target="cpu", benchmark_seconds=0,
               progress=lambda m: None)
-    assert sorted(p.name for p in (monitored_repository / "digits_cnn__model").iterdir()) == ["1", "config.pbtxt"]
+    assert sorted(p.name for p in (monitored_repository / "digits_cnn__model").iterdir()) == ["1", "config.pbtxt",
+                                                                                             "warmup"]
 
 
 def test_validate_given_the_ensemble_validates_its_model_step(monitored_repository):

@@ -79,3 +79,23 @@ def test_a_tensorrt_accelerator_is_refused_with_the_stand_ins_reason(standard_re
                                               r"refuses 'trt_accelerated': execution accelerator tensorrt"):
             server.load_model("trt_accelerated")
         assert server.model_ready(onnx_model)  # the server and the other model are unaffected
+
+
+def test_triton_warms_each_model_up_with_its_reference_sample(standard_repository, tmp_path):
+    """Every published config warms up from <model>/warmup/ (a reference sample, not zeros), and the real
+    server reads that file: one cut short makes Triton refuse the model at load, naming the warm-up."""
+    from builder.repository.warmup_data import referenced_files
+
+    for model in _formats(standard_repository):
+        text = (standard_repository / model / "config.pbtxt").read_text()
+        assert "zero_data" not in text and referenced_files(text), model
+        assert all((standard_repository / model / f).is_file() for f in referenced_files(text))
+    repo = tmp_path / "repo"
+    onnx_model = next(m for m, f in _formats(standard_repository).items() if f == "onnx")
+    shutil.copytree(standard_repository / onnx_model, repo / onnx_model)
+    warm = repo / onnx_model / referenced_files((repo / onnx_model / "config.pbtxt").read_text())[0]
+    warm.write_bytes(warm.read_bytes()[:-4])
+    with EmbeddedServer(repo, load_models=[], ready_timeout=120) as server:
+        with pytest.raises(ServerError, match=r"warmup setting expects 256 bytes, but the data provided from "
+                                              rf"{warm.name}\s*only has 252 bytes"):
+            server.load_model(onnx_model)

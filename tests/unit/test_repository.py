@@ -86,7 +86,13 @@ def test_bert_reference_covers_dynamic_sizes(built_repository):
     assert len(lengths) >= 3 and {1, 16, 64} <= lengths
     assert {1, 3, 16} <= batches
     config = parse_config((built_repository / "bert_tiny" / "config.pbtxt").read_text())
-    assert list(config.input[0].dims) == [-1] and config.model_warmup[0].inputs["input_ids"].zero_data
+    assert list(config.input[0].dims) == [-1]
+    # warmed up with the first reference case's first sample (its own length, a concrete dim), not zeros
+    warm = config.model_warmup[0].inputs["input_ids"]
+    first = cases[0]["inputs"]["input_ids"][0]
+    assert not warm.zero_data and list(warm.dims) == [len(first)]
+    data = (built_repository / "bert_tiny" / "warmup" / warm.input_data_file).read_bytes()
+    assert np.array_equal(np.frombuffer(data, dtype=np.int64), first)
 
 
 def test_validate_passes_on_a_fresh_build(built_repository):

@@ -62,3 +62,24 @@ def test_the_warm_up_feed_is_what_triton_gives_the_model():
     # a scalar per sample: dims [1] on the wire, reshape [] for the model, so [batch]
     assert feed["temperature"].shape == (1,) and feed["ids"].shape == (1, 16)
     assert feed["ids"].dtype == "int64" and not feed["temperature"].any()
+
+
+def test_with_reference_data_the_warm_up_is_a_real_sample_and_zeros_are_never_sent(tmp_path):
+    """The same zero-refusing model, published with its reference cases: Triton's warm-up reads the first
+    sample from <model>/warmup/ (input_data_file), the replay feeds that sample, so the model is published."""
+    import numpy as np
+
+    from builder.repository.config import parse_config
+    from builder.repository.metadata import reference_bytes
+
+    repo = tmp_path / "repo"
+    cases = [{"id": "val_b3", "inputs": {"x": np.arange(12, dtype=np.float32).reshape(3, 4) + 1}}]
+    description = _description(tmp_path, RefusesZeros(), "m")
+    description = VersionDescription(**{**description.__dict__, "extra_files": {
+        "reference.npz": reference_bytes(cases, [{"y": cases[0]["inputs"]["x"] * 2}])}})
+    assert publish_model(repo, description)["version"] == 1
+    warm = parse_config((repo / "m" / "config.pbtxt").read_text()).model_warmup[0].inputs["x"]
+    assert not warm.zero_data and list(warm.dims) == [4] and warm.input_data_file.startswith("x.")
+    data = (repo / "m" / "warmup" / warm.input_data_file).read_bytes()
+    assert np.array_equal(np.frombuffer(data, dtype=np.float32), [1, 2, 3, 4])
+    assert not any(p.name.startswith("x.") for p in (repo / "m" / "1").iterdir())  # model folder, not version
