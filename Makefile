@@ -1,5 +1,6 @@
 # Everything a fresh machine needs is installed by these targets.
 #   make test   - install (venv + system packages) and run the whole test suite
+#   make test-fast - the unit tests that build no model and start no server (the inner loop, ~2 min)
 #   make demo   - the main job: build the digits example, serve it on the embedded Triton,
 #                 check it over HTTP and gRPC, load-test it, print the report, stop
 # PYTHON: a Python 3.10-3.12 (scripts/make-venv.sh picks python3.12/3.11/3.10 when python3 is not one)
@@ -9,7 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps perf-analyzer test test-unit demo docs wheel-smoke bench bench-tuning bench-serving bench-drift bench-replicas bench-faults bench-zoo bench-compression bench-peers bench-vs-ma bench-releases bench-standin bench-monitor clean
+.PHONY: setup system-deps perf-analyzer test test-unit test-fast demo docs wheel-smoke bench bench-tuning bench-serving bench-drift bench-replicas bench-faults bench-zoo bench-compression bench-peers bench-vs-ma bench-releases bench-standin bench-monitor clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	bash scripts/make-venv.sh "$(PYTHON)" $(VENV)
@@ -31,6 +32,11 @@ test: setup
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
+
+# the inner loop: the unit tests that build no model and start no server (tests marked `slow` left out: marked
+# in their modules, or by tests/conftest.py for the fixtures they use); `make test` still runs everything
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" tests/unit $(PYTEST_ARGS)
 
 demo: setup
 	$(BIN)/triton-builder run examples/digits/spec.yaml

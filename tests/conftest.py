@@ -127,3 +127,53 @@ def digits_copy(tmp_path) -> Path:
     target = tmp_path / "digits"
     shutil.copytree(EXAMPLES / "digits", target, ignore=shutil.ignore_patterns("__pycache__"))
     return target
+
+
+# --- the fast inner loop (`make test-fast` = `pytest -m "not slow" tests/unit`) --------------------------------
+# A test is marked `slow` when it builds a model, starts a real server or a CLI process that does real work, or
+# waits out timeouts; the full suite (`make test`, CI) runs everything. Two ways a test gets the mark:
+#   - here, automatically: it uses (directly or through another fixture) one of SLOW_FIXTURES below;
+#   - in its module: `@pytest.mark.slow(reason=...)` on a test that builds in its body (or `pytestmark`).
+# A new fixture that builds a model or starts a server belongs in SLOW_FIXTURES, keyed "<file>::<fixture>";
+# tests/unit/test_fast_selection.py fails when a fixture of tests/ calls build( and is not listed here.
+SLOW_FIXTURES = {
+    "conftest.py::built_repository": "builds digits_cnn and bert_tiny (session fixture)",
+    "test_variants.py::digits_build": "builds digits with every variant (module fixture)",
+    "test_signing.py::signed": "builds and signs digits (module fixture)",
+    "test_select.py::variants_repository": "builds digits' onnx and torchscript variants (module fixture)",
+    "test_select_provenance.py::two_builds": "builds digits twice (module fixture)",
+    "test_select_provenance.py::signed": "builds and signs digits (module fixture)",
+    "test_compression.py::pruned_build": "builds a pruned digits variant (module fixture)",
+    "test_compression_outputs.py::embedding_first_build": "builds a compressed two-output model (module fixture)",
+    "test_openvino.py::tiny_build": "builds a model with its OpenVINO variants (module fixture)",
+    "test_openvino_input_names.py::cast_build": "builds a model with its OpenVINO variant (module fixture)",
+    "test_gpu_path.py::gpu_build": "builds digits for target gpu (module fixture)",
+    "test_precision_guards.py::half_build": "builds a float16 model (module fixture)",
+    "test_precision_guards.py::double_build": "builds a float64 model (module fixture)",
+    "test_regression.py::two_versions": "builds digits twice (module fixture)",
+    "test_lifecycle_guards.py::mlflow": "installs and starts an MLflow server (module fixture)",
+}
+
+
+def fixture_key(fixturedef) -> str:
+    """SLOW_FIXTURES' key of a fixture definition: "<file name>::<fixture name>"."""
+    return f"{Path(fixturedef.func.__code__.co_filename).name}::{fixturedef.argname}"
+
+
+def slow_fixtures_of(item) -> list[str]:
+    """The SLOW_FIXTURES keys among the fixtures ``item`` uses, directly or through other fixtures."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return []
+    used = []
+    for name in item.fixturenames:
+        definitions = info.name2fixturedefs.get(name) or ()
+        if definitions and fixture_key(definitions[-1]) in SLOW_FIXTURES:  # [-1]: the one this test gets
+            used.append(fixture_key(definitions[-1]))
+    return used
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for key in slow_fixtures_of(item):
+            item.add_marker(pytest.mark.slow(reason=f"uses {key.split('::')[1]}: {SLOW_FIXTURES[key]}"))

@@ -50,6 +50,7 @@ def test_a_half_percent_leak_from_batch_mates_is_refused(tmp_path):
     assert not (tmp_path / "repo" / "m").exists()
 
 
+@pytest.mark.slow(reason="builds a model")
 def test_batchnorm_in_eval_mode_uses_running_statistics_and_passes(tmp_path):
     result = build(spec_folder(tmp_path, "return self.bn(h)"), tmp_path / "repo", benchmark_seconds=0,
                    progress=lambda m: None)

@@ -45,6 +45,7 @@ def test_finalists_are_the_two_leaders_at_the_batches_that_decide():
     assert benchmark.finalists([a], "throughput") is None
 
 
+@pytest.mark.slow(reason="builds and benchmarks a model")
 @pytest.mark.parametrize("forced", [True, False])
 def test_a_close_call_is_measured_again_and_recorded(digits_copy, tmp_path, monkeypatch, forced):
     said = []

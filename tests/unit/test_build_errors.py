@@ -115,6 +115,7 @@ def test_pickle_weights_are_refused_not_unpickled(digits_copy, tmp_path, capsys)
     assert_nothing_written(tmp_path, repo)
 
 
+@pytest.mark.slow(reason="builds a model (in-process or through the CLI)")
 def test_cli_error_text_carries_no_terminal_escapes(digits_copy, tmp_path):
     torch.save(torch.nn.Linear(2, 2), str(digits_copy / "weights.pt"))  # a whole module: torch's text bolds words
     spec = edit_spec(digits_copy, source={"module": "model:build", "weights": "weights.pt"})
@@ -123,6 +124,7 @@ def test_cli_error_text_carries_no_terminal_escapes(digits_copy, tmp_path):
     assert "\x1b" not in proc.stderr
 
 
+@pytest.mark.slow(reason="builds a model (in-process or through the CLI)")
 def test_pt_state_dict_is_accepted(digits_copy, tmp_path, quiet):
     from safetensors.torch import load_file
     torch.save(load_file(str(digits_copy / "weights.safetensors")), digits_copy / "weights.pt")
@@ -142,6 +144,7 @@ def test_unknown_variant_lists_supported(digits_copy, tmp_path, quiet):
         build(digits_copy / "spec.yaml", tmp_path / "repo", variants=["onnx_int3"], progress=quiet)
 
 
+@pytest.mark.slow(reason="builds a model (in-process or through the CLI)")
 def test_verification_failure_exits_1_with_per_output_numbers(digits_copy, tmp_path):
     spec = edit_spec(digits_copy, variants=["onnx"], verify={"tolerances": {"fp32": {"rel_l2": 1e-12}}})
     repo = tmp_path / "repo"
@@ -153,6 +156,7 @@ def test_verification_failure_exits_1_with_per_output_numbers(digits_copy, tmp_p
     assert_nothing_written(tmp_path, repo)
 
 
+@pytest.mark.slow(reason="builds a model (in-process or through the CLI)")
 def test_strict_fails_when_any_variant_fails(digits_copy, tmp_path, quiet):
     spec = edit_spec(digits_copy, verify={"tolerances": {"fp32": {"max_abs": 0.0}}})
     # torchscript (trace) is bit-exact and passes; onnx differs slightly and fails max_abs 0
@@ -166,6 +170,7 @@ def test_strict_fails_when_any_variant_fails(digits_copy, tmp_path, quiet):
     assert not (tmp_path / "repo2").exists()
 
 
+@pytest.mark.slow(reason="builds a model (in-process or through the CLI)")
 def test_a_variant_that_could_not_be_made_is_in_the_table_and_fails_strict(digits_copy, tmp_path, quiet,
                                                                           monkeypatch):
     from builder.report import format_table
@@ -187,6 +192,7 @@ def test_a_variant_that_could_not_be_made_is_in_the_table_and_fails_strict(digit
     assert not (tmp_path / "repo2").exists()
 
 
+@pytest.mark.slow(reason="builds a model (in-process or through the CLI)")
 def test_existing_version_is_never_overwritten(digits_copy, tmp_path, quiet):
     repo = tmp_path / "repo"
     build(digits_copy / "spec.yaml", repo, variants=["onnx"], benchmark_seconds=0, progress=quiet)
@@ -216,6 +222,7 @@ def test_register_without_a_reachable_registry_fails_before_writing(digits_copy,
     assert_nothing_written(tmp_path, repo)
 
 
+@pytest.mark.slow(reason="builds a model (in-process or through the CLI)")
 def test_onnx_beyond_the_target_release_is_refused_before_publishing(digits_copy, tmp_path, quiet, monkeypatch):
     from builder.repository import triton_releases
 
@@ -240,6 +247,7 @@ def test_onnx_beyond_the_target_release_is_refused_before_publishing(digits_copy
     assert_nothing_written(tmp_path, repo)
 
 
+@pytest.mark.slow(reason="builds a model (in-process or through the CLI)")
 def test_the_same_spec_builds_for_26_07_where_24_10_refuses_it(digits_copy, tmp_path, quiet):
     """opset 22: beyond 24.10's onnxruntime 1.19.2 (21), within 26.07's 1.27.0 (26); the version records 26.07."""
     import onnx
@@ -258,6 +266,7 @@ def test_the_same_spec_builds_for_26_07_where_24_10_refuses_it(digits_copy, tmp_
     assert opset == 22
 
 
+@pytest.mark.slow(reason="builds a model (in-process or through the CLI)")
 def test_torchscript_for_libtorch_follows_the_release(digits_copy, tmp_path, quiet, monkeypatch):
     """TorchScript saved by this torch (2.13) is refused for 24.10's libtorch 2.5 (target cpu) with the fix, and
     published as pytorch_libtorch for 26.07's libtorch 2.13."""

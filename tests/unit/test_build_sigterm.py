@@ -10,11 +10,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from builder.scratch import LOCK_NAME, WORK_PREFIX
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow(reason="runs a build in a subprocess and signals it")
 def test_sigterm_during_a_build_removes_its_work_folder_and_says_so(tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()

@@ -34,6 +34,7 @@ def test_version_flag():
     assert proc.returncode == 0 and proc.stdout.startswith("triton-builder ")
 
 
+@pytest.mark.slow(reason="runs a real build through the CLI")
 def test_quiet_build_prints_results_but_no_progress(tmp_path):
     args = ("build", str(EXAMPLES / "digits" / "spec.yaml"), "--variants", "onnx", "--benchmark-seconds", "0")
     loud = run_cli(*args, "--repository", str(tmp_path / "loud"))

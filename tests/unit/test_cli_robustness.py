@@ -105,6 +105,7 @@ def test_an_error_into_a_closed_pipe_keeps_its_exit_code(tmp_path):
     assert proc.wait(60) == 2
 
 
+@pytest.mark.slow(reason="runs a build through the CLI in a subprocess")
 def test_a_build_piped_into_a_closed_pipe_still_publishes(tmp_path):
     spec = write_model(tmp_path, "argmax")
     proc = subprocess.Popen([sys.executable, "-m", "builder", "build", str(spec), "--repository",
@@ -195,6 +196,7 @@ def test_other_bind_refusals_say_their_own_reason():
         port_in_use("192.0.2.1", 8000)
 
 
+@pytest.mark.slow(reason="builds a model")
 def test_a_user_module_named_like_one_the_build_uses_is_refused_and_ours_stay(tmp_path):
     """A user's builder.py: import_factory dropped triton-builder's own modules and imported the user's
     file in their place ("No module named 'builder.tensors'; 'builder' is not a package")."""
@@ -228,6 +230,7 @@ def test_a_user_module_named_like_one_the_build_uses_is_refused_and_ours_stay(tm
     assert str(tmp_path) not in files
 
 
+@pytest.mark.slow(reason="runs a build through the CLI in a subprocess")
 def test_a_build_of_a_user_builder_module_exits_2_naming_the_fix(tmp_path):
     spec = write_model(tmp_path, "argmax", source={"module": "builder:build"})
     (spec.parent / "model.py").rename(spec.parent / "builder.py")

@@ -104,6 +104,7 @@ def test_fine_tuning_stops_at_the_time_budget():
 # structured pruning through residual and concatenated branches
 
 
+@pytest.mark.slow(reason="prunes a model and exports it to ONNX")
 @pytest.mark.parametrize("make", [Residual, Concat], ids=["residual", "concat"])
 def test_structured_pruning_keeps_branches_consistent_and_exports(make, tmp_path):
     model = make().eval()
@@ -179,6 +180,7 @@ def _digits(tmp_path, **changes):
 SMALL = {"prune_ratio": 0.5, "prune_steps": 2, "steps": 80, "seconds": 60}
 
 
+@pytest.mark.slow(reason="builds digits")
 def test_without_training_data_the_variants_are_skipped_naming_data_training(tmp_path, quiet):
     spec = _digits(tmp_path, training=None)
     result = build(spec, tmp_path / "repo", variants=["onnx", "onnx_pruned", "onnx_qat_int8"], benchmark_seconds=0,
@@ -231,6 +233,7 @@ def test_pruned_variant_is_verified_by_task_accuracy_and_publishes_its_own_outpu
     assert "verified by task accuracy" in report and "## Compression" in report
 
 
+@pytest.mark.slow(reason="builds compressed variants")
 def test_a_compressed_variant_outside_the_accuracy_budget_is_rejected(tmp_path, quiet):
     # a budget nothing can meet: 90 % of the channels gone, one tiny step, no accuracy drop allowed
     spec = _digits(tmp_path, compression={"prune_ratio": 0.9, "prune_steps": 1, "steps": 1, "learning_rate": 1e-9},
@@ -248,6 +251,7 @@ def test_a_compressed_variant_outside_the_accuracy_budget_is_rejected(tmp_path, 
 # quantisation-aware training: both exports of the trained model run and agree with torch
 
 
+@pytest.mark.slow(reason="fine-tunes a QAT model and exports it to ONNX")
 def test_qat_model_exports_as_qdq_both_ways(tmp_path):
     from builder.compression import qat
     import onnx

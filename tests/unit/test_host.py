@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
 import yaml
 
 from builder.host import (cgroup_cpu_limit, compare_hosts, cpu_info, host_profile, isa_class, serving_size,
@@ -198,6 +199,7 @@ def test_serve_warns_for_each_model_built_elsewhere(built_repository):
     assert len(lines) == 1 and lines[0].startswith("digits_cnn: variants were measured on")
 
 
+@pytest.mark.slow(reason="builds and measures a model")
 def test_a_measured_build_sizes_serving_to_its_host(tmp_path):
     """A real build with a short benchmark: whatever this host measures, the config holds the chosen
     instances x threads, within the usable cores, and metadata.yaml says why."""

@@ -97,6 +97,7 @@ def test_a_one_sample_model_is_told_to_set_max_batch_size(tmp_path, quiet):
         run_build(spec, tmp_path, quiet)
 
 
+@pytest.mark.slow(reason="builds a model")
 def test_an_in_between_size_the_model_refuses_is_dropped_with_a_note(tmp_path, quiet):
     # even lengths only (a stride-2 down and up path); min/opt/max are even, the builder's odd pick is not
     spec = spec_folder(tmp_path, "return x + torch.nn.functional.interpolate(torch.nn.functional.avg_pool1d("

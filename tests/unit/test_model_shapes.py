@@ -60,6 +60,7 @@ def _config(repo, name):
     return _parse((repo / name / "config.pbtxt").read_text())
 
 
+@pytest.mark.slow(reason="builds a model")
 def test_ids_beyond_the_vocabulary_are_probed_down_and_the_range_is_said(tmp_path, quiet):
     lines = []
     result = build(write_model(tmp_path, "embed"), tmp_path / "repo", variants=["onnx"], benchmark_seconds=0,
@@ -80,11 +81,13 @@ def test_ids_no_range_satisfies_name_value_range_and_validation_data(tmp_path, q
               progress=quiet)
 
 
+@pytest.mark.slow(reason="builds a model")
 def test_data_dependent_output_length_is_dynamic_in_the_config(tmp_path, quiet):
     build(write_model(tmp_path, "detect"), tmp_path / "repo", benchmark_seconds=0, progress=quiet)
     assert _config(tmp_path / "repo", "detect")["output"][0]["dims"] == ["-1", "4"]
 
 
+@pytest.mark.slow(reason="builds a model")
 def test_a_length_every_sample_agrees_on_is_still_dynamic_when_the_graph_says_so(tmp_path, quiet):
     result = build(write_model(tmp_path, "detect_full"), tmp_path / "repo", variants=["onnx"],
                    benchmark_seconds=0, progress=quiet)
@@ -93,6 +96,7 @@ def test_a_length_every_sample_agrees_on_is_still_dynamic_when_the_graph_says_so
     assert _config(tmp_path / "repo", "detect_full")["output"][0]["dims"] == ["-1", "4"]
 
 
+@pytest.mark.slow(reason="builds a model")
 def test_verification_refuses_to_pass_on_empty_outputs(tmp_path, quiet):
     with pytest.raises(VerificationError, match=r"boxes: every case gave an EMPTY output \(0 values compared\).*"
                                                 r"exercise nothing.*data\.validation"):
@@ -158,6 +162,7 @@ def test_a_batched_model_whose_output_length_depends_on_the_data_is_refused_nami
     assert not (tmp_path / "repo" / "detect").exists()
 
 
+@pytest.mark.slow(reason="builds a model")
 def test_a_fixed_output_dim_the_exported_graph_declares_is_made_symbolic_when_the_runs_vary_it(tmp_path, quiet):
     """Dynamo declares an nn.LSTM tagger's output at the example's sequence length ([batch, 6, 5]) although
     the graph computes any length: the file, its metadata and the config must agree on [-1, 5]."""

@@ -19,6 +19,7 @@ def factory_in(tmp_path, text: str, name: str = "model", ref: str = "model:build
     return lambda: import_factory(ref, tmp_path, "spec.yaml")
 
 
+@pytest.mark.slow(reason="runs a build through the CLI in a subprocess")
 def test_sys_exit_in_the_factory_is_a_user_error_exit_2(tmp_path):
     spec = write_model(tmp_path, "argmax")
     (spec.parent / "model.py").write_text("import sys\ndef build():\n    sys.exit(0)\n")

@@ -107,6 +107,7 @@ BIGRU = dict(layers="self.gru = torch.nn.GRU(4, 3, batch_first=True, bidirection
              outputs=["y"])
 
 
+@pytest.mark.slow(reason="builds a model through the ONNX exporters")
 def test_a_bidirectional_gru_lstm_over_a_dynamic_length_gets_a_working_onnx_variant(tmp_path, quiet, capfd):
     ctx = run_build(spec_folder(tmp_path, **BIGRU), tmp_path, quiet, ["onnx"])
     onnx_variant = ctx.variant("onnx")
@@ -128,6 +129,7 @@ def fixed_size_dynamo(monkeypatch):
     monkeypatch.setattr(export_onnx, "export_dynamo", export)
 
 
+@pytest.mark.slow(reason="builds a model through the ONNX exporters")
 def test_a_dynamo_export_that_cannot_run_at_other_sizes_falls_back_to_legacy_saying_why(tmp_path, quiet, capfd,
                                                                                          monkeypatch):
     fixed_size_dynamo(monkeypatch)
@@ -179,6 +181,7 @@ def build():
 '''
 
 
+@pytest.mark.slow(reason="builds a model through the ONNX exporters")
 def test_a_failed_dynamo_export_does_not_print_its_partial_graph(tmp_path, capfd):
     # torch.export prints the partial FX graph of a failed trace to stderr (~240 lines here)
     from builder.spec import load_spec

@@ -43,6 +43,7 @@ def _build(spec, tmp_path, quiet):
     return build(spec, tmp_path / "repo", variants=VARIANTS, benchmark_seconds=0, progress=quiet)
 
 
+@pytest.mark.slow(reason="builds a model with the INT8 recipe search")
 def test_avx2_default_recipe_fails_and_the_search_finds_a_passing_static_int8(avx2, digits_copy, tmp_path, quiet):
     result = _build(digits_copy / "spec.yaml", tmp_path, quiet)
     static = result.context.variant("onnx_int8_static")
@@ -82,6 +83,7 @@ def recipe_speeds(monkeypatch):
     return speeds
 
 
+@pytest.mark.slow(reason="builds a model with the INT8 recipe search")
 def test_a_clear_win_settles_auto_after_the_default_and_the_hosts_prior(digits_copy, tmp_path, quiet, recipe_speeds):
     recipe_speeds["QDQ, S8S8, per-channel, minmax"] = quant_search.Result(True, 0.02, 0.0, 2.57)  # the VNNI outcome
     static = _build(digits_copy / "spec.yaml", tmp_path, quiet).context.variant("onnx_int8_static")
@@ -90,6 +92,7 @@ def test_a_clear_win_settles_auto_after_the_default_and_the_hosts_prior(digits_c
     assert [r["verdict"] for r in static.search] == ["pass", "pass"] + [quant_search.NOT_NEEDED] * 10
 
 
+@pytest.mark.slow(reason="builds a model with the INT8 recipe search")
 def test_a_noisy_default_no_longer_decides_the_published_recipe(digits_copy, tmp_path, quiet, recipe_speeds,
                                                                  monkeypatch):
     """Issue 40's ResNet-18 case: the default S8S8 passes at 0.90x FP32 (inside the noise band, so the old
@@ -109,6 +112,7 @@ def test_a_noisy_default_no_longer_decides_the_published_recipe(digits_copy, tmp
                          "calibration minmax, reduce_range=True)"] * 2
 
 
+@pytest.mark.slow(reason="builds a model with the INT8 recipe search")
 @pytest.mark.parametrize("remeasured, searched", [([0.5, 0.55, 0.52], False), ([1.02], True)])
 def test_auto_stops_where_int8_is_stably_slower_and_searches_the_noisy_band(digits_copy, tmp_path, quiet,
                                                                           recipe_speeds, monkeypatch,
@@ -129,6 +133,7 @@ def test_auto_stops_where_int8_is_stably_slower_and_searches_the_noisy_band(digi
         assert verdicts == ["pass", "pass"] + [quant_search.NOT_NEEDED] * 10
 
 
+@pytest.mark.slow(reason="builds a model with the INT8 recipe search")
 def test_per_node_fallback_keeps_the_most_sensitive_node_in_fp32(digits_copy, tmp_path, quiet, monkeypatch):
     last = {}
     real_quantize = quantize._quantize_static
@@ -158,6 +163,7 @@ def test_per_node_fallback_keeps_the_most_sensitive_node_in_fp32(digits_copy, tm
     assert static.verified is True
 
 
+@pytest.mark.slow(reason="builds a model with the INT8 recipe search")
 def test_nothing_passes_the_report_shows_the_search_and_why(digits_copy, tmp_path, quiet):
     # no INT8 recipe reaches rel L2 1e-7 on any CPU: every candidate fails for real
     spec = edit_spec(digits_copy, verify={"tolerances": {"int8": {"rel_l2": 1e-7}}},
@@ -171,6 +177,7 @@ def test_nothing_passes_the_report_shows_the_search_and_why(digits_copy, tmp_pat
     assert result.context.selected.name == "onnx"
 
 
+@pytest.mark.slow(reason="builds a model with the INT8 recipe search")
 def test_search_off_builds_the_default_recipe_without_a_table(digits_copy, tmp_path, quiet):
     spec = edit_spec(digits_copy, quantization={"search": False, "calibration_method": "entropy"})
     static = _build(spec, tmp_path, quiet).context.variant("onnx_int8_static")
@@ -196,6 +203,7 @@ def test_search_spec_keys_are_validated(digits_copy):
     assert load_spec(edit_spec(digits_copy, quantization=None)).quantization.search == "auto"
 
 
+@pytest.mark.slow(reason="builds a model with the INT8 recipe search")
 def test_dynamic_int8_runs_its_own_search_where_it_applies(digits_copy, tmp_path, quiet, monkeypatch):
     # injected: the default dynamic recipe fails, reduce_range passes (a verdict, not this host's figures)
     last = {}

@@ -84,6 +84,7 @@ def test_clean_covers_work_and_staging_folders(tmp_path, monkeypatch):
     assert clean(repo) == []
 
 
+@pytest.mark.slow(reason="builds a model")
 def test_a_full_disk_during_publish_names_the_file_and_keeps_earlier_versions(digits_copy, tmp_path, quiet,
                                                                               monkeypatch):
     from builder.pipeline import build

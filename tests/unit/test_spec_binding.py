@@ -114,6 +114,7 @@ def test_dict_outputs_named_in_another_order_are_refused(tmp_path, quiet):
     assert_nothing_written(tmp_path, tmp_path / "repo")
 
 
+@pytest.mark.slow(reason="builds a model")
 def test_dict_outputs_in_key_order_keep_their_shapes(tmp_path, quiet):
     spec = write_spec(tmp_path, DICT_OUT, [vector("x", 16)], [{"name": "a"}, {"name": "b"}])
     build(spec, tmp_path / "repo", benchmark_seconds=0, progress=quiet)

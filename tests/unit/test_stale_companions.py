@@ -3,9 +3,12 @@ does not replace: they go on serving the earlier build's model, so the build say
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from builder.pipeline import build
+
+pytestmark = pytest.mark.slow(reason="each test builds a model twice")
 
 MODEL = '''
 import torch

@@ -65,6 +65,7 @@ def test_an_unknown_metric_or_a_similarity_over_one_is_refused_naming_the_field(
     assert load_spec(edit_spec(digits_copy, verify={"metric": "embedding"})).verify.metric == "embedding"
 
 
+@pytest.mark.slow(reason="builds a model")
 def test_a_build_records_the_task_verdict_with_its_numbers(tmp_path, quiet):
     import shutil
 
@@ -144,6 +145,7 @@ def test_on_the_generated_cases_most_labels_must_be_kept():
     assert TEXT.tolerance("fp32")["rel_l2"] == 1e-5  # FP32 stays exact
 
 
+@pytest.mark.slow(reason="builds a model")
 def test_a_classifier_build_records_its_label_verdict(digits_copy, tmp_path, quiet):
     from builder.pipeline import build
     from builder.spec import load_spec

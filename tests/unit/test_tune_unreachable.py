@@ -92,6 +92,7 @@ def live_url():
     server.server_close()
 
 
+@pytest.mark.slow(reason="waits out liveness/watch timeouts against a fake server (1.5-3.5 s)")
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_a_load_on_a_server_that_never_answers_stops_at_the_watch_not_its_timeout(quick_liveness, silent, protocol):
     control = ModelControl(silent.url, protocol, "m", timeout=SLOW_CALL_S, files=FILES)
@@ -117,6 +118,7 @@ def _search(url, protocol, files=None):
                   files=files)
 
 
+@pytest.mark.slow(reason="waits out liveness/watch timeouts against a fake server (1.5-3.5 s)")
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_the_search_stops_on_a_server_gone_and_the_restore_only_asks(quick_liveness, silent, protocol, tmp_path):
     search = _search(silent.url, protocol, files=None)  # in place: the model itself is unloaded for a candidate
@@ -139,6 +141,7 @@ def test_the_search_stops_on_a_server_gone_and_the_restore_only_asks(quick_liven
         search.server.close()
 
 
+@pytest.mark.slow(reason="waits out liveness/watch timeouts against a fake server (1.5-3.5 s)")
 def test_requests_that_all_fail_on_a_dead_server_stop_the_search(quick_liveness, dead_url):
     search = _search(dead_url, "grpc")
     search.serving_file(Candidate("default", True, 0, 1, 8))  # measured as served: no load first
@@ -149,6 +152,7 @@ def test_requests_that_all_fail_on_a_dead_server_stop_the_search(quick_liveness,
         search.server.close()
 
 
+@pytest.mark.slow(reason="waits out liveness/watch timeouts against a fake server (1.5-3.5 s)")
 def test_a_slow_call_on_a_server_that_answers_its_liveness_is_waited_for(quick_liveness, live_url):
     liveness = Liveness(live_url, "http")
     try:

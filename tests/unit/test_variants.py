@@ -76,6 +76,7 @@ def test_static_int8_is_built_with_its_recipe_and_judged_by_the_int8_tolerance(d
         assert static.rejected.startswith("failed verification:") and static.benchmark is None
 
 
+@pytest.mark.slow(reason="builds digits with its variants")
 def test_static_int8_verifies_and_can_be_published_when_within_its_tolerance(digits_copy, tmp_path, quiet):
     # a tolerance no INT8 error on any CPU reaches: the variant must pass, be measured and be publishable
     spec = edit_spec(digits_copy, verify={"tolerances": {"int8": {"rel_l2": 10.0}}, "max_accuracy_drop": 100.0})
@@ -213,6 +214,7 @@ def test_report_table_json_and_plot(digits_build):
 # builds of edited specs
 
 
+@pytest.mark.slow(reason="builds digits with its variants")
 def test_tolerance_failure_is_never_published_and_lists_numbers(digits_copy, tmp_path, quiet):
     spec = edit_spec(digits_copy, verify={"tolerances": {"int8": {"rel_l2": 1e-6}}})
     result = build(spec, tmp_path / "repo", variants=["onnx", "onnx_int8_static"], benchmark_seconds=CAP,
@@ -228,6 +230,7 @@ def test_tolerance_failure_is_never_published_and_lists_numbers(digits_copy, tmp
     assert row["status"] == "rejected: failed verification"
 
 
+@pytest.mark.slow(reason="builds digits with its variants")
 def test_failed_derived_variant_never_falls_back_to_its_unrequested_base(digits_copy, tmp_path, quiet):
     spec = edit_spec(digits_copy, variants=["onnx_int8_static"], verify={"tolerances": {"int8": {"rel_l2": 1e-6}}})
     repo = tmp_path / "repo"
@@ -240,6 +243,7 @@ def test_failed_derived_variant_never_falls_back_to_its_unrequested_base(digits_
     assert not (repo / "digits_cnn").exists()
 
 
+@pytest.mark.slow(reason="builds digits with its variants")
 def test_derived_only_request_builds_base_but_never_publishes_it(digits_copy, tmp_path, quiet):
     # a tolerance INT8 meets on any CPU: the base must stay unpublished even when it is faster
     spec = edit_spec(digits_copy, variants=["onnx_int8_static"],
@@ -255,6 +259,7 @@ def test_derived_only_request_builds_base_but_never_publishes_it(digits_copy, tm
     assert [p["name"] for p in result.published] == ["digits_cnn"]
 
 
+@pytest.mark.slow(reason="builds digits with its variants")
 def test_latency_objective_picks_lowest_p50_and_calibration_choices(digits_copy, tmp_path, quiet):
     (digits_copy / "data" / "calib.npz").unlink()
     data = yaml.safe_load((digits_copy / "spec.yaml").read_text())
@@ -288,6 +293,7 @@ def test_latency_objective_picks_lowest_p50_and_calibration_choices(digits_copy,
     assert "calibration percentile" in static.passes[-1]
 
 
+@pytest.mark.slow(reason="builds digits with its variants")
 def test_benchmark_seconds_zero_skips_measuring(digits_copy, tmp_path, quiet):
     result = build(digits_copy / "spec.yaml", tmp_path / "repo", variants=["onnx", "onnx_int8_dynamic"],
                    benchmark_seconds=0, progress=quiet)
