@@ -266,6 +266,10 @@ class LocalService:
     def _prepare(self) -> None:
         pass
 
+    def _shown_command(self, cmd: list[str]) -> list[str]:
+        """The command as the log header shows it (a subclass masks secrets it passes as arguments)."""
+        return cmd
+
     def _auto_ports(self) -> bool:
         return False
 
@@ -346,7 +350,7 @@ class LocalService:
         cwd = self._cwd()
         with open(self.log_path, self.log_mode) as log:
             if self.log_header:
-                log.write(("# triton-builder: " + " ".join(cmd) + "\n").encode())
+                log.write(("# triton-builder: " + " ".join(self._shown_command(cmd)) + "\n").encode())
                 log.flush()
             spawn = lambda preexec: subprocess.Popen(  # noqa: E731
                 cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

@@ -12,7 +12,10 @@ Usage::
 What is rendered (``<out>/base/``):
 
 - ``triton-deployment.yaml``: Triton (NGC image) with ``--model-repository`` pointing at the bucket,
-  AWS credentials from a Secret that is referenced, never generated; readiness on
+  AWS credentials from a Secret that is referenced, never generated; model control, the repository
+  index, shared memory, logging and trace restricted to requests with the key of the Secret
+  ``triton-builder-control-key`` (key ``TRITON_BUILDER_CONTROL_KEY``, referenced in the args as
+  ``$(TRITON_BUILDER_CONTROL_KEY)``, never generated: ``kubectl create secret generic``); readiness on
   ``/v2/health/ready``, liveness (and start-up) on ``/v2/health/live``; GPUs requested with
   ``nvidia.com/gpu``; poll model control by default, so a version ``triton-builder publish`` makes
   visible (its config.pbtxt written last) is loaded by every pod without a restart.
@@ -48,6 +51,7 @@ from typing import Any
 
 from builder import assets
 from builder.errors import UserInputError
+from builder.serving import control_key as control
 from builder.extras import require
 from builder.processes import run_command
 from builder.repository.triton_releases import DEFAULT_RELEASE, RELEASES
@@ -58,6 +62,8 @@ DEFAULT_IMAGE = RELEASES[DEFAULT_RELEASE].image  # the newest release in the tab
 DEFAULT_LOCUST_IMAGE = "triton-builder-locust:2.47.0"  # docker/locust/Dockerfile, pushed where the cluster pulls
 KUBERNETES_VERSION = "1.32.0"
 CRD_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
+#: the Secret holding the model-control key (builder/serving/control_key.py): referenced, never rendered
+CONTROL_SECRET = "triton-builder-control-key"
 
 #: metric -> (custom metric name, what it is, default per-pod target)
 METRICS: dict[str, tuple[str, str, float]] = {
@@ -225,7 +231,7 @@ def render_manifests(repository_url: str, out: str | Path, *, replicas: int = 2,
     triton_args = [f"--model-repository={location.triton_url(from_env=False)}",
                    f"--model-control-mode={model_control}", "--strict-readiness=true", "--exit-on-error=false",
                    "--metrics-config=summary_latencies=true", "--http-port=8000", "--grpc-port=8001",
-                   "--metrics-port=8002"]
+                   "--metrics-port=8002"] + control.server_args(f"$({control.ENV})")  # kubelet expands it
     if model_control == "poll":
         triton_args.insert(2, f"--repository-poll-secs={poll_seconds}")
         control_note = (f"Poll mode: every {poll_seconds} s each pod re-reads the bucket and loads the versions "
@@ -266,6 +272,7 @@ def render_manifests(repository_url: str, out: str | Path, *, replicas: int = 2,
         repository_url=location.url, namespace=namespace, replicas=replicas, min_replicas=min_replicas,
         max_replicas=max_replicas, metric_name=metric_name, metric_help=metric_help, target=target,
         target_quantity=_quantity(target), image=image, secret_name=secret_name, region=region, gpus=gpus,
+        control_secret=CONTROL_SECRET, control_env=control.ENV, control_header=control.HEADER,
         triton_args=triton_args, control_note=control_note, cpu=cpu, memory=memory, memory_limit=memory_limit,
         monitor_labels=monitor_labels, scrape_interval=scrape_interval,
         adapter_data=_yaml_block({"config.yaml": _yaml_dump({"rules": _ADAPTER_RULES})}),
@@ -384,6 +391,12 @@ def validate_manifests(out: str | Path, kubernetes_version: str = KUBERNETES_VER
         refs = [e["valueFrom"]["secretKeyRef"] for e in container.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})]
         if not {r["key"] for r in refs} >= {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}:
             problems.append("triton does not take AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY from a Secret")
+        key_refs = [r for e in container.get("env", []) if e.get("name") == control.ENV
+                    for r in [(e.get("valueFrom") or {}).get("secretKeyRef")] if r]
+        if not key_refs or any(f"$({control.ENV})" not in str(a) for a in container.get("args", [])
+                               if "restricted" in str(a)) or \
+                sum("restricted" in str(a) for a in container.get("args", [])) != 2:
+            problems.append(f"triton does not restrict model control to ${control.ENV} from a Secret")
         if not any(str(a).startswith("--model-repository=s3://") for a in container.get("args", [])):
             problems.append("triton's --model-repository is not an s3:// URL")
     if by_kind.get("Secret"):

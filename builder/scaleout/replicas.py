@@ -49,6 +49,7 @@ from typing import Any, Callable, Iterator, Sequence
 from builder.errors import ServerError, UserInputError, VerificationError
 from builder.processes import refuse_taken_ports, stop_signals
 from builder.scratch import OwnedFolder
+from builder.serving import control_key as control
 
 REPLICAS_PREFIX = "triton-builder-replicas-"  # the temp log folder of a `replicas` session
 
@@ -153,6 +154,7 @@ class ReplicaSet:
         self.load_models = list(load_models) if load_models else None
         self.replicas: list = []
         self.balancer = None
+        self.control_key: str | None = None  # start(): the key every replica takes (builder/serving/control_key.py)
         self.prometheus = None
         self.prometheus_config: Path | None = None
         self.failed_targets: dict[str, list[int]] = {}  # model -> versions that failed to load or their check
@@ -171,13 +173,13 @@ class ReplicaSet:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def _new_replica(self, index: int):
+    def _new_replica(self, index: int):  # every replica takes the set's key: one key works through nginx
         from builder.serving.embedded import EmbeddedServer
 
         self.log_dir.mkdir(parents=True, exist_ok=True)
         return EmbeddedServer(self.repository_arg, host=self.host, log_path=self.log_dir / f"replica-{index}.log",
                               extra_args=self.extra_args, ready_timeout=self.ready_timeout,
-                              load_models=self.load_models,
+                              load_models=self.load_models, control_key=self.control_key,
                               # as `serve`: one bad model of the repository must not take down the rest
                               keep_going=self.load_models is None)
 
@@ -190,6 +192,7 @@ class ReplicaSet:
             # the balancer's requested ports too, before minutes of replica start-up (nginx checks again)
             refuse_taken_ports(self.host, zip(("--http-port", "--grpc-port"), self.ports))
             try:
+                self.control_key = control.new_key()  # $TRITON_BUILDER_CONTROL_KEY, else made for this start
                 self.replicas = [self._new_replica(i) for i in range(self.count)]
                 with ThreadPoolExecutor(self.count) as pool:
                     for future in [pool.submit(r.start) for r in self.replicas]:
@@ -197,6 +200,7 @@ class ReplicaSet:
                 self.balancer = NginxBalancer([r.http_url for r in self.replicas], [r.grpc_url for r in self.replicas],
                                               host=self.host, http_port=self.ports[0], grpc_port=self.ports[1])
                 self.balancer.start()
+                control.register([self.balancer.http_url, self.balancer.grpc_url], self.control_key)
                 self._start_prometheus()
             except BaseException:
                 self.failed = True
@@ -447,6 +451,7 @@ def run_replicas(repository: str | Path, replicas: int = 2, *, http_port: int | 
                 announce(f"  Prometheus {group.prometheus.url} (scraping every replica)")
             elif group.prometheus_config is not None:
                 announce(f"  Prometheus not installed; its scrape config for these replicas: {group.prometheus_config}")
+            announce(control.announcement(group.control_key))
             announce(f"  serving  {', '.join(group.models) or '(no models)'}")
             for name, reason in group.replicas[0].left_out.items():
                 announce(f"  left out {name}: {reason}")

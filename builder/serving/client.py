@@ -11,6 +11,9 @@ used to parse config text with Triton's schema, is not a client).
   them (gRPC's protobuf answers are turned into the same dicts: defaults filled in, int64s as ints).
 - Failures raise ``TritonError``, a ``builder.errors.ServerError`` naming the address and what was
   asked, with ``.reason`` (Triton's own words) and ``.unreachable`` (no answer at all).
+- Model control (load, unload, the repository index) sends the server's control key
+  (builder/serving/control_key.py): ``control_key=``, else the key of a server this process started at
+  that address, else ``$TRITON_BUILDER_CONTROL_KEY``; a refusal names the variable.
 - A server that stops answering: ``Liveness`` (its liveness endpoint, short timeouts; ``ServerGone``),
   ``WatchedClient`` (calls that may block for minutes, given up once it is gone); the requests a hung
   server takes when it wakes up are left to builder/serving/control_helper.py.
@@ -39,6 +42,7 @@ from typing import Any, Callable
 import numpy as np
 
 from builder.errors import ServerError, UserInputError
+from builder.serving import control_key as _control_key
 
 PROTOCOLS = ("http", "grpc")
 _LABELS = {"http": "HTTP", "grpc": "gRPC"}
@@ -147,13 +151,16 @@ class TritonClient:
 
     ``server`` is how messages name it ("Triton", or "tritonserver" for the embedded one);
     ``on_error`` runs before a ``TritonError`` is raised (the embedded server checks that its
-    process is still alive, and raises ``ServerDiedError`` instead). Not thread-safe: one per thread.
+    process is still alive, and raises ``ServerDiedError`` instead). ``control_key``: the key sent with
+    model control (see the module doc; never printed). Not thread-safe: one per thread.
     """
 
     def __init__(self, url: str, protocol: str | None = None, *, network_timeout: float = 60.0,
                  connection_timeout: float | None = None, server: str = "Triton",
-                 on_error: Callable[[], object] | None = None):
+                 on_error: Callable[[], object] | None = None, control_key: str | None = None):
         self.address, self.protocol = split_url(url, protocol)
+        key = control_key or _control_key.key_for(self.address)
+        self._control = {"headers": _control_key.headers(self.protocol, key)}
         self.network_timeout, self.server, self.on_error = network_timeout, server, on_error
         module = _module(self.protocol)
         try:
@@ -201,6 +208,10 @@ class TritonClient:
             unreachable = status.endswith(_UNREACHABLE[:2]) if status else any(mark in detail for mark in _UNREACHABLE)
         else:  # socket errors, timeouts, greenlet errors: nothing answered
             reason, unreachable = detail, True
+        refused = _control_key.is_refusal(reason or detail)
+        if refused:  # gRPC says UNAVAILABLE, but the server answered: it wants the control key
+            unreachable = False
+            reason = f"{reason or detail}; {_control_key.refusal_hint(self._control['headers'] is not None)}"
         if self.on_error is not None:
             self.on_error()
         if unreachable:
@@ -258,7 +269,7 @@ class TritonClient:
 
     def repository_index(self) -> list[dict[str, Any]]:
         """One ``{"name", "version", "state", "reason"}`` dict per model (and version) in the repository."""
-        answer = self._call("repository index", self.raw.get_model_repository_index)
+        answer = self._call("repository index", self.raw.get_model_repository_index, **self._control)
         if self.protocol == "http":
             entries = answer
         else:  # a model never loaded: HTTP leaves out version and state, gRPC fills in "" (protobuf defaults)
@@ -280,12 +291,13 @@ class TritonClient:
         ``files`` (``{"file:1/model.onnx": bytes}``, with ``config_json``): the model's folder is these files,
         not the repository's - a model of that name need not be in the repository."""
         extra = {"files": files} if files is not None else {}
-        self._call(f"load of model '{name}'", self.raw.load_model, name, config=config_json, **extra)
+        self._call(f"load of model '{name}'", self.raw.load_model, name, config=config_json, **extra, **self._control)
 
     def unload_model(self, name: str, *, wait: bool = False, timeout: float = 60.0,
                      unload_dependents: bool = False) -> None:
         """Unload ``name``; with ``wait``, return once no version of it is READY or UNLOADING."""
-        self._call(f"unload of model '{name}'", self.raw.unload_model, name, unload_dependents=unload_dependents)
+        self._call(f"unload of model '{name}'", self.raw.unload_model, name, unload_dependents=unload_dependents,
+                   **self._control)
         if wait:
             deadline = time.monotonic() + timeout
             while self.model_state(name)[0] in ("READY", "UNLOADING"):

@@ -26,12 +26,17 @@ def control_when_back(url: str, protocol: str | None, unload=(), load=(), patien
     tune loaded stayed loaded): the call must still be waiting. A server that refuses connections ends it
     at once (a new server starts from its files). A load from the files of ``repository`` writes the python
     stub's bytecode into the published version folder: the process then removes the ``__pycache__``
-    folders there that are not in ``keep_bytecode`` (those that were there before)."""
+    folders there that are not in ``keep_bytecode`` (those that were there before). The server's control
+    key (builder/serving/control_key.py) goes to the process in its environment."""
     import json
     import os
     import sys
 
     from builder.processes import LocalService
+    from builder.serving import control_key
+    from builder.serving.client import split_url
+
+    key = control_key.key_for(split_url(url, protocol)[0])  # handed over in its environment, not its arguments
 
     class Helper(LocalService):
         label = "model-control helper"
@@ -46,7 +51,8 @@ def control_when_back(url: str, protocol: str | None, unload=(), load=(), patien
 
         def _env(self):  # this package, installed or not
             root = os.path.dirname(os.path.dirname(sys.modules["builder"].__file__))  # the folder holding builder/
-            return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+            return dict(env, **{control_key.ENV: key}) if key else env
 
         def stop(self, timeout=None):  # never stopped, not even at this process's exit
             return None

@@ -30,6 +30,11 @@ How it runs the binary (nvidia-pytriton 0.7.0; the backend directory, environmen
   own reason (with ``keep_going``: only if none loaded; the rest go to ``failed``). In ``none``/``poll``
   mode Triton tries every model, so ``--strict-readiness=false`` is added when some are left out, and
   with ``keep_going`` (otherwise ``/v2/health/ready`` would never say ready).
+- Model control, the repository index, shared memory, logging and trace need the server's control
+  key (builder/serving/control_key.py): ``control_key``, else ``$TRITON_BUILDER_CONTROL_KEY``, else a
+  random key made at each start; ``control_key`` holds it, this process's clients of its addresses send
+  it, and the command line written to the log shows ``***`` in its place. ``extra_args`` that restrict
+  APIs themselves replace these flags (their key is then the caller's to send).
 - ``--id`` is a name unique to this process: the readiness probe (``GET /v2``) accepts only it, so
   another server answering on our port (it won a race for the port) is never taken for ours.
 - Log lines about NVML, DCGM, CudaDriverHelper and pinned memory are expected without a GPU;
@@ -55,6 +60,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from builder.errors import ServerDiedError, ServerError, UserInputError
 from builder.processes import LocalService, client_host, free_ports, http_get
+from builder.serving import control_key as control
 from builder.serving.backends import EMBEDDED_BACKENDS, PLATFORM_BACKENDS, model_dirs, unsupported_models
 from builder.serving.install import TritonInstall, build_backend_dir, find_tritonserver, make_workdir, \
     server_environment, stub_safe_repository
@@ -96,6 +102,8 @@ class EmbeddedServer(ModelControl, LocalService):
         ready_timeout: seconds to wait for the server (and its models) to be ready.
         keep_going: a model that fails to load at start goes to ``failed`` (name -> Triton's reason)
             and the others are served; the start fails only if none loads. Default: any failure does.
+        control_key: the key model control needs (see above); default ``$TRITON_BUILDER_CONTROL_KEY``,
+            else a random one for each start. Never printed or logged.
 
     After ``start()``: ``models`` lists the models it loaded at start, ``left_out`` maps each model
     it cannot serve to the reason, ``failed`` each that failed to load (``keep_going``). After
@@ -122,6 +130,7 @@ class EmbeddedServer(ModelControl, LocalService):
         extra_args: Sequence[str] = (),
         ready_timeout: float = 60.0,
         keep_going: bool = False,
+        control_key: str | None = None,
     ):
         if model_control not in _MODEL_CONTROL_MODES:
             raise UserInputError(f"model_control '{model_control}' is not one of: {', '.join(_MODEL_CONTROL_MODES)}")
@@ -146,6 +155,8 @@ class EmbeddedServer(ModelControl, LocalService):
         self.left_out: dict[str, str] = {}
         self.failed: dict[str, str] = {}
         self.keep_going = keep_going
+        self._given_key = control_key
+        self.control_key: str | None = None  # set by start(): the key model control needs
         self.server_id = startup.new_server_id()  # --id: the readiness probe accepts only this server
         self.models: list[str] = []
         self.stop_failure: str | None = None
@@ -198,8 +209,10 @@ class EmbeddedServer(ModelControl, LocalService):
             self.install = install
             self._started = False
             self.stop_failure = None
+            self.control_key = self._given_key or control.new_key()
             super().start()
             self._started = True
+            control.register([self.http_url, self.grpc_url], self.control_key)
             return self
 
     def stop(self, timeout: float | None = None) -> int | None:
@@ -209,6 +222,8 @@ class EmbeddedServer(ModelControl, LocalService):
         within ``timeout`` s: hung) or its log reports a crash; ``stop_failure`` then says which."""
         with self._lock:
             clean = self._started and self.is_running()
+            if self._ports is not None:
+                control.forget([self.http_url, self.grpc_url])
             code = super().stop(timeout)
             if clean:
                 self.stop_failure = self._stop_failure(self.stop_timeout if timeout is None else timeout)
@@ -244,6 +259,7 @@ class EmbeddedServer(ModelControl, LocalService):
                           "(the python backend's stub command line cannot take its path)\n")
         self._backend_dir = build_backend_dir(self.install, self._workdir / "backends")
         self._environ = {**server_environment(self.install), **startup.SERVER_ENVIRONMENT}
+        self._environ.pop(control.ENV, None)  # the models' own code (python stubs) need not see it
 
     @property
     def _local_repository(self) -> Path | None:
@@ -407,7 +423,11 @@ class EmbeddedServer(ModelControl, LocalService):
         else:
             if self.model_control == "poll" and not any(a.startswith("--repository-poll-secs") for a in self.extra_args):
                 cmd.append("--repository-poll-secs=5")
-        return cmd + list(self.extra_args)
+        own = not any(a.startswith(("--http-restricted-api", "--grpc-restricted-protocol")) for a in self.extra_args)
+        return cmd + (control.server_args(self.control_key) if own else []) + list(self.extra_args)
+
+    def _shown_command(self, cmd: list[str]) -> list[str]:
+        return control.masked(cmd, self.control_key)
 
     def _wait_ready(self) -> None:
         """Wait for live, check the start-up models, then wait for ready; all within ready_timeout."""
@@ -436,7 +456,7 @@ class EmbeddedServer(ModelControl, LocalService):
 
         self._ports_or_raise()
         return TritonClient(self.http_url, "http", network_timeout=network_timeout, connection_timeout=5.0,
-                            server="tritonserver", on_error=self.check_alive)
+                            server="tritonserver", on_error=self.check_alive, control_key=self.control_key)
 
     def client(self, network_timeout: float = 60.0):
         """A new ``tritonclient.http.InferenceServerClient`` for this server (close it when done)."""

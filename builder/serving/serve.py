@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 
 from builder.errors import ServerDiedError, UserInputError
 from builder.processes import stop_signals
+from builder.serving import control_key
 from builder.serving.backends import EMBEDDED_BACKENDS, STANDIN_BACKENDS
 from builder.serving.embedded import EmbeddedServer
 from builder.serving.hang_watch import HANG_PROBE_INTERVAL_S, HANG_PROBE_MISSES, HangWatch
@@ -227,6 +228,7 @@ def _announce_started(server: EmbeddedServer, announce: Callable[[str], object],
     announce(f"  metrics  {server.metrics_url}")
     announce(f"  log      {server.log_path}"
              + ("   (removed at a clean stop; kept, and named, if the server fails)" if temporary_log else ""))
+    announce(control_key.announcement(server.control_key))
     announce(f"  serving  {', '.join(server.models) if server.models else '(no models)'}")
     for name, reason in server.left_out.items():
         announce(f"  left out {name}: {reason}")

@@ -19,6 +19,7 @@ from tests.conftest import require_command
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 PASSWORD_VAR = "GRAFANA_ADMIN_PASSWORD"
+KEY_VAR = "TRITON_BUILDER_CONTROL_KEY"
 
 
 def _docker_compose() -> str:
@@ -28,14 +29,18 @@ def _docker_compose() -> str:
 PYTHON_BACKEND = ROOT / "docker" / "triton" / "python-backend.compose.yml"
 
 
-def _config(tmp_path: Path, password: str | None, *extra: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != PASSWORD_VAR and not k.startswith("COMPOSE_")}
+def _config(tmp_path: Path, password: str | None, *extra: Path, key: str | None = "only-for-this-test",
+            show: bool = False) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in (PASSWORD_VAR, KEY_VAR) and not k.startswith("COMPOSE_")}
     if password is not None:
         env[PASSWORD_VAR] = password
+    if key is not None:
+        env[KEY_VAR] = key
     empty_env_file = tmp_path / "empty.env"  # so a developer's ./.env cannot provide the password
     empty_env_file.write_text("")
     files = [arg for path in (COMPOSE, *extra) for arg in ("-f", str(path))]
-    return subprocess.run([_docker_compose(), "--env-file", str(empty_env_file), *files, "config", "-q"],
+    return subprocess.run([_docker_compose(), "--env-file", str(empty_env_file), *files, "config",
+                           *([] if show else ["-q"])],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -53,6 +58,24 @@ def test_config_fails_without_a_grafana_password(tmp_path):
     out = _config(tmp_path, None)
     assert out.returncode != 0, "docker-compose accepted the file without GRAFANA_ADMIN_PASSWORD (a default password?)"
     assert PASSWORD_VAR in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+def test_config_fails_without_a_control_key_and_restricts_control_with_it(tmp_path):
+    out = _config(tmp_path, "only-for-this-test", key=None)
+    assert out.returncode != 0, "docker-compose accepted the file without TRITON_BUILDER_CONTROL_KEY (a default key?)"
+    assert KEY_VAR in out.stdout + out.stderr, out.stdout + out.stderr
+    out = _config(tmp_path, "only-for-this-test", key="k3y-for-this-test", show=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    command = yaml.safe_load(out.stdout)["services"]["triton"]["command"]
+    apis = "model-repository,shared-memory,logging,trace:triton-builder-control-key=k3y-for-this-test"
+    assert f"--http-restricted-api={apis}" in command and f"--grpc-restricted-protocol={apis}" in command
+
+
+def test_the_control_key_has_no_default():
+    command = _compose()["services"]["triton"]["command"]
+    restricted = [a for a in command if "restricted" in a]
+    assert len(restricted) == 2 and all(a.endswith("=${" + KEY_VAR + ":?set " + KEY_VAR
+                                                     + " (the model-control key; no default)}") for a in restricted)
 
 
 def _published_ports(service: dict) -> list:

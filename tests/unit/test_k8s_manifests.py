@@ -58,6 +58,14 @@ def test_manifests_render_and_validate(manifests):
     secret_refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in triton["env"] if "valueFrom" in e}
     assert secret_refs["AWS_ACCESS_KEY_ID"]["name"] == "triton-s3-credentials"
     assert all("value" not in e for e in triton["env"] if e["name"].startswith("AWS_SECRET"))
+    # model control needs the key of a Secret that is referenced (the kubelet expands $(VAR)), never rendered
+    apis = "model-repository,shared-memory,logging,trace:triton-builder-control-key=$(TRITON_BUILDER_CONTROL_KEY)"
+    assert [a for a in triton["args"] if "restricted" in a] == [f"--http-restricted-api={apis}",
+                                                                 f"--grpc-restricted-protocol={apis}"]
+    assert secret_refs["TRITON_BUILDER_CONTROL_KEY"] == {"name": "triton-builder-control-key",
+                                                         "key": "TRITON_BUILDER_CONTROL_KEY"}
+    deployment = (manifests / "base" / "triton-deployment.yaml").read_text()
+    assert "kubectl -n inference create secret generic triton-builder-control-key" in deployment
 
     hpa = docs["HorizontalPodAutoscaler/triton"]["spec"]
     assert (hpa["minReplicas"], hpa["maxReplicas"]) == (1, 6)
