@@ -113,9 +113,9 @@ def headers(protocol: str, key: str | None) -> dict[str, str] | None:
 
 def announcement(key: str) -> str:
     """The line ``serve``/``replicas`` print about who may change the server (never the key itself)."""
-    where = (f"${ENV}" if key == env_key() else
-             f"a key made for this start, not shown: set ${ENV} before starting to control it from elsewhere")
-    return f"  control  {', '.join(RESTRICTED)} need header {HEADER} = {where}"
+    where = (f"the key in ${ENV}" if key == env_key() else
+             f"a key made for this start (not shown; set ${ENV} before starting to control it from another process)")
+    return f"  control  {', '.join(RESTRICTED)} need header {HEADER} with {where}"
 
 
 def is_refusal(message: str) -> bool:

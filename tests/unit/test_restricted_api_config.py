@@ -52,9 +52,9 @@ def test_a_registered_address_wins_over_the_variable(monkeypatch):
 def test_the_announcement_never_shows_the_key(monkeypatch):
     monkeypatch.setenv(control_key.ENV, "from-the-environment")
     line = control_key.announcement("from-the-environment")
-    assert "from-the-environment" not in line and line.endswith("= $TRITON_BUILDER_CONTROL_KEY")
+    assert "from-the-environment" not in line and line.endswith("with the key in $TRITON_BUILDER_CONTROL_KEY")
     line = control_key.announcement("made-for-this-start")
-    assert "made-for-this-start" not in line and "not shown: set $TRITON_BUILDER_CONTROL_KEY" in line
+    assert "made-for-this-start" not in line and "(not shown; set $TRITON_BUILDER_CONTROL_KEY before starting" in line
 
 
 def _server(tmp_path, **kwargs):
