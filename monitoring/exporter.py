@@ -25,9 +25,13 @@ exporter reads it, together with the repository index
     "unloaded" (unloaded on purpose, or an old version retired by the
     version policy) are left out, so they do not raise TritonModelNotReady.
 
+The repository index is one of the control APIs a triton-builder server restricts: the exporter sends
+the header ``triton-builder-control-key`` with ``$TRITON_BUILDER_CONTROL_KEY`` (or ``control_key=``)
+when it has one (builder/serving/control_key.py; never on the command line, never logged).
+
 Run::
 
-    python -m monitoring.exporter --triton-url 127.0.0.1:8000 --port 9102
+    TRITON_BUILDER_CONTROL_KEY=... python -m monitoring.exporter --triton-url 127.0.0.1:8000 --port 9102
     curl -s 127.0.0.1:9102/metrics | grep triton_builder_
 
 Importing this module has no side effects; only ``main()`` starts a server.
@@ -39,6 +43,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import signal
 import threading
 import urllib.error
@@ -68,6 +73,10 @@ def normalize_url(url: str) -> str:
     return url.rstrip("/")
 
 
+CONTROL_KEY_ENV = "TRITON_BUILDER_CONTROL_KEY"
+CONTROL_HEADER = "triton-builder-control-key"
+
+
 class TritonUnavailable(Exception):
     """Triton could not be reached or answered something unusable."""
 
@@ -84,9 +93,11 @@ class BatchStatsCollector(Collector):
 
     def __init__(self, triton_url: str = "127.0.0.1:8000",
                  registry: Optional[CollectorRegistry] = None,
-                 timeout: float = 3.0) -> None:
+                 timeout: float = 3.0, control_key: Optional[str] = None) -> None:
         self.triton_url = normalize_url(triton_url)
         self.timeout = float(timeout)
+        # the repository index is restricted on our servers (builder/serving/control_key.py: HEADER, ENV)
+        self._control_key = control_key or os.environ.get(CONTROL_KEY_ENV, "").strip() or None
         self._lock = threading.Lock()
         # (model, version) -> {batch_size: executions} at the previous collect
         self._previous: Dict[Tuple[str, str], Dict[int, int]] = {}
@@ -98,6 +109,8 @@ class BatchStatsCollector(Collector):
         req = urllib.request.Request(self.triton_url + path, data=body, method="POST" if body is not None else "GET")
         if body is not None:
             req.add_header("Content-Type", "application/json")
+        if self._control_key and path.startswith("/v2/repository/"):
+            req.add_header(CONTROL_HEADER, self._control_key)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 return resp.status, resp.read()
@@ -231,9 +244,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def serve(args: argparse.Namespace):
+def serve(args: argparse.Namespace, control_key: Optional[str] = None):
     """Start the /metrics server in a daemon thread; returns (collector, httpd, thread)."""
-    collector = BatchStatsCollector(args.triton_url, timeout=args.timeout)
+    collector = BatchStatsCollector(args.triton_url, timeout=args.timeout, control_key=control_key)
     httpd, thread = start_http_server(args.port, addr=args.address, registry=collector.registry)
     return collector, httpd, thread
 

@@ -30,6 +30,8 @@ class LocalExporter(LocalService):
     ``in_process=False`` (default) runs ``python -m builder._assets.monitoring.exporter --triton-url ...``
     as a subprocess (what a deployment runs); ``in_process=True`` serves from a daemon thread of
     this process. ``port=None`` picks a free port. ``address`` is ``host:port`` for a scrape config.
+    The control key of the Triton it reads (the repository index is restricted: builder/serving/control_key.py)
+    goes to it in its environment, or in-process as an argument.
     """
 
     label = "the exporter"
@@ -82,7 +84,7 @@ class LocalExporter(LocalService):
                 ["--triton-url", self.triton_url, "--port", str(self._requested_port or 0),
                  "--address", self.host, "--timeout", str(self.timeout)])
             try:
-                _, self._httpd, _ = exporter.serve(args)
+                _, self._httpd, _ = exporter.serve(args, control_key=self._control_key())
             except OSError as err:
                 raise ServerError(f"the exporter could not bind {self.host}:{self._requested_port}: {err}") from None
             self._port = self._httpd.server_address[1]
@@ -120,8 +122,14 @@ class LocalExporter(LocalService):
         # `python -m` puts it first on sys.path, so not a folder that may hold another `builder/`
         return assets.monitoring_dir()
 
+    def _control_key(self) -> str | None:
+        from builder.serving import control_key
+
+        return control_key.key_for(self.triton_url.split("://")[-1].rstrip("/"))
+
     def _env(self) -> dict[str, str]:
-        return dict(os.environ, PYTHONUNBUFFERED="1")
+        key = self._control_key()
+        return dict(os.environ, PYTHONUNBUFFERED="1", **({"TRITON_BUILDER_CONTROL_KEY": key} if key else {}))
 
     def _ready(self) -> bool:
         return port_open(self.host if self.host not in ("0.0.0.0", "") else "127.0.0.1", self._port)

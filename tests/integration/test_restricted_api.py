@@ -131,3 +131,14 @@ def test_nginx_passes_the_key_through(server):
             assert [e["name"] for e in client.repository_index()] == [MODEL]
         with TritonClient(lb.grpc_url, "grpc", control_key="wrong-key-0") as client, pytest.raises(TritonError):
             client.repository_index()
+
+
+def test_the_exporter_reads_the_restricted_index_with_the_key(server):
+    """monitoring/exporter.py as a subprocess: LocalExporter hands it this server's key in its environment."""
+    from builder.monitoring.local_exporter import LocalExporter
+
+    with LocalExporter(server.http_url) as exporter:
+        with urllib.request.urlopen(exporter.metrics_url, timeout=30) as answer:
+            text = answer.read().decode()
+    assert "triton_builder_exporter_up 1.0" in text, text
+    assert f'triton_builder_model_ready{{model="{MODEL}",version="1"}} 1.0' in text, text

@@ -69,6 +69,9 @@ def test_config_fails_without_a_control_key_and_restricts_control_with_it(tmp_pa
     command = yaml.safe_load(out.stdout)["services"]["triton"]["command"]
     apis = "model-repository,shared-memory,logging,trace:triton-builder-control-key=k3y-for-this-test"
     assert f"--http-restricted-api={apis}" in command and f"--grpc-restricted-protocol={apis}" in command
+    # the exporter reads the repository index (restricted): the key in its environment, not its command line
+    exporter = yaml.safe_load(out.stdout)["services"]["exporter"]
+    assert exporter["environment"][KEY_VAR] == "k3y-for-this-test" and "k3y" not in " ".join(exporter["command"])
 
 
 def test_the_control_key_has_no_default():

@@ -177,3 +177,50 @@ def test_k8s_validation_wants_the_restriction(tmp_path):
     path.write_text(yaml.safe_dump(doc))
     assert "triton does not restrict model control to $TRITON_BUILDER_CONTROL_KEY from a Secret" in \
         validate_manifests(tmp_path, use_kubectl=False)
+
+
+def test_the_exporter_sends_the_key_for_the_repository_index_only(monkeypatch):
+    """monitoring/exporter.py (a standalone image: it cannot import builder) reads the restricted index."""
+    import urllib.request
+
+    from builder import assets
+    from builder.monitoring.local_exporter import LocalExporter
+    import importlib
+
+    exporter = importlib.import_module(assets.EXPORTER_MODULE)
+    assert (exporter.CONTROL_KEY_ENV, exporter.CONTROL_HEADER) == (control_key.ENV, control_key.HEADER)
+    sent = {}
+
+    class Answer:
+        status = 200
+
+        def __init__(self, body):
+            self.body = body
+
+        def read(self):
+            return self.body
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    def urlopen(request, timeout):
+        sent[request.full_url.split("/v2/")[1]] = request.get_header(control_key.HEADER.capitalize())
+        return Answer(b"[]" if "repository" in request.full_url else b'{"model_stats": []}')
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    monkeypatch.setenv(control_key.ENV, "exporter-key-0")
+    collector = exporter.BatchStatsCollector("127.0.0.1:5")
+    collector.fetch_stats(), collector.fetch_index()
+    assert sent == {"models/stats": None, "repository/index": "exporter-key-0"}
+    # LocalExporter hands it the key of a server this process started, in its environment
+    monkeypatch.delenv(control_key.ENV)
+    control_key.register(["127.0.0.1:5"], "registered-key-0")
+    try:
+        local = LocalExporter("http://127.0.0.1:5")
+        assert local._env()[control_key.ENV] == "registered-key-0"
+        assert control_key.ENV not in LocalExporter("127.0.0.1:6")._env()
+    finally:
+        control_key.forget(["127.0.0.1:5"])
