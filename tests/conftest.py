@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,11 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
+
+# one model-control key for the session (builder/serving/control_key.py): a server a test starts and a verb it
+# runs as a separate process (tune, check --url) must share it, as an operator's shell does; the tests of the
+# per-start random key remove it themselves
+os.environ.setdefault("TRITON_BUILDER_CONTROL_KEY", secrets.token_urlsafe(32))
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
