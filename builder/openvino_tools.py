@@ -12,9 +12,11 @@ python backend's model.py use the same ones, so what is verified is what is meas
 - ``PERFORMANCE_HINT: LATENCY`` with ``INFERENCE_NUM_THREADS`` = the usable cores (builder/host.py):
   one synchronous request at a time; the THROUGHPUT hint wants several requests in flight and runs
   ~0.5x with one (docs/PLATFORM.md).
-- ``INFERENCE_PRECISION_HINT: f32``: on CPUs with bf16 (AVX-512 BF16, AMX) OpenVINO's CPU plugin
-  otherwise runs FP32 models in bfloat16 (rel L2 ~3e-3 on digits): an "FP32" variant must be FP32.
-  Triton's own openvino backend cannot set this (it knows only HINT_BF16=YES), see config.py.
+- the precision: on CPUs with bf16 (AVX-512 BF16, AMX) OpenVINO's CPU plugin runs FP32 models in
+  bfloat16 by default (rel L2 ~3e-3 on digits). Triton's own openvino backend cannot change that (it
+  knows only HINT_BF16=YES), so an IR for it (target cpu) runs at the plugin's default here too, and a
+  build on such a CPU judges it at the fp16 tolerance, saying why. An IR for the python backend
+  (target python) is marked (F32_MARK) and runs with ``INFERENCE_PRECISION_HINT: f32`` everywhere.
 
 Telemetry: OpenVINO 2026.4 sends usage events through ``openvino_telemetry`` unless a consent file
 (``~/intel/openvino_telemetry``, written by ``opt_in_out --opt_out``) says no or the process looks
@@ -42,7 +44,12 @@ import numpy as np
 
 NNCF_TELEMETRY_OFF = {"NNCF_CI": "1"}  # nncf/telemetry/wrapper.py: a stub instead of openvino_telemetry
 IR_FILE = "model.xml"
-LATENCY_CONFIG = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
+LATENCY_CONFIG = {"PERFORMANCE_HINT": "LATENCY"}
+# An IR the python backend's model.py serves carries this mark and runs in f32 everywhere (model.py, the
+# builder's runner, the release replay). An unmarked IR runs at the CPU plugin's own default precision, as
+# Triton's C++ openvino backend runs it (it has no setting that forces f32: on CPUs with bfloat16 - AVX-512
+# BF16, AMX - the plugin computes an FP32 model in bf16), so what the build verifies is what Triton serves.
+F32_MARK = ["triton_builder", "inference_precision"]
 
 
 @contextlib.contextmanager
@@ -94,18 +101,43 @@ def read_onnx(path: Path):
     return ov.Core().read_model(str(path))
 
 
-def save_ir(model, folder: Path) -> Path:
-    """Write ``model`` as IR (``model.xml`` + ``model.bin``) into ``folder``; weights stay FP32."""
+def save_ir(model, folder: Path, f32: bool = False) -> Path:
+    """Write ``model`` as IR (``model.xml`` + ``model.bin``) into ``folder``; weights stay FP32. ``f32``: mark
+    it to run in f32 (F32_MARK: for the python backend's model.py), else it runs at the plugin's default."""
     ov = import_openvino()
 
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / IR_FILE
+    if f32:
+        model.set_rt_info("f32", F32_MARK)
     ov.save_model(model, str(target), compress_to_fp16=False)
     return target
 
 
-def to_ir(onnx_path: Path, folder: Path) -> Path:
-    return save_ir(read_onnx(onnx_path), folder)
+def to_ir(onnx_path: Path, folder: Path, f32: bool = False) -> Path:
+    return save_ir(read_onnx(onnx_path), folder, f32)
+
+
+def marked_f32(model) -> bool:
+    """Whether an ov.Model carries F32_MARK (made for the python backend: run in f32)."""
+    return bool(model.has_rt_info(F32_MARK)) and model.get_rt_info(F32_MARK).astype(str) == "f32"
+
+
+def cpu_plugin_problem() -> str | None:
+    """Why OpenVINO's CPU plugin cannot run here (None when it runs): the OpenVINO variants are then skipped."""
+    try:
+        devices = import_openvino().Core().available_devices
+    except Exception as exc:  # noqa: BLE001 - any failure to load the runtime is the reason
+        return f"OpenVINO does not load here ({' '.join(str(exc).split())[:200]})"
+    return None if "CPU" in devices else f"OpenVINO's CPU plugin does not run on this host (devices: {devices or 'none'})"
+
+
+def plugin_precision() -> str:
+    """The CPU plugin's default inference precision on this host ("f32", or "bf16" on CPUs with bfloat16):
+    what Triton's openvino backend runs an FP32 IR in here."""
+    ov = import_openvino()
+
+    return ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").to_string()
 
 
 def ir_files(xml: Path) -> list[Path]:
@@ -135,9 +167,11 @@ def compile_ir(path: Path, threads: int | None = None, hint: str = "LATENCY"):
 
     from builder.host import usable_cores
 
-    config = {**LATENCY_CONFIG, "PERFORMANCE_HINT": hint,
-              "INFERENCE_NUM_THREADS": int(threads or usable_cores())}
-    return ov.Core().compile_model(str(path), "CPU", config)
+    core = ov.Core()
+    model = core.read_model(str(path))
+    config = {**LATENCY_CONFIG, "PERFORMANCE_HINT": hint, "INFERENCE_NUM_THREADS": int(threads or usable_cores()),
+              **({"INFERENCE_PRECISION_HINT": "f32"} if marked_f32(model) else {})}
+    return core.compile_model(model, "CPU", config)
 
 
 def openvino_runner(path: Path, output_names: list[str], threads: int | None = None,

@@ -30,7 +30,15 @@ def main(model, reference, out, input_names, output_names):
 
     version = ov.get_version()
     try:
-        compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": 1, "INFERENCE_PRECISION_HINT": "f32"})
+        core = ov.Core()
+        ir = core.read_model(model)
+        mark = ["triton_builder", "inference_precision"]  # builder/openvino_tools.py F32_MARK: f32 only where marked
+        try:
+            f32 = ir.has_rt_info(mark) and ir.get_rt_info(mark).astype(str) == "f32"
+        except (AttributeError, TypeError, RuntimeError):  # an older OpenVINO's rt_info API: not marked
+            f32 = False
+        compiled = core.compile_model(ir, "CPU", {"INFERENCE_NUM_THREADS": 1,
+                                                  **({"INFERENCE_PRECISION_HINT": "f32"} if f32 else {})})
         inputs = {name: _port_for(compiled.inputs, name, input_names) for name in input_names}
         outputs = {name: compiled.outputs[_port_for(compiled.outputs, name, output_names)] for name in output_names}
     except Exception as err:  # noqa: BLE001 - the point: what this release says about the model

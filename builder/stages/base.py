@@ -67,6 +67,9 @@ class Variant:
     opset: int | None = None
     passes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # where the serving runtime computes below the variant's precision on this host (an FP32 OpenVINO IR on a
+    # bf16 CPU under Triton's openvino backend: "bf16"): judged at that precision's tolerance (judged_precision)
+    computes_in: str | None = None
     # filled by verify / benchmark / select
     verification: dict[str, Any] | None = None
     verified: bool | None = None

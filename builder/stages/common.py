@@ -390,6 +390,10 @@ def judged_precision(ctx: "BuildContext", variant: "Variant") -> tuple[str, str]
     if own not in LOOSENESS or LOOSENESS.index(own) >= LOOSENESS.index("fp16"):
         return own, ""
     half = model_half_dtypes(ctx)
+    if not half and variant.computes_in in ("fp16", "bf16"):
+        return "fp16", (f"judged at the fp16 tolerance, not {own}'s: served by Triton's openvino backend, which has "
+                        f"no f32 setting, the CPU plugin computes it in {variant.computes_in} on this CPU (its default "
+                        "here), so that is what was verified and measured")
     if not half:
         return own, ""
     return "fp16", (f"judged at the fp16 tolerance, not {own}'s: the model itself computes in half precision "

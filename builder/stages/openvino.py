@@ -10,12 +10,14 @@
 
 Both are verified (stage verify: FP32 resp. INT8 tolerance, accuracy drop) and measured like every
 other variant (builder/runtime.py runs them in-process: latency hint, threads = usable cores);
-selection publishes one only when it measures better here. They are not in any target's default
-variant list (converting and quantising add seconds to every build): ask for them with
-``variants: [onnx, openvino, openvino_int8]`` or ``--variants``.
+selection publishes one only when it measures better here. Both are in the CPU targets' default variants
+(the stage takes about a second on small models; the benchmark ~2 s per variant); where OpenVINO's CPU
+plugin does not run they are skipped, with the reason.
 
 Served: target ``cpu`` with Triton's ``backend: "openvino"`` (model.xml + model.bin in the version
-folder); target ``python`` with the python backend's model.py running the IR (runtime openvino).
+folder), at the CPU plugin's default precision (bf16 on CPUs with bfloat16: Triton's backend cannot force
+f32; verified and measured so, judged at the fp16 tolerance there); target ``python`` with the python
+backend's model.py running the IR (runtime openvino) in f32 (the IR is marked: openvino_tools.F32_MARK).
 """
 
 from __future__ import annotations
@@ -28,11 +30,11 @@ import warnings
 
 import numpy as np
 
-from builder import openvino_tools
+from builder import openvino_tools, transformer_fusion
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import accuracy_drop_failure, calibration_samples, make_each, not_made
 from builder.tensors import top1_accuracy, top1_hits
-from builder.variants import register_variant
+from builder.variants import CPU_TARGETS, register_variant
 
 STAGE = "openvino"
 CALIBRATION_BATCH = 16
@@ -49,18 +51,41 @@ def _base(ctx: BuildContext) -> Variant:
     return base
 
 
-def _conversion() -> str:
+def _for_python_backend(ctx: BuildContext) -> bool:
+    """Target python serves the IR with model.py, which runs it in f32 (openvino_tools.F32_MARK); elsewhere
+    Triton's openvino backend runs it at the CPU plugin's default precision."""
+    return ctx.target == "python"
+
+
+def _conversion(ctx: BuildContext) -> str:
+    precision = ("inference precision f32 (marked in the IR: the python backend's model.py runs it so)"
+                 if _for_python_backend(ctx) else
+                 f"inference precision: the CPU plugin's default ({openvino_tools.plugin_precision()} on this CPU), "
+                 "as Triton's openvino backend runs it")
     return (f"openvino {openvino_tools.version()}: Core.read_model (ONNX frontend) + save_model(compress_to_fp16="
-            "False); inference precision f32, PERFORMANCE_HINT LATENCY")
+            f"False); {precision}, PERFORMANCE_HINT LATENCY")
 
 
-@register_variant("openvino", format="openvino", precision="fp32", stage=STAGE, base="onnx", targets=(),
-                  description="OpenVINO IR FP32 from the ONNX export (CPU plugin, latency hint; opt-in)")
+def _computes_in(ctx: BuildContext, variant: Variant) -> None:
+    """An FP32 IR for Triton's openvino backend on a CPU whose plugin defaults to bf16: said, and judged so."""
+    if _for_python_backend(ctx) or variant.precision != "fp32":
+        return
+    precision = openvino_tools.plugin_precision()
+    if precision != "f32":
+        variant.computes_in = precision
+        variant.notes.append(f"Triton's openvino backend cannot force f32: on this CPU the plugin computes this FP32 "
+                             f"IR in {precision} (its default here), so it is verified and measured in {precision}; "
+                             "on a CPU without bfloat16 it computes in f32")
+
+
+@register_variant("openvino", format="openvino", precision="fp32", stage=STAGE, base="onnx", targets=CPU_TARGETS,
+                  description="OpenVINO IR FP32 from the ONNX export (CPU plugin, latency hint)")
 def make_openvino(ctx: BuildContext) -> str:
     base = _base(ctx)
-    ir = openvino_tools.to_ir(base.path, ctx.workdir / "openvino")
+    ir = openvino_tools.to_ir(base.path, ctx.workdir / "openvino", f32=_for_python_backend(ctx))
     variant = Variant("openvino", "openvino", "fp32", ir, exporter=f"{base.exporter}+openvino", opset=base.opset,
-                      passes=[_conversion()])
+                      passes=[_conversion(ctx)])
+    _computes_in(ctx, variant)
     variant.notes.append(f"OpenVINO IR version {openvino_tools.ir_version(ir)}, opsets "
                          + ", ".join(f"opset{n}" for n in openvino_tools.ir_opsets(ir)))
     _release_check(ctx, ir)
@@ -125,7 +150,8 @@ def _fast_bias_correction_failed(exc: BaseException) -> bool:
     return any("fast_bias_correction" in frame.filename.replace("\\", "/") for frame in frames)
 
 
-def _quantize(base_path, dataset, batches: int, notes: list[str], quantize=None) -> tuple[object, bool]:
+def _quantize(base_path, dataset, batches: int, notes: list[str], quantize=None,
+              transformer: bool = False) -> tuple[object, bool]:
     """nncf.quantize of the IR read from ``base_path``: (quantized model, fast bias correction used).
     When NNCF fails in its fast bias correction (a model whose outputs it cannot iterate: an unbatched
     model with a 1-d head output), it runs once more with fast_bias_correction=False, said in ``notes``.
@@ -133,13 +159,15 @@ def _quantize(base_path, dataset, batches: int, notes: list[str], quantize=None)
     with _quiet() as nncf:
         quantize = quantize or nncf.quantize
         try:
-            return quantize(openvino_tools.read_onnx(base_path), dataset, subset_size=batches), True
+            return quantize(openvino_tools.read_onnx(base_path), dataset, subset_size=batches,
+                            **_model_type(nncf, transformer)), True
         except Exception as exc:  # noqa: BLE001 - one known NNCF failure is retried, anything else raised as is
             if not _fast_bias_correction_failed(exc):
                 raise
             first = exc
         try:
             quantized = quantize(openvino_tools.read_onnx(base_path), dataset, subset_size=batches,
+                                 **_model_type(nncf, transformer),
                                  fast_bias_correction=False)
         except Exception as exc:  # noqa: BLE001
             raise RuntimeError(f"NNCF's quantize failed in its fast bias correction ({first}) and again with "
@@ -148,6 +176,12 @@ def _quantize(base_path, dataset, batches: int, notes: list[str], quantize=None)
     notes.append(f"NNCF's fast bias correction failed ({first}): quantized with fast_bias_correction=False "
                  "(NNCF's slower bias correction)")
     return quantized, False
+
+
+def _model_type(nncf, transformer: bool) -> dict:
+    """NNCF's transformer scheme (its attention and LayerNorm patterns kept in float) for a transformer encoder:
+    the default preset on all-MiniLM-L6-v2 gave per-sample cosine -0.004."""
+    return {"model_type": nncf.ModelType.TRANSFORMER} if transformer else {}
 
 
 def _accuracy_aware(ctx: BuildContext, nncf, model, dataset, fast_bias_correction: bool = True):
@@ -174,9 +208,9 @@ def _accuracy_aware(ctx: BuildContext, nncf, model, dataset, fast_bias_correctio
                                                fast_bias_correction=fast_bias_correction)
 
 
-@register_variant("openvino_int8", format="openvino", precision="int8", stage=STAGE, base="onnx", targets=(),
+@register_variant("openvino_int8", format="openvino", precision="int8", stage=STAGE, base="onnx", targets=CPU_TARGETS,
                   description="OpenVINO IR INT8: NNCF post-training quantisation on the spec's calibration data "
-                              "(accuracy-aware when labels exist and the plain result is over budget; opt-in)")
+                              "(accuracy-aware when labels exist and the plain result is over budget)")
 def make_openvino_int8(ctx: BuildContext) -> str:
     base = _base(ctx)
     samples, where = calibration_samples(ctx)
@@ -185,10 +219,12 @@ def make_openvino_int8(ctx: BuildContext) -> str:
     notes = [f"calibrated on {where}"]
     nncf = openvino_tools.import_nncf()
     dataset = nncf.Dataset(batches)
-    quantized, fast = _quantize(base.path, dataset, len(batches), notes)
-    ir = openvino_tools.save_ir(quantized, out_dir)
+    transformer = ctx.spec.source.kind == "module" and transformer_fusion.encoder_shape(ctx.model) is not None
+    quantized, fast = _quantize(base.path, dataset, len(batches), notes, transformer=transformer)
+    ir = openvino_tools.save_ir(quantized, out_dir, f32=_for_python_backend(ctx))
     _release_check(ctx, ir)
-    passes = [_conversion(), f"nncf {nncf.__version__} quantize (default preset, {len(batches)} calibration "
+    preset = "model_type TRANSFORMER" if transformer else "default preset"
+    passes = [_conversion(ctx), f"nncf {nncf.__version__} quantize ({preset}, {len(batches)} calibration "
                              f"batches{'' if fast else ', fast_bias_correction=False'})"]
     drop = _top1_drop(ctx, ir)
     over = accuracy_drop_failure({"drop": drop}, ctx.spec.verify.max_accuracy_drop)
@@ -196,7 +232,7 @@ def make_openvino_int8(ctx: BuildContext) -> str:
         notes.append(f"plain nncf.quantize: top-1 {over}: ran nncf.quantize_with_accuracy_control")
         with _quiet() as nncf:
             controlled = _accuracy_aware(ctx, nncf, openvino_tools.read_onnx(base.path), dataset, fast)
-        ir = openvino_tools.save_ir(controlled, out_dir)
+        ir = openvino_tools.save_ir(controlled, out_dir, f32=_for_python_backend(ctx))
         _release_check(ctx, ir)
         passes.append(f"nncf quantize_with_accuracy_control(max_drop={ctx.spec.verify.max_accuracy_drop} points, "
                       "absolute)")
@@ -218,7 +254,12 @@ MAKERS = {"openvino": make_openvino, "openvino_int8": make_openvino_int8}
 def run(ctx: BuildContext) -> StageResult:
     wanted = [name for name in MAKERS if ctx.wants(name)]
     if not wanted:
-        return StageResult.skipped(STAGE, "no OpenVINO variant requested (openvino, openvino_int8: opt-in)")
+        return StageResult.skipped(STAGE, "no OpenVINO variant requested (openvino, openvino_int8)")
+    problem = openvino_tools.cpu_plugin_problem()
+    if problem is not None:
+        for name in wanted:
+            not_made(ctx, name, problem, skipped=True)
+        return StageResult.skipped(STAGE, "; ".join(f"{name} skipped: {problem}" for name in wanted))
     base = ctx.variant("onnx")
     float64 = openvino_tools.float64_parts(base.path) if base is not None and base.path.exists() else []
     if float64:

@@ -1,7 +1,7 @@
 """Triton python-backend model written by triton-builder.
 
 Runs the ONNX file (onnxruntime), TorchScript file (torch) or OpenVINO IR (openvino: model.xml +
-model.bin, CPU plugin, latency hint, FP32 precision) that sits beside it in the version folder.
+model.bin, CPU plugin, latency hint, f32 where the IR is marked so) that sits beside it in the version folder.
 Settings come from config.pbtxt parameters:
   model_file        file name in the version folder (model.onnx / model.pt / model.xml)
   runtime           onnxruntime | torchscript | openvino
@@ -114,10 +114,14 @@ class TritonPythonModel:
         elif runtime == "openvino":
             ov = _import_openvino()
 
-            # the settings the build verified and measured with (builder/openvino_tools.py)
-            compiled = ov.Core().compile_model(path, "CPU", {"PERFORMANCE_HINT": "LATENCY",
-                                                             "INFERENCE_PRECISION_HINT": "f32",
-                                                             "INFERENCE_NUM_THREADS": threads})
+            # the settings the build verified and measured with (builder/openvino_tools.py): f32 where the IR is
+            # marked so (made for this backend), else the CPU plugin's default, as Triton's openvino backend runs it
+            core = ov.Core()
+            ir = core.read_model(path)
+            mark = ["triton_builder", "inference_precision"]
+            f32 = ir.has_rt_info(mark) and ir.get_rt_info(mark).astype(str) == "f32"
+            compiled = core.compile_model(ir, "CPU", {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads,
+                                                      **({"INFERENCE_PRECISION_HINT": "f32"} if f32 else {})})
             request = compiled.create_infer_request()
             order = [name for name, _ in self.inputs]
             ports = [(name, next(p for p in compiled.outputs if name in p.get_names())) for name, _ in self.outputs]

@@ -69,10 +69,61 @@ def tiny_build(tmp_path_factory):
     return result, repo
 
 
-def test_openvino_variants_are_opt_in_on_every_target():
+def test_openvino_variants_are_tried_by_default_on_the_cpu_targets_only():
     assert {"openvino", "openvino_int8"} <= set(registered())
-    for target in ("python", "cpu", "gpu"):
-        assert not {"openvino", "openvino_int8"} & set(resolve_variants(None, target)), target
+    for target in ("python", "cpu"):
+        assert {"openvino", "openvino_int8"} <= set(resolve_variants(None, target)), target
+    assert not {"openvino", "openvino_int8"} & set(resolve_variants(None, "gpu"))
+
+
+@pytest.mark.slow(reason="builds a model")
+def test_without_a_cpu_plugin_the_openvino_variants_are_skipped_with_the_reason(tmp_path, monkeypatch):
+    from builder import openvino_tools
+
+    monkeypatch.setattr(openvino_tools, "cpu_plugin_problem",
+                        lambda: "OpenVINO's CPU plugin does not run on this host (devices: none)")
+    result = build(tiny_spec(tmp_path), tmp_path / "repo", variants=VARIANTS, benchmark_seconds=0,
+                   progress=lambda m: None)
+    ctx = result.context
+    assert ctx.variant("openvino") is None and ctx.variant("openvino_int8") is None
+    assert ctx.not_made["openvino"] == ("skipped", "OpenVINO's CPU plugin does not run on this host (devices: none)")
+    assert result.context.selected.name == "onnx"
+
+
+def test_an_ir_for_the_python_backend_runs_in_f32_and_one_for_triton_at_the_plugins_default(tiny_build, tmp_path):
+    """What each server runs: model.py runs the marked IR in f32; Triton's openvino backend cannot force f32, so
+    an unmarked IR runs at the CPU plugin's default here too (bf16 on CPUs with bfloat16)."""
+    from builder import openvino_tools
+
+    _, repo = tiny_build
+    marked = repo / "tiny__openvino" / "1" / "model.xml"
+    assert openvino_tools.marked_f32(openvino_tools.import_openvino().Core().read_model(str(marked)))
+    plain = openvino_tools.to_ir(repo / "tiny" / "1" / "model.onnx", tmp_path / "plain")
+    default = openvino_tools.import_openvino().Core().get_property("CPU", "INFERENCE_PRECISION_HINT")
+    assert openvino_runner(plain, ["logits"]).compiled.get_property("INFERENCE_PRECISION_HINT") == default
+    assert openvino_tools.plugin_precision() == default.to_string()
+
+
+@pytest.mark.slow(reason="builds a model")
+@pytest.mark.parametrize("plugin", ["bf16", "f32"])
+def test_for_tritons_backend_an_fp32_ir_is_judged_at_the_precision_the_plugin_computes_in(tmp_path, monkeypatch,
+                                                                                          plugin):
+    from builder import openvino_tools
+
+    monkeypatch.setattr(openvino_tools, "plugin_precision", lambda: plugin)
+    if plugin == "f32":  # a CPU without bfloat16: the plugin's default is f32 (on this host too, whatever its own)
+        monkeypatch.setattr(openvino_tools, "marked_f32", lambda model: True)
+    result = build(tiny_spec(tmp_path), tmp_path / "repo", variants=["onnx", "openvino"], target="cpu",
+                   benchmark_seconds=0, progress=lambda m: None)
+    variant = result.context.variant("openvino")
+    assert variant.verified is True, variant.rejected
+    assert f"inference precision: the CPU plugin's default ({plugin} on this CPU)" in variant.passes[0]
+    if plugin == "bf16":
+        assert variant.computes_in == "bf16" and variant.verification["tolerance_precision"] == "fp16"
+        assert "the CPU plugin computes it in bf16 on this CPU" in variant.verification["tolerance_reason"]
+        assert any(n.startswith("Triton's openvino backend cannot force f32") for n in variant.notes)
+    else:
+        assert variant.computes_in is None and variant.verification["tolerance"]["rel_l2"] == 1e-5
 
 
 def test_onnx_becomes_an_fp32_ir_that_verifies_at_the_fp32_tolerance(tiny_build):

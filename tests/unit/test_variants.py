@@ -26,7 +26,8 @@ from builder.stages.base import Status
 from tests.conftest import EXAMPLES, edit_spec
 
 CAP = 0.4  # seconds of measuring per variant: enough to rank, small enough to keep the tests fast
-DEFAULTS = ["onnx", "torchscript", "onnx_opt", "onnx_int8_static", "onnx_int8_dynamic", "torchscript_int8_dynamic"]
+DEFAULTS = ["onnx", "torchscript", "openvino", "openvino_int8", "onnx_opt", "onnx_int8_static", "onnx_int8_dynamic",
+            "torchscript_int8_dynamic"]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,8 @@ def test_default_variants_on_cpu_targets(digits_build):
     ctx = digits_build.context
     assert ctx.requested_variants == DEFAULTS
     assert [v.name for v in ctx.variants] == ["torchscript", "onnx", "onnx_opt", "onnx_int8_static",
-                                              "onnx_int8_dynamic", "torchscript_int8_dynamic"]
+                                              "onnx_int8_dynamic", "torchscript_int8_dynamic", "openvino",
+                                              "openvino_int8"]
     assert ctx.base_only == {}
 
 
@@ -349,11 +351,11 @@ def test_int8_dynamic_variants_skip_models_without_linear_layers(tmp_path, quiet
 
 
 def test_calibration_batches_are_equal_sized():
-    from builder.stages.quantize import _feeds
+    from builder.onnx_quantize import feeds
     samples = {"image": np.zeros((50, 1, 8, 8), np.float32)}
-    assert [len(f["image"]) for f in _feeds(samples, 16)] == [10] * 5  # entropy/percentile stack batches
-    assert [len(f["image"]) for f in _feeds({"image": np.zeros((64, 1))}, 16)] == [16] * 4
-    assert [len(f["image"]) for f in _feeds({"image": np.zeros((3, 1))}, 16)] == [3]
+    assert [len(f["image"]) for f in feeds(samples, 16)] == [10] * 5  # entropy/percentile stack batches
+    assert [len(f["image"]) for f in feeds({"image": np.zeros((64, 1))}, 16)] == [16] * 4
+    assert [len(f["image"]) for f in feeds({"image": np.zeros((3, 1))}, 16)] == [3]
 
 
 def test_quantization_spec_keys_are_validated(digits_copy):
