@@ -16,9 +16,12 @@ Both are verified and measured like every other variant; nothing here is assumed
 
 from __future__ import annotations
 
-from builder import onnx_tools
+import warnings
+
+from builder import onnx_tools, transformer_fusion
 from builder.stages.base import BuildContext, StageResult, Variant
-from builder.stages.common import make_each
+from builder.stages.common import example_args, export_legacy, finish_export, make_each
+from builder.trace_safety import froze_text, frozen_conversions
 from builder.variants import register_variant
 
 STAGE = "optimize"
@@ -42,8 +45,13 @@ def make_onnx_opt(ctx: BuildContext) -> str:
     out_dir = ctx.workdir / "onnx_opt"
     out_dir.mkdir(parents=True, exist_ok=True)
     folded = out_dir / "folded.onnx"
-    model, passes = onnx_tools.standard_passes(onnx_tools.load(base.path))
-    onnx_tools.save(model, folded)
+    fused = _transformer_fused(ctx, base, out_dir, folded)
+    if fused is not None:
+        passes, exporter = fused
+    else:
+        model, passes = onnx_tools.standard_passes(onnx_tools.load(base.path))
+        onnx_tools.save(model, folded)
+        exporter = base.exporter
     level = "basic" if ctx.target == "gpu" else "extended"
     final = out_dir / "model.onnx"
     onnx_tools.ort_optimize(folded, final, level)
@@ -51,7 +59,7 @@ def make_onnx_opt(ctx: BuildContext) -> str:
         leftover.unlink(missing_ok=True)
     passes.append(f"onnxruntime offline graph optimisation: {level} (ORT_ENABLE_{level.upper()})")
     optimised = onnx_tools.load(final)
-    variant = Variant("onnx_opt", "onnx", "fp32", final, exporter=f"{base.exporter}+optimised",
+    variant = Variant("onnx_opt", "onnx", "fp32", final, exporter=f"{exporter}+optimised",
                       opset=base.opset, passes=passes)
     ort_only = _ms_ops(optimised)
     if ort_only:
@@ -62,6 +70,49 @@ def make_onnx_opt(ctx: BuildContext) -> str:
     variant.notes.append(f"nodes {before} -> {after}")
     ctx.add_variant(variant)
     return f"{before} -> {after} nodes ({level})"
+
+
+def _transformer_fused(ctx: BuildContext, base: Variant, out_dir, folded) -> tuple[list[str], str] | None:
+    """A Hugging Face encoder (builder/transformer_fusion.py): its legacy export with onnxruntime's transformer
+    fusions, written to ``folded``; (passes, exporter), or None (not an encoder, or nothing fused: the usual
+    passes run; why is in the notes)."""
+    shape = transformer_fusion.encoder_shape(ctx.model) if ctx.spec.source.kind == "module" else None
+    if shape is None or ctx.target == "gpu":  # on GPU TensorRT does its own fusions
+        return None
+    kind, heads, hidden = shape
+    source = base.path
+    exporter = base.exporter
+    switched: list[str] = []
+    try:
+        if base.exporter != "legacy":  # the optimizer's attention patterns match the legacy graph only
+            raw = out_dir / "legacy_raw.onnx"
+            with transformer_fusion.eager_attention(ctx.model) as switched:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    export_legacy(ctx.model, ctx.spec, raw)
+                frozen = frozen_conversions(ctx.model, example_args(ctx.spec), caught)
+            if frozen:  # a trace that froze control flow on input values is no graph to fuse and serve
+                ctx.progress(f"  onnx_opt: transformer fusions not applied: the legacy trace {froze_text(frozen)}")
+                return None
+            source = out_dir / "legacy.onnx"
+            finish_export("legacy", ctx.spec, raw, source)
+            exporter = "legacy"
+        counts = transformer_fusion.fuse(source, folded, kind, heads, hidden)
+    except Exception as exc:  # noqa: BLE001 - the usual passes still make the variant
+        ctx.progress(f"  onnx_opt: transformer fusions not applied ({onnx_tools.short_error(exc)})")
+        return None
+    finally:
+        for leftover in out_dir.glob("legacy*"):
+            leftover.unlink(missing_ok=True)
+    if not any(counts.get(k) for k in transformer_fusion.KEY_FUSIONS):
+        folded.unlink(missing_ok=True)
+        return None
+    said = ", ".join(f"{k} {v}" for k, v in counts.items()) + (f" (exported with eager attention: "
+                                                                 f"{'; '.join(switched)})" if switched else "")
+    where = ("legacy export of the module (its attention matches; the dynamo graph does not)"
+             if exporter != base.exporter else "export")
+    return [f"onnxruntime transformer optimizer ({kind}, {heads} heads, hidden {hidden}) on the {where}: {said}"], \
+        exporter
 
 
 @register_variant("onnx_fp16", format="onnx", precision="fp16", stage=STAGE, base="onnx", targets=("gpu",),

@@ -23,7 +23,7 @@ def avx2(monkeypatch):
     """The AVX2-only outcome: the default recipe (S8S8, no reduce_range) saturates and fails with the
     figures seen on the EPYC host; every other recipe is judged by its real numbers."""
     last = {}
-    real_quantize, real_evaluate = quantize._quantize_static, quantize._evaluate_model
+    real_quantize, real_evaluate = quantize.quantize_static, quantize._evaluate_model
 
     def quantize_static(prepared, target, cand, *args, **kwargs):
         last["candidate"] = cand
@@ -35,7 +35,7 @@ def avx2(monkeypatch):
             return quant_search.Result(False, 0.15, 0.0, None, ["logits: rel L2 1.5e-01 > 0.1"])
         return real_evaluate(ctx, run, fp32, full)
 
-    monkeypatch.setattr(quantize, "_quantize_static", quantize_static)
+    monkeypatch.setattr(quantize, "quantize_static", quantize_static)
     monkeypatch.setattr(quantize, "_evaluate_model", evaluate)
 
 
@@ -70,13 +70,13 @@ def recipe_speeds(monkeypatch):
     from, never this host's own figures. Returns the dict to fill: label -> Result."""
     speeds: dict[str, quant_search.Result] = {}
     last = {}
-    real_quantize = quantize._quantize_static
+    real_quantize = quantize.quantize_static
 
     def quantize_static(prepared, target, cand, *args, **kwargs):
         last["candidate"] = cand
         return real_quantize(prepared, target, cand, *args, **kwargs)
 
-    monkeypatch.setattr(quantize, "_quantize_static", quantize_static)
+    monkeypatch.setattr(quantize, "quantize_static", quantize_static)
     monkeypatch.setattr(quantize, "_evaluate_model", lambda ctx, run, fp32, full=True: speeds.get(
         last["candidate"].label(), quant_search.Result(True, 0.02, 0.0, 1.0)))
     monkeypatch.setattr(quantize, "host_isa_flags", lambda: VNNI)
@@ -136,7 +136,7 @@ def test_auto_stops_where_int8_is_stably_slower_and_searches_the_noisy_band(digi
 @pytest.mark.slow(reason="builds a model with the INT8 recipe search")
 def test_per_node_fallback_keeps_the_most_sensitive_node_in_fp32(digits_copy, tmp_path, quiet, monkeypatch):
     last = {}
-    real_quantize = quantize._quantize_static
+    real_quantize = quantize.quantize_static
 
     def quantize_static(prepared, target, cand, samples, batch, large, only=None):
         last["cand"], last["only"] = cand, only
@@ -152,7 +152,7 @@ def test_per_node_fallback_keeps_the_most_sensitive_node_in_fp32(digits_copy, tm
         ok = len(seen) > 1 and seen[1] in cand.exclude
         return quant_search.Result(ok, 0.05 if ok else 0.2, failures=[] if ok else ["logits: rel L2 0.2 > 0.1"])
 
-    monkeypatch.setattr(quantize, "_quantize_static", quantize_static)
+    monkeypatch.setattr(quantize, "quantize_static", quantize_static)
     monkeypatch.setattr(quantize, "_evaluate_model", evaluate)
     spec = edit_spec(digits_copy, quantization={"search": True, "search_seconds": 600})
     static = _build(spec, tmp_path, quiet).context.variant("onnx_int8_static")
@@ -207,17 +207,17 @@ def test_search_spec_keys_are_validated(digits_copy):
 def test_dynamic_int8_runs_its_own_search_where_it_applies(digits_copy, tmp_path, quiet, monkeypatch):
     # injected: the default dynamic recipe fails, reduce_range passes (a verdict, not this host's figures)
     last = {}
-    real = quantize._quantize_dynamic
+    real = quantize.quantize_dynamic
 
-    def quantize_dynamic(prepared, target, cand, large, only=None):
+    def quantize_dynamic(prepared, target, cand, large, only=None, fused=()):
         last["cand"] = cand
-        return real(prepared, target, cand, large, only)
+        return real(prepared, target, cand, large, only, fused)
 
     def evaluate(ctx, run, fp32, full=True):
         ok = last["cand"].reduce_range
         return quant_search.Result(ok, 0.02 if ok else 0.2, failures=[] if ok else ["logits: rel L2 0.2 > 0.1"])
 
-    monkeypatch.setattr(quantize, "_quantize_dynamic", quantize_dynamic)
+    monkeypatch.setattr(quantize, "quantize_dynamic", quantize_dynamic)
     monkeypatch.setattr(quantize, "_evaluate_model", evaluate)
     result = build(digits_copy / "spec.yaml", tmp_path / "repo", variants=["onnx", "onnx_int8_dynamic"],
                    benchmark_seconds=0, progress=quiet)
