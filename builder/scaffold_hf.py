@@ -52,7 +52,7 @@ import torch
 import transformers
 from torch import nn
 
-FOLDER = Path(__file__).resolve().parent / {relative!r}
+FOLDER = Path(__file__).resolve().joinpath("..", {relative!r}).resolve()  # beside this file
 ARCHITECTURE = {architecture!r}
 OUTPUTS = {outputs!r}  # the attributes of the model's output returned, in the spec's outputs order
 
