@@ -29,6 +29,16 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subpro
                           text=True, timeout=timeout, env=env)
 
 
+def load_script(path: Path, name: str):
+    """A script under scripts/ imported as a module (its functions tested directly)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 

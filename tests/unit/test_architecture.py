@@ -3,22 +3,20 @@ checker itself on a small made-up package."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "check-architecture.py"
 
 
 def _checker():
-    spec = importlib.util.spec_from_file_location("check_architecture", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "check_architecture")
 
 
 checker = _checker()

@@ -13,16 +13,13 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_script
 
 GENERATOR = ROOT / "scripts" / "gen_docs_reference.py"
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("gen_docs_reference", GENERATOR)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(GENERATOR, "gen_docs_reference")
 
 
 @pytest.fixture(scope="module")
