@@ -75,7 +75,7 @@ def make_onnx_opt(ctx: BuildContext) -> str:
 def _transformer_fused(ctx: BuildContext, base: Variant, out_dir, folded) -> tuple[list[str], str] | None:
     """A Hugging Face encoder (builder/transformer_fusion.py): its legacy export with onnxruntime's transformer
     fusions, written to ``folded``; (passes, exporter), or None (not an encoder, or nothing fused: the usual
-    passes run; why is in the notes)."""
+    passes run; a failure's reason is said in the build's progress)."""
     shape = transformer_fusion.encoder_shape(ctx.model) if ctx.spec.source.kind == "module" else None
     if shape is None or ctx.target == "gpu":  # on GPU TensorRT does its own fusions
         return None

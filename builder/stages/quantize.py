@@ -90,7 +90,7 @@ def make_int8_static(ctx: BuildContext) -> str:
     if q.search == "off" or ctx.reference is None:
         chosen = first
         quantize(first, final)
-    elif _dynamic_base(ctx).name == "onnx_opt":  # a fused transformer encoder: a short static search
+    elif q.search == "auto" and _dynamic_base(ctx).name == "onnx_opt":  # a fused encoder: a short static search
         notes.append(TRANSFORMER_STATIC)
         rows, chosen = _search(ctx, base, prepared, quantize, first, out_dir, [first], fallback=False)
         move_model(out_dir / "candidate.onnx", final)
