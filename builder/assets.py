@@ -30,7 +30,7 @@ from pathlib import Path
 
 from builder.errors import BuilderError
 
-__all__ = ["templates_dir", "python_backend_model", "monitor_step_model", "standin_backend_model", "drift_module", "loadtest_dir", "monitoring_dir",
+__all__ = ["templates_dir", "python_backend_model", "monitor_step_model", "standin_backend_model", "drift_module", "pipeline_step", "loadtest_dir", "monitoring_dir",
            "EXPORTER_MODULE"]
 
 #: ``python -m`` name of monitoring/exporter.py as installed (the checkout also has ``monitoring.exporter``).
@@ -69,6 +69,12 @@ def standin_backend_model() -> Path:
     """templates/embedded_standins/model.py: the embedded server's Python-based stand-in for Triton's C++
     onnxruntime, pytorch and openvino backends (laid out by builder/serving/install.py; never published)."""
     return _path("builder._assets", "templates", "embedded_standins", "model.py")
+
+
+def pipeline_step(file_name: str) -> Path:
+    """templates/pipeline/<file_name>: the python steps of a Hugging Face text pipeline (preprocess.py,
+    postprocess.py) and the text_steps.py they share with the build."""
+    return _path("builder._assets", "templates", "pipeline", file_name)
 
 
 def drift_module() -> Path:

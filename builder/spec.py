@@ -21,6 +21,8 @@ from builder.errors import UserInputError
 from builder.spec_checks import check_dynamic_sizes, check_input_ranges
 from builder.spec_compression import CompressionSpec, parse_compression, parse_training
 from builder.spec_fields import collect_unknown_keys, is_number, read_yaml, validate_tensor_name
+from builder.spec_hf import DEFAULT_MAX_BATCH_SIZE as HF_MAX_BATCH_SIZE
+from builder.spec_hf import HF_KEYS, derived_tensors, parse_huggingface, refuse_tensor_lists
 from builder.spec_fields import Fields as _Fields
 from builder.spec_verify import DEFAULT_TOLERANCES, VerifySpec, parse_verify
 
@@ -110,9 +112,10 @@ class OutputSpec:
 
 @dataclass
 class SourceSpec:
-    kind: str  # module | torchscript | onnx
-    value: str  # "pkg.mod:callable" or a resolved file path
+    kind: str  # module | torchscript | onnx | huggingface
+    value: str  # "pkg.mod:callable" or a resolved file (huggingface: folder) path
     weights: Path | None = None
+    folder: Any = None  # huggingface: builder/huggingface/folder.py Folder (its task, labels, limits)
 
     @property
     def path(self) -> Path | None:
@@ -210,7 +213,7 @@ _TOP_KEYS = (
     "name", "version", "source", "inputs", "outputs", "max_batch_size", "data", "variants",
     "objective", "verify", "deploy", "onnx", "quantization", "compression",
 )
-_SOURCE_KEYS = ("module", "torchscript", "onnx", "weights")
+_SOURCE_KEYS = ("module", "torchscript", "onnx", "weights") + HF_KEYS[1:] + HF_KEYS[:1]
 _INPUT_KEYS = ("name", "dtype", "shape", "value_range", "min_shape", "opt_shape", "max_shape")
 _OUTPUT_KEYS = ("name", "dtype", "shape")
 _DATA_KEYS = ("calibration", "validation", "training")
@@ -247,13 +250,18 @@ def _parse_spec(data: Any, spec_path: Path | None) -> ModelSpec:
     name = validate_model_name(top.require("name", "give the Triton model name, e.g. name: digits_cnn"),
                                f"{origin}: field 'name'")
     version = top.integer("version", None, minimum=1)
-    max_batch_size = top.integer("max_batch_size", 0, minimum=0)
-
-    source = _parse_source(top.require("source", "give exactly one of module / torchscript / onnx"),
+    source = _parse_source(top.require("source", "give exactly one of module / torchscript / onnx / huggingface"),
                            origin, base)
-    inputs = _parse_inputs(top.require("inputs", "list the model inputs, e.g. - {name: x, dtype: float32, shape: [3]}"),
-                           origin)
-    outputs = _parse_outputs(top.require("outputs", "list the model outputs, e.g. - {name: logits}"), origin)
+    max_batch_size = top.integer("max_batch_size", HF_MAX_BATCH_SIZE if source.folder else 0, minimum=0)
+    if source.folder is not None:
+        refuse_tensor_lists(top, source.folder)
+        derived_inputs, derived_outputs = derived_tensors(source.folder)
+        inputs = _parse_inputs(derived_inputs, origin)
+        outputs = _parse_outputs([{"name": o["name"]} for o in derived_outputs], origin)
+    else:
+        inputs = _parse_inputs(top.require("inputs", "list the model inputs, e.g. - {name: x, dtype: float32, "
+                                           "shape: [3]}"), origin)
+        outputs = _parse_outputs(top.require("outputs", "list the model outputs, e.g. - {name: logits}"), origin)
     names = [t.name for t in inputs] + [o.name for o in outputs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -296,10 +304,16 @@ def _parse_spec(data: Any, spec_path: Path | None) -> ModelSpec:
 
 def _parse_source(raw: Any, origin: str, base: Path) -> SourceSpec:
     f = _Fields(raw, "source", _SOURCE_KEYS, origin)
-    given = [k for k in ("module", "torchscript", "onnx") if f.get(k) is not None]
+    given = [k for k in ("module", "torchscript", "onnx", "huggingface") if f.get(k) is not None]
     if len(given) != 1:
-        raise f.error(f"give exactly one of module / torchscript / onnx (got {', '.join(given) or 'none'})")
+        raise f.error(f"give exactly one of module / torchscript / onnx / huggingface (got {', '.join(given) or 'none'})")
     kind = given[0]
+    if kind == "huggingface":
+        folder = parse_huggingface(f, origin, base)
+        return SourceSpec(kind="huggingface", value=str(folder.path), folder=folder)
+    for key in HF_KEYS[1:]:
+        if f.get(key) is not None:
+            raise f.error(f"only applies to source.huggingface; remove it for a {kind} source", key)
     weights = f.path("weights", base)
     if kind == "module":
         ref = f.get("module")

@@ -181,7 +181,7 @@ DESCRIPTIONS = {
     "name": "Triton model name: 1-128 letters, digits, `_` and `-`. Required.",
     "version": "Version number to publish; default: the next free one. Existing versions are never overwritten; "
                "one below a higher version is published but keeps that version's `config.pbtxt`.",
-    "source": "Where the model comes from: exactly one of `module`, `torchscript`, `onnx`. Required.",
+    "source": "Where the model comes from: exactly one of `module`, `torchscript`, `onnx`, `huggingface`. Required.",
     "inputs": "The model's inputs, in the order `forward()` takes them. Required.",
     "outputs": "The model's outputs, in the order it returns them (a dict: in its keys' order). Required.",
     "max_batch_size": "Largest batch Triton may form; default `0` = no batch dimension (unbatched: every request "
@@ -201,6 +201,16 @@ DESCRIPTIONS = {
                       "`weights_only=True`).",
     "source.torchscript": "A TorchScript file, taken as it is.",
     "source.onnx": "An ONNX file, taken as it is; its inputs, outputs and dims are checked against the spec.",
+    "source.huggingface": "A Hugging Face `save_pretrained` folder (offline). The spec then lists no inputs or "
+                          "outputs (the folder says them) and `max_batch_size` defaults to 16; the build publishes "
+                          "an ensemble `<name>` (text in) over `<name>__preprocess` (the tokenizer), `<name>__model` "
+                          "and, for classification, `<name>__postprocess` (labels and scores). `data.validation` may "
+                          "be texts (.txt, .jsonl, .json).",
+    "source.task": "With `source.huggingface`: `text-classification` or `feature-extraction` (pooled as the "
+                   "folder's sentence-transformers modules say, else mean).",
+    "source.truncation": "With `source.huggingface`: `true` cuts texts longer than the model's limit; `false` refuses "
+                         "them with an error naming the limit. Default: true for a sentence-transformers folder "
+                         "(as its encode() does), else false (as transformers' pipeline).",
     "inputs[].name": "The input's name (letters, digits, `_ - . :`); passed to `forward()` by position.",
     "inputs[].dtype": "Data type; default `float32`.",
     "inputs[].shape": "Per-sample shape WITHOUT the batch dimension; `-1` = dynamic; `[]` = one scalar per sample.",

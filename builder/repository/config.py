@@ -162,7 +162,7 @@ class ModelConfig:
             problems.append("max_batch_size must be >= 0")
         if not self.inputs or not self.outputs:
             problems.append("at least one input and one output are needed")
-        valid_types = set(TRITON_DTYPES.values())
+        valid_types = set(TRITON_DTYPES.values()) | {"TYPE_STRING"}  # strings: the pipelines' text (BYTES)
         for t in (*self.inputs, *self.outputs):
             if not TENSOR_NAME_PATTERN.match(t.name):
                 problems.append(f"tensor name {t.name!r}: use letters, digits, '_', '-', '.' and ':' only")

@@ -37,6 +37,10 @@ from builder.spec import validate_model_name
 #: deploy.monitor (builder/repository/monitored.py): ensemble <name> over <name>__model and <name>__monitor
 MODEL_SUFFIX = "__model"
 MONITOR_SUFFIX = "__monitor"
+#: a Hugging Face source (builder/repository/pipeline.py): ensemble <name> over <name>__preprocess, <name>__model
+#: and (classification) <name>__postprocess
+PREPROCESS_SUFFIX = "__preprocess"
+POSTPROCESS_SUFFIX = "__postprocess"
 
 
 def model_dir(repository: Path, name: str, resolve: bool = True) -> Path:
@@ -58,6 +62,11 @@ def is_monitored(repository: Path, name: str) -> bool:
     if not (Path(repository) / (name + MODEL_SUFFIX) / "config.pbtxt").is_file() or not config.is_file():
         return False
     return any(line.split("#")[0].replace(" ", "") == 'platform:"ensemble"' for line in config.read_text().splitlines())
+
+
+def is_pipeline(repository: Path, name: str) -> bool:
+    """Whether ``name`` is the ensemble of a text pipeline (raw text in): a model step behind a preprocess step."""
+    return is_monitored(repository, name) and (Path(repository) / (name + PREPROCESS_SUFFIX) / "config.pbtxt").is_file()
 
 
 def model_names(repository: Path) -> list[str]:

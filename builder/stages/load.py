@@ -11,6 +11,7 @@ from builder.data_checks import (CHECK_BATCHES, calibration_warning, check_label
                                   spec_input)
 from builder.errors import UserInputError
 from builder.files import sha256_file
+from builder.huggingface.source import load_source
 from builder.model_source import (check_batch_independent, check_deterministic, check_onnx_external_data,
                                   import_factory, load_weights)
 from builder.spec import TRITON_DTYPES
@@ -45,6 +46,14 @@ def run(ctx: BuildContext) -> StageResult:
         runner = torch_runner(ctx.model, [o.name for o in spec.outputs], [t.name for t in spec.inputs])
         ctx.reference_kind = "torchscript (source file)"
         ctx.source_hashes[source.path.name] = sha256_file(source.path)
+    elif source.kind == "huggingface":  # the model step of a text pipeline; its texts tokenized as served
+        loaded = load_source(source.folder, spec.data.validation, ctx.workdir)
+        ctx.model, ctx.pipeline = loaded.module, loaded.pipeline
+        for file in source.folder.files:
+            ctx.source_hashes[file.name] = sha256_file(file)
+        runner = torch_runner(ctx.model, [o.name for o in spec.outputs], [t.name for t in spec.inputs])
+        ctx.reference_kind = "pytorch eager (transformers, from the folder)"
+        ctx.notes.append(f"pipeline reference: {loaded.texts_from}")
     else:
         _check_onnx_against_spec(ctx)
         runner = open_runner("onnx", source.path, [o.name for o in spec.outputs])
@@ -55,7 +64,10 @@ def run(ctx: BuildContext) -> StageResult:
         raise UserInputError(f"{_origin(ctx)}: field 'inputs': an input is named 'labels', the key data.validation "
                              "keeps for the class ids that top-1 accuracy is scored on; rename the input (inputs are "
                              "passed to forward() by position: only the spec and the data files' key change)")
-    validation = _read_npz(spec.data.validation, "data.validation", ctx) if spec.data.validation else None
+    validation = (_read_npz(spec.data.validation, "data.validation", ctx)
+                  if spec.data.validation and source.kind != "huggingface" else None)
+    if source.kind == "huggingface":
+        validation = loaded.validation
     calibration = _read_npz(spec.data.calibration, "data.calibration", ctx) if spec.data.calibration else None
 
     probed = _probe_id_ranges(runner, ctx)  # generated inputs are used with data too (trace example, dynamic sizes)

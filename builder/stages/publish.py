@@ -17,6 +17,7 @@ from builder.repository.interface import InterfaceChange, interface_change
 from builder.repository.layout import check_version_free, reserve_version
 from builder.repository.metadata import library_versions, reference_bytes
 from builder.repository.monitored import monitored_names, publish_monitor, refuse_mixed
+from builder.repository.pipeline import REFERENCE_FILE, pipeline_names, publish_pipeline
 from builder.repository.publish import MODEL_FILES, config_for, publish_model, python_backend_files
 from builder.report import report_files
 from builder.stages.base import BuildContext, StageResult, Variant
@@ -107,8 +108,13 @@ def _describe(ctx: BuildContext, variant: Variant, name: str, version: int,
     if profiled is not None:
         extra["drift_profile.json"] = profile_text(build_profile(*profiled)).encode()
     record = _metadata(ctx, variant, name, version, None, config.backend)  # version + files_sha256: on publish
-    if name != ctx.spec.name and name == monitored_names(ctx.spec.name)[0]:
+    if name != ctx.spec.name and name == monitored_names(ctx.spec.name)[0] and ctx.pipeline is None:
         record["monitor"] = {"served_as": ctx.spec.name, "step": monitored_names(ctx.spec.name)[1]}
+    if ctx.pipeline is not None and name == pipeline_names(ctx.spec.name)[1]:
+        extra[REFERENCE_FILE] = ctx.pipeline.reference
+        record["pipeline"] = {"served_as": ctx.spec.name, "task": ctx.pipeline.task,
+                              "steps": list(pipeline_names(ctx.spec.name)),
+                              "max_length": ctx.pipeline.max_length, "truncation": ctx.pipeline.truncation}
     said = ""
     if profiled is None:
         record.setdefault("notes", []).append(NO_DRIFT_PROFILE)
@@ -188,7 +194,14 @@ def run(ctx: BuildContext) -> StageResult:
         variant.published_as = name
     main = published[0]
     said = f"{main['name']} version {main['version']} -> {main['path']}"
-    if monitored:  # the monitor step gets the drift profile the model version was just published with
+    if ctx.pipeline is not None:  # the steps' version N: the tokenizer model version N was verified with
+        main.update(publish_pipeline(ctx.options.repository, ctx.spec.name, main["version"], checked[0][3][0],
+                                     ctx.pipeline))
+        main["served_as"] = ctx.spec.name
+        said += (f"; served as '{ctx.spec.name}' (an ensemble, text in: {', '.join(main['steps'][:1])}, "
+                 f"{main['name']}{', ' + main['steps'][1] if len(main['steps']) > 1 else ''})")
+        ctx.progress(f"  {said}")
+    elif monitored:  # the monitor step gets the drift profile the model version was just published with
         profile = Path(main["path"]) / "drift_profile.json"
         drift = profile.read_bytes() if profile.is_file() else None
         main.update(publish_monitor(ctx.options.repository, ctx.spec.name, main["version"], checked[0][3][0],
@@ -206,6 +219,8 @@ def run(ctx: BuildContext) -> StageResult:
 def ensemble_layout(ctx: BuildContext) -> bool:
     """deploy.monitor on a standard backend: the model is served behind an ensemble with a monitor step
     (builder/repository/monitored.py); the python backend's model.py monitors itself."""
+    if ctx.pipeline is not None:  # a Hugging Face text source: tokenizer and post-processing steps
+        return True
     return bool(ctx.spec.deploy.monitor) and backend_for(ctx.target, ctx.selected.format) != "python"
 
 
@@ -216,7 +231,8 @@ def _earlier_companions(ctx: BuildContext, publishing: set[str]) -> list[str]:
 
     root, name = Path(ctx.options.repository), ctx.spec.name
     stale = []
-    steps = set(monitored_names(name))  # deploy.monitor's model folder and monitor step are this build's own
+    # deploy.monitor's model folder and monitor step, a pipeline's steps: this build's own
+    steps = set(monitored_names(name)) | set(pipeline_names(name))
     for folder in sorted(root.glob(f"{name}__*")) if root.is_dir() else []:
         if folder.name in steps:
             continue

@@ -66,7 +66,7 @@ def test_bad_dtype_lists_supported():
 
 
 def test_source_needs_exactly_one_kind():
-    with pytest.raises(UserInputError, match=r"field 'source': give exactly one of module / torchscript / onnx \(got module, onnx\)"):
+    with pytest.raises(UserInputError, match=r"field 'source': give exactly one of module / torchscript / onnx / huggingface \(got module, onnx\)"):
         parse_spec(spec_with(source={"module": "m:b", "onnx": "x.onnx"}))
 
 

@@ -1,0 +1,11 @@
+"""Hugging Face sources: a save_pretrained folder served text in, labels (or embeddings) out.
+
+- folder.py: what the folder says (task registry, labels, limits, pooling), read without torch
+- module.py: the model step as a torch module (pooling in the graph for feature-extraction)
+- texts.py: the texts verified on (data.validation or generated), tokenized by the served step's code
+- reference.py: transformers' pipeline / sentence-transformers on those texts, and the comparison
+- source.py: stage load's entry point
+
+The python steps are templates/pipeline/; the ensemble and its steps are published by
+builder/repository/pipeline.py.
+"""

@@ -1,0 +1,94 @@
+"""What the library users trust answers on raw texts: the reference a served pipeline is held to.
+
+Usage::
+
+    record = pipeline_reference(folder, ["a text", ...])
+    record["labels"], record["scores"]       # text-classification: transformers' pipeline(task)
+    record["embeddings"]                     # feature-extraction: sentence-transformers' encode where the
+                                             # folder is one, else pipeline("feature-extraction") pooled
+    compare_pipeline(record, served)         # [] or what differs (labels on every text; scores within tolerance)
+
+The record is JSON (pipeline_reference.json in the model step's version): `check` replays its texts
+through the served ensemble.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib.metadata import version
+from typing import Any
+
+import numpy as np
+
+from builder.huggingface.folder import Folder
+
+
+def _pool(tokens: np.ndarray, folder: Folder) -> np.ndarray:
+    """One text's token embeddings [tokens, hidden] pooled as the model step pools them (all tokens are real)."""
+    pooled = {"cls": lambda t: t[0], "max": lambda t: t.max(axis=0)}.get(folder.pooling, lambda t: t.mean(axis=0))(tokens)
+    return pooled / max(float(np.linalg.norm(pooled)), 1e-12) if folder.normalize else pooled
+
+
+def pipeline_reference(folder: Folder, texts: list[str]) -> dict[str, Any]:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    record: dict[str, Any] = {"task": folder.task.name, "texts": list(texts)}
+    if folder.task.outputs == "embedding" and folder.sentence_transformers:
+        from sentence_transformers import SentenceTransformer
+
+        model = SentenceTransformer(str(folder.path), device="cpu", local_files_only=True)
+        record["library"] = f"sentence-transformers {version('sentence-transformers')} SentenceTransformer.encode"
+        record["embeddings"] = np.asarray(model.encode(list(texts), convert_to_numpy=True)).astype(float).tolist()
+        return record
+    from transformers import pipeline
+
+    runner = pipeline(folder.task.name, model=str(folder.path), tokenizer=str(folder.path), device="cpu")
+    record["library"] = f"transformers {version('transformers')} pipeline('{folder.task.name}')"
+    call = {"truncation": True, "max_length": folder.max_length} if folder.truncation else {}
+    if folder.task.outputs == "embedding":
+        record["embeddings"] = [_pool(np.asarray(runner(text, **call))[0], folder).astype(float).tolist()
+                                for text in texts]
+        return record
+    answers = runner(list(texts), top_k=None, **call)
+    order = {label: i for i, label in enumerate(folder.labels)}
+    record["labels"] = [answer[0]["label"] for answer in answers]  # top_k=None: sorted by score
+    scores = []
+    for answer in answers:
+        row = [0.0] * len(folder.labels)
+        for item in answer:
+            row[order[item["label"]]] = float(item["score"])
+        scores.append(row)
+    record["scores"] = scores
+    return record
+
+
+def compare_pipeline(record: dict[str, Any], served: dict[str, np.ndarray], rel_tolerance: float = 1e-4,
+                     cosine_minimum: float = 0.999) -> tuple[list[str], dict[str, float]]:
+    """(what differs, the figures): labels must be identical on every text; scores within ``rel_tolerance``
+    (relative to the largest); embeddings' per-text cosine >= ``cosine_minimum``."""
+    failures, figures = [], {}
+    if "labels" in record:
+        got = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in np.asarray(served["label"]).reshape(-1)]
+        wrong = [i for i, (want, have) in enumerate(zip(record["labels"], got)) if want != have]
+        figures["label_agreement"] = 1.0 - len(wrong) / max(len(got), 1)
+        if wrong or len(got) != len(record["labels"]):
+            first = wrong[0] if wrong else len(got)
+            failures.append(f"labels differ on {len(wrong)} of {len(record['labels'])} texts (first: text {first} "
+                            f"{record['texts'][first][:60]!r}: pipeline "
+                            f"{record['labels'][first] if first < len(record['labels']) else '-'}, served "
+                            f"{got[first] if first < len(got) else '-'})")
+        want = np.asarray(record["scores"], dtype=np.float64)
+        have = np.asarray(served["scores"], dtype=np.float64).reshape(want.shape)
+        error = float(np.abs(have - want).max() / max(float(np.abs(want).max()), 1e-12))
+        figures["scores_rel_error"] = error
+        if error > rel_tolerance:
+            failures.append(f"scores differ from the pipeline's by {error:.2e} (relative), over {rel_tolerance:g}")
+    if "embeddings" in record:
+        want = np.asarray(record["embeddings"], dtype=np.float64)
+        have = np.asarray(served["embedding"], dtype=np.float64).reshape(want.shape)
+        cosine = (want * have).sum(axis=1) / np.maximum(np.linalg.norm(want, axis=1) * np.linalg.norm(have, axis=1),
+                                                        1e-12)
+        figures["cosine_min"] = float(cosine.min())
+        if cosine.min() < cosine_minimum:
+            failures.append(f"embeddings differ from the reference's: per-text cosine min {cosine.min():.6f} "
+                            f"(text {int(cosine.argmin())}), under {cosine_minimum}")
+    return failures, figures

@@ -1,0 +1,69 @@
+"""Stage load's side of a Hugging Face source: the model step, its data and the pipeline's reference.
+
+Usage::
+
+    loaded = load_source(folder, validation=Path("data/texts.txt"), workdir=work)
+    loaded.module            # the model step (builder/huggingface/module.py), exported like any module
+    loaded.validation        # {'input_ids': ..., 'attention_mask': ...} tokenized texts, or None (generated texts)
+    loaded.pipeline          # builder/repository/pipeline.py TextPipeline: what the steps are published with
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from builder.errors import UserInputError
+from builder.huggingface.folder import Folder
+from builder.huggingface.module import build_module
+from builder.huggingface.reference import pipeline_reference
+from builder.huggingface.texts import encoder_for, generated_texts, read_texts, text_steps, tokenized
+from builder.repository.pipeline import TextPipeline
+
+
+@dataclass
+class LoadedSource:
+    module: Any
+    validation: dict[str, np.ndarray] | None
+    pipeline: TextPipeline
+    texts_from: str  # where the reference texts came from (said in the build's notes)
+
+
+def tokenizer_file(folder: Folder, workdir: Path) -> Path:
+    """tokenizer.json of the folder; a folder with only slow-tokenizer files gets one converted by transformers."""
+    if (folder.path / "tokenizer.json").is_file():
+        return folder.path / "tokenizer.json"
+    from transformers import AutoTokenizer
+
+    try:
+        fast = AutoTokenizer.from_pretrained(str(folder.path), local_files_only=True, use_fast=True)
+        target = workdir / "tokenizer.json"
+        fast.backend_tokenizer.save(str(target))
+    except Exception as exc:  # noqa: BLE001
+        raise UserInputError(f"source.huggingface: {folder.path} has no tokenizer.json and transformers cannot make "
+                             f"one from its tokenizer files ({' '.join(str(exc).split())[:200]}); save the tokenizer "
+                             "with a fast tokenizer's save_pretrained") from None
+    return target
+
+
+def load_source(folder: Folder, validation: Path | None, workdir: Path) -> LoadedSource:
+    tokenizer = tokenizer_file(folder, workdir)
+    encoder = encoder_for(tokenizer, folder.max_length, folder.truncation)
+    if validation is not None:
+        texts, texts_from = read_texts(validation, "data.validation"), f"data.validation ({validation.name})"
+    else:
+        texts = generated_texts(encoder)
+        texts_from = (f"{len(texts)} texts generated from the tokenizer's vocabulary (no data.validation: drift "
+                      "profile off; give real texts to verify on and profile them)")
+    ids, mask = tokenized(encoder, texts, "data.validation" if validation is not None else "generated texts")
+    reference = pipeline_reference(folder, texts)
+    pipeline = TextPipeline(task=folder.task.name, tokenizer_file=tokenizer, max_length=folder.max_length,
+                            truncation=folder.truncation, labels=folder.labels if "labels" in reference else [],
+                            activation=text_steps().activation(folder.config), reference=json.dumps(reference).encode())
+    arrays = {"input_ids": ids, "attention_mask": mask} if validation is not None else None
+    return LoadedSource(build_module(folder), arrays, pipeline, texts_from)
+

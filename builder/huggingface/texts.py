@@ -1,0 +1,97 @@
+"""The texts a Hugging Face text pipeline is verified on: read from data.validation, or generated.
+
+Usage::
+
+    texts = read_texts(Path("data/texts.txt"), "data.validation")   # .txt (a text per line), .jsonl, .json
+    texts = generated_texts(encoder, count=48)                       # words of the tokenizer's vocabulary
+    ids, mask = tokenized(encoder, texts, "data.validation")          # as the served tokenizer step makes them
+
+The encoder is the served tokenizer step's own (templates/pipeline/text_steps.py TextEncoder), loaded
+from the product's assets: the build tokenizes with the code it publishes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+
+from builder import assets
+from builder.errors import UserInputError
+
+TEXT_SUFFIXES = (".txt", ".jsonl", ".json")
+
+
+def text_steps():
+    """templates/pipeline/text_steps.py as a module (the file the steps are published with)."""
+    path = assets.pipeline_step("text_steps.py")
+    spec = importlib.util.spec_from_file_location("triton_builder_text_steps", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def encoder_for(tokenizer_file: Path, max_length: int, truncation: bool):
+    return text_steps().TextEncoder(tokenizer_file, max_length, truncation)
+
+
+def read_texts(path: Path, field: str) -> list[str]:
+    """Texts from a .txt (one per line), .jsonl (a string or {"text": ...} per line) or .json (a list) file."""
+    if path.suffix not in TEXT_SUFFIXES:
+        raise UserInputError(f"{field}: {path.name} is not a text file for a Hugging Face text source; give a .txt "
+                             "(one text per line), .jsonl ({\"text\": ...} per line) or .json (a list of strings)")
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserInputError(f"{field}: {path.name} is not UTF-8 ({exc.reason} at byte {exc.start}); save it as "
+                             "UTF-8") from None
+    where = f"{field}: {path.name}"
+    if path.suffix == ".txt":
+        texts = [line.strip() for line in raw.splitlines() if line.strip()]
+    elif path.suffix == ".json":
+        try:
+            texts = json.loads(raw)
+        except ValueError as exc:
+            raise UserInputError(f"{where} is not valid JSON ({exc}); give a list of strings") from None
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise UserInputError(f"{where} must hold a JSON list of strings")
+    else:
+        texts = []
+        for number, line in enumerate(raw.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except ValueError as exc:
+                raise UserInputError(f"{where} line {number} is not JSON ({exc}); give a string or "
+                                     "{\"text\": ...} per line") from None
+            text = item.get("text") if isinstance(item, dict) else item
+            if not isinstance(text, str):
+                raise UserInputError(f"{where} line {number} has no text; give a string or {{\"text\": ...}} per line")
+            texts.append(text)
+    texts = [t for t in texts if t.strip()]
+    if not texts:
+        raise UserInputError(f"{where} holds no text; give at least one")
+    return texts
+
+
+def generated_texts(encoder, count: int = 48, seed: int = 0) -> list[str]:
+    """Sentences of whole words from the tokenizer's vocabulary, from 2 words up to a quarter of the limit."""
+    vocabulary = sorted(word for word in encoder.tokenizer.get_vocab()
+                        if word.isalpha() and word.isascii() and len(word) >= 3)
+    if not vocabulary:
+        raise UserInputError("source.huggingface: the tokenizer's vocabulary has no plain words to make texts from; "
+                             "give data.validation with texts")
+    rng = np.random.default_rng(seed)
+    longest = max(2, min(48, encoder.max_length // 4))
+    return [" ".join(rng.choice(vocabulary, size=int(n))) for n in np.linspace(2, longest, count).round()]
+
+
+def tokenized(encoder, texts: list[str], field: str) -> tuple[np.ndarray, np.ndarray]:
+    ids, mask, problems = encoder.encode(texts)
+    if problems:
+        listed = "; ".join(problems[row] for row in sorted(problems)[:3])
+        raise UserInputError(f"{field}: {len(problems)} text(s) cannot be served: {listed}")
+    return ids, mask

@@ -1,0 +1,133 @@
+"""A Hugging Face text pipeline served by Triton: text in, labels (or embeddings) out, as an ensemble.
+
+A build of ``source: {huggingface: DIR, task: ...}`` publishes ordinary Triton models:
+
+- ``<name>``: ``platform: "ensemble"``, the name clients call: ``text`` (TYPE_STRING, one per sample) in;
+  ``label`` (TYPE_STRING), ``score`` and ``scores`` (FP32) out for text-classification, ``embedding`` for
+  feature-extraction;
+- ``<name>__preprocess``: the tokenizer (templates/pipeline/preprocess.py + text_steps.py + tokenizer.json);
+- ``<name>__model``: the standard model folder with its versions, callable directly with ids;
+- ``<name>__postprocess``: text-classification only: softmax/sigmoid and id2label (templates/pipeline/postprocess.py).
+
+The steps' version N goes with the model's version N (the tokenizer the version was verified with).
+Ensembles carry no files: the ensemble's version 1 folder stays empty.
+
+Usage::
+
+    pipeline = TextPipeline(task="text-classification", tokenizer_file=Path("tokenizer.json"), max_length=128,
+                            truncation=False, labels=["NEG", "POS"])
+    publish_pipeline(repository, "sentiment", 3, model_config, pipeline)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from builder import assets
+from builder.repository.config import DynamicBatching, InstanceGroup, ModelConfig, TensorConfig, render_config
+from builder.repository.layout import (MODEL_SUFFIX, POSTPROCESS_SUFFIX, PREPROCESS_SUFFIX, _repository_lock,
+                                       atomic_write, model_dir, publish_version)
+from builder.repository.monitored import ENSEMBLE_VERSION, EnsembleConfig, EnsembleStep, render_ensemble
+
+TEXT_INPUT = "text"
+REFERENCE_FILE = "pipeline_reference.json"  # in the model step's version: texts and what the pipeline answered
+
+
+@dataclass
+class TextPipeline:
+    task: str  # text-classification | feature-extraction
+    tokenizer_file: Path
+    max_length: int
+    truncation: bool
+    labels: list[str] = field(default_factory=list)  # classification: id2label in id order
+    activation: str = "softmax"
+    reference: bytes | None = None  # pipeline_reference.json (builder/huggingface/reference.py)
+
+    @property
+    def classifies(self) -> bool:
+        return bool(self.labels)
+
+
+def pipeline_names(name: str) -> tuple[str, str, str]:
+    """The preprocess, model and postprocess steps behind ensemble ``name``."""
+    return name + PREPROCESS_SUFFIX, name + MODEL_SUFFIX, name + POSTPROCESS_SUFFIX
+
+
+def _step_config(name: str, model: ModelConfig, inputs: list[TensorConfig], outputs: list[TensorConfig],
+                 parameters: dict[str, str]) -> ModelConfig:
+    """A python step sized like the model: one CPU instance per model instance, requests gathered without
+    delay (the tokenizer pads the requests of one call to one length, which the model's batcher merges)."""
+    cpu_instances = sum(g.count for g in model.instance_groups if g.kind != "KIND_GPU") or 1
+    return ModelConfig(name=name, backend="python", max_batch_size=model.max_batch_size, inputs=inputs,
+                       outputs=outputs, dynamic_batching=DynamicBatching(0) if model.max_batch_size > 0 else None,
+                       instance_groups=[InstanceGroup("KIND_CPU", cpu_instances)], parameters=parameters)
+
+
+def _outputs(pipeline: TextPipeline, model: ModelConfig) -> list[TensorConfig]:
+    if pipeline.classifies:
+        return [TensorConfig("label", "TYPE_STRING", [1]), TensorConfig("score", "TYPE_FP32", [1]),
+                TensorConfig("scores", "TYPE_FP32", [len(pipeline.labels)])]
+    return [TensorConfig(o.name, o.data_type, list(o.dims)) for o in model.outputs]
+
+
+def step_configs(name: str, model: ModelConfig, pipeline: TextPipeline) -> list[ModelConfig]:
+    """The python steps' configs: preprocess, then postprocess where the task has one."""
+    pre, _, post = pipeline_names(name)
+    ids = [TensorConfig(t.name, t.data_type, list(t.dims)) for t in model.inputs]
+    configs = [_step_config(pre, model, [TensorConfig(TEXT_INPUT, "TYPE_STRING", [1])], ids,
+                            {"max_length": str(pipeline.max_length),
+                             "truncation": "true" if pipeline.truncation else "false"})]
+    if pipeline.classifies:
+        logits = model.outputs[0]
+        configs.append(_step_config(post, model, [TensorConfig(logits.name, logits.data_type, list(logits.dims))],
+                                    _outputs(pipeline, model),
+                                    {"labels": json.dumps(pipeline.labels), "activation": pipeline.activation}))
+    return configs
+
+
+def ensemble_config(name: str, model: ModelConfig, pipeline: TextPipeline) -> EnsembleConfig:
+    pre, model_step, post = pipeline_names(name)
+    ids = {t.name: t.name for t in model.inputs}
+    outputs = _outputs(pipeline, model)
+    if pipeline.classifies:
+        logits = model.outputs[0].name
+        steps = [EnsembleStep(pre, {TEXT_INPUT: TEXT_INPUT}, ids),
+                 EnsembleStep(model_step, ids, {logits: logits}),
+                 EnsembleStep(post, {logits: logits}, {o.name: o.name for o in outputs})]
+    else:
+        steps = [EnsembleStep(pre, {TEXT_INPUT: TEXT_INPUT}, ids),
+                 EnsembleStep(model_step, ids, {o.name: o.name for o in outputs})]
+    return EnsembleConfig(name, model.max_batch_size, [TensorConfig(TEXT_INPUT, "TYPE_STRING", [1])], outputs, steps)
+
+
+def _step_files(config: ModelConfig, pipeline: TextPipeline) -> dict[str, Path]:
+    files = {"text_steps.py": assets.pipeline_step("text_steps.py")}
+    if config.name.endswith(PREPROCESS_SUFFIX):
+        return {"model.py": assets.pipeline_step("preprocess.py"), "tokenizer.json": pipeline.tokenizer_file, **files}
+    return {"model.py": assets.pipeline_step("postprocess.py"), **files}
+
+
+def publish_pipeline(repository: Path, name: str, version: int, model: ModelConfig, pipeline: TextPipeline) -> dict:
+    """After ``<name>__model`` version ``version`` is published: each step's version ``version``, then the
+    ensemble, each atomically. A build killed between them leaves ``<name>__model`` served under its own name
+    (and the previous steps with the ensemble) until the next build."""
+    steps = []
+    for config in step_configs(name, model, pipeline):
+        with publish_version(repository, config.name, version) as draft:
+            for file_name, source in _step_files(config, pipeline).items():
+                (draft.folder / file_name).write_bytes(Path(source).read_bytes())
+            draft.config_text = render_config(config)
+        steps.append(config.name)
+    ensemble_text = render_ensemble(ensemble_config(name, model, pipeline))
+    folder = model_dir(repository, name, resolve=False)
+    config_path = folder / "config.pbtxt"
+    if not config_path.is_file():
+        with publish_version(repository, name, ENSEMBLE_VERSION) as ensemble:
+            ensemble.config_text = ensemble_text
+    elif config_path.read_text() != ensemble_text:  # the interface changed: the ensemble follows it
+        root = Path(repository).resolve()
+        with _repository_lock(root):
+            atomic_write(root, config_path, ensemble_text)
+    return {"ensemble": name, "steps": steps, "steps_version": version}

@@ -1,0 +1,95 @@
+"""Text pre- and post-processing of a Hugging Face pipeline, written by triton-builder.
+
+Plain Python (numpy and the `tokenizers` library; no Triton import): the python steps beside this file
+(preprocess.py, postprocess.py) serve it, and the build runs the very same file on the validation texts,
+so the ids the model was verified on are the ids it is served.
+
+Usage::
+
+    encoder = TextEncoder("tokenizer.json", max_length=128, truncation=False)
+    ids, mask, problems = encoder.encode([b"a text", "another"])   # padded to the longest; problems: {row: why}
+    labels, best, scores = classify(logits, ["NEG", "POS"], "softmax")
+"""
+
+import json
+
+import numpy as np
+
+
+class TextEncoder:
+    def __init__(self, tokenizer_file, max_length, truncation):
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        self.tokenizer.no_padding()
+        self.max_length = int(max_length)
+        self.truncation = bool(truncation)
+        if self.truncation:
+            self.tokenizer.enable_truncation(self.max_length)
+        else:
+            self.tokenizer.no_truncation()
+        with open(tokenizer_file, encoding="utf-8") as handle:
+            padding = (json.load(handle).get("padding") or {})
+        pad_token = padding.get("pad_token", "[PAD]")
+        found = self.tokenizer.token_to_id(pad_token)
+        self.pad_id = int(padding.get("pad_id", found if found is not None else 0))
+
+    @staticmethod
+    def text_of(value, row):
+        """A request's text as str; (None, why) where it is not one a model can take."""
+        if isinstance(value, bytes):
+            try:
+                value = value.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return None, f"text {row} is not valid UTF-8 ({exc.reason} at byte {exc.start}); send UTF-8 text"
+        if not isinstance(value, str):
+            return None, f"text {row} is {type(value).__name__}, not a string; send the text as TYPE_STRING (BYTES)"
+        if not value.strip():
+            return None, f"text {row} is empty; send the text to process"
+        return value, None
+
+    def encode(self, values):
+        """(input_ids, attention_mask, problems): int64 [rows, longest] padded with the pad id; problems maps a
+        row that cannot be served to why (its row is left padding)."""
+        texts, problems = [], {}
+        for row, value in enumerate(values):
+            text, why = self.text_of(value, row)
+            if why:
+                problems[row] = why
+            texts.append(text or "")
+        encodings = self.tokenizer.encode_batch(texts)
+        for row, encoding in enumerate(encodings):
+            if row not in problems and len(encoding.ids) > self.max_length:
+                problems[row] = (f"text {row} is {len(encoding.ids)} tokens, over the model's limit of "
+                                 f"{self.max_length}; shorten it, or build with source.truncation: true to cut it")
+        longest = max([len(e.ids) for r, e in enumerate(encodings) if r not in problems] or [1])
+        ids = np.full((len(texts), longest), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(texts), longest), dtype=np.int64)
+        for row, encoding in enumerate(encodings):
+            if row in problems:
+                ids[row, 0], mask[row, 0] = self.pad_id, 1
+                continue
+            n = len(encoding.ids)
+            ids[row, :n] = encoding.ids
+            mask[row, :n] = encoding.attention_mask
+        return ids, mask, problems
+
+
+def activation(config):
+    """transformers' text-classification pipeline's choice: sigmoid for one label or multi-label, else softmax."""
+    if config.get("problem_type") == "multi_label_classification" or int(config.get("num_labels", 2)) == 1:
+        return "sigmoid"
+    return "softmax"
+
+
+def classify(logits, labels, function):
+    """(label per row as bytes, its score, every label's score) from logits [rows, labels]."""
+    logits = np.asarray(logits, dtype=np.float64)
+    if function == "sigmoid":
+        scores = 1.0 / (1.0 + np.exp(-logits))
+    else:
+        shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        scores = shifted / shifted.sum(axis=-1, keepdims=True)
+    best = scores.argmax(axis=-1)
+    names = np.array([labels[i].encode("utf-8") for i in best], dtype=np.object_)
+    return names, scores[np.arange(len(best)), best].astype(np.float32), scores.astype(np.float32)
