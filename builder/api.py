@@ -32,6 +32,7 @@ from builder.errors import UserInputError
 if TYPE_CHECKING:
     from builder.pipeline import BuildResult
     from builder.repository.reselect import Measure, SelectReport
+    from builder.repository.rollback import RollbackReport
     from builder.repository.validate import ValidationReport
     from builder.serving.check import CheckReport
     from builder.serving.embedded import EmbeddedServer
@@ -298,6 +299,35 @@ def select(name: str, repository: str | Path = DEFAULT_REPOSITORY, *, seconds: f
     return select_for_host(repository, name, measure=measure or default_measure(seconds), current_host=current_host,
                            dry_run=dry_run, signing_key=signing_key, public_key=public_key,
                            progress=progress or (lambda message: None))
+
+
+def rollback(name: str, repository: str | Path = DEFAULT_REPOSITORY, *, to: int | None = None,
+             signing_key: str | Path | None = None, public_key: str | Path | None = None,
+             progress: Progress | None = None) -> RollbackReport:
+    """Serve an earlier verified version of model ``name`` again, as ``triton-builder rollback``: one atomic
+    rewrite of config.pbtxt with ``version_policy { specific { versions: [to] } }`` (version ``to``'s own
+    config where it kept a signed copy), recorded in ``<model>/rollout.yaml`` with the history of which
+    version served when. ``repository``: a folder or an ``s3://`` URL; ``to``: the version (default: the
+    one before the served one); ``signing_key``: signs the record (required where the model is signed;
+    default $TRITON_BUILDER_SIGNING_KEY); ``public_key``: checks the version's signature first.
+
+    Returns a ``RollbackReport`` (``from_version``, ``to_version``, ``history``, ``lines()``). Raises
+    ``VerificationError`` (nothing written) when the version fails ``validate`` against that config, and
+    ``UserInputError`` for an unknown model or version, or a signed model without a key.
+    """
+    from builder.repository.rollback import rollback_model
+    from builder.storage.s3_location import is_s3_url
+
+    if to is not None and (isinstance(to, bool) or not isinstance(to, int) or to < 0):
+        raise UserInputError(f"to={to!r}: give a version number (an int >= 0), or None for the previous version")
+    say = progress or (lambda message: None)
+    if is_s3_url(str(repository)):
+        if signing_key or public_key:
+            raise UserInputError("--signing-key/--public-key: signing is not supported on an s3:// repository; "
+                                 "roll back the local repository, then `publish --to` it")
+        from builder.storage.s3_rollback import rollback_s3
+        return rollback_s3(str(repository), name, to, progress=say)
+    return rollback_model(repository, name, to, signing_key=signing_key, public_key=public_key, progress=say)
 
 
 def serve(repository: str | Path = DEFAULT_REPOSITORY, *, load_models: Sequence[str] | None = None,

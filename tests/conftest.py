@@ -167,6 +167,8 @@ SLOW_FIXTURES = {
     "test_precision_guards.py::half_build": "builds a float16 model (module fixture)",
     "test_precision_guards.py::double_build": "builds a float64 model (module fixture)",
     "test_regression.py::two_versions": "builds digits twice (module fixture)",
+    "test_rollback.py::built": "builds a tiny model five times, two of them signed (module fixture)",
+    "test_rollback.py::monitored": "builds a monitored tiny model twice (module fixture)",
     "test_lifecycle_guards.py::mlflow": "installs and starts an MLflow server (module fixture)",
 }
 

@@ -1,4 +1,4 @@
-"""CLI verbs ``init``, ``build``, ``validate``, ``select``, ``clean``, ``releases`` and ``run`` (the main job); builder/cli/__init__.py adds them
+"""CLI verbs ``init``, ``build``, ``validate``, ``select``, ``rollback``, ``clean``, ``releases`` and ``run`` (the main job); builder/cli/__init__.py adds them
 with ``register(subparsers)``. Each forwards to one library function."""
 
 from __future__ import annotations
@@ -96,6 +96,15 @@ def cmd_select(args: argparse.Namespace, reporter: Reporter) -> int:
                              public_key=args.public_key, dry_run=not args.write, signing_key=args.signing_key,
                              progress=reporter)
     emit(args, report, report.lines(), ok=True)
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace, reporter: Reporter) -> int:
+    from builder.api import rollback
+
+    report = rollback(args.name, args.repository, to=args.to, signing_key=args.signing_key,
+                      public_key=args.public_key, progress=reporter)
+    emit(args, report, report.lines())
     return 0
 
 
@@ -207,6 +216,18 @@ def register(sub, common: argparse.ArgumentParser) -> None:
                    "give the old one after a key change)")
     add_output(p)
     p.set_defaults(func=cmd_select)
+
+    p = sub.add_parser("rollback", parents=[common],
+                       help="serve an earlier verified version again: one atomic config.pbtxt change (version_policy "
+                            "specific [N]), recorded in <model>/rollout.yaml; refused if that version fails validate")
+    add_model(p, help="model name in --repository (a monitored model: its model step is rolled back)")
+    p.add_argument("--to", type=int, metavar="N", help="the version to serve (default: the one before the served one)")
+    p.add_argument("--signing-key", help="elliptic-curve private key (PEM) that signs the rollout record: required "
+                   "where the model is signed (default: $TRITON_BUILDER_SIGNING_KEY)")
+    p.add_argument("--public-key", help="public key (PEM) to check the version's signature with first (default: "
+                   "$TRITON_BUILDER_PUBLIC_KEY, else the signing key's public half)")
+    add_output(p)
+    p.set_defaults(func=cmd_rollback)
 
     p = sub.add_parser("clean", parents=[common],
                        help="remove the work and staging folders that killed builds left, and the temp log folders of "

@@ -19,6 +19,7 @@ from builder.repository.config import thread_parameter
 from builder.repository.description import VersionDescription
 from builder.repository.layout import is_monitored, latest_version, model_dir, not_in_repository, reserve_version
 from builder.repository.metadata import read_metadata
+from builder.repository.rollback import restore_policy
 from builder.repository.warmup_data import read_warmup_files
 
 COPIED_EXTRAS = ("drift_profile.json",)  # besides reference.npz: copied with the model files
@@ -47,6 +48,7 @@ def renamed_config(winner_model: Path, name: str, sizing: tuple[int, int | None]
     where = str(winner_model / "config.pbtxt")
     message = parse_config(text if text is not None else Path(where).read_text(), where)
     message.name = name
+    restore_policy(winner_model, message)  # on top of a rollback: the new version is served (rollback.py)
     for group in message.instance_group if sizing else ():
         if group.kind != group.KIND_GPU:
             group.count = sizing[0]

@@ -159,13 +159,22 @@ def verify_model(folder: Path, versions: list[int], key: Path | None, required: 
     newest = latest_version(folder)
     if newest is not None and key is not None:
         signed = folder / str(newest) / SIGNED_CONFIG
-        if signed.is_file() and (folder / "config.pbtxt").read_bytes() != signed.read_bytes():
+        served = (folder / "config.pbtxt").read_bytes()
+        if signed.is_file() and served != signed.read_bytes() and _rolled_back(folder, served, key):
+            pass  # `rollback` wrote it: its signed rollout record vouches for it (builder/repository/rollback.py)
+        elif signed.is_file() and served != signed.read_bytes():
             failures.append(f"config.pbtxt: differs from {newest}/{SIGNED_CONFIG}, the config signed with "
                             "the latest version (edited or tuned after signing): rebuild, or restore the signed copy")
         elif not signed.is_file() and warnings is not None and not (folder / str(newest) / SIGNATURE_FILE).is_file():
             warnings.append(f"config.pbtxt: not checked with the public key: the latest version {newest} is unsigned, "
                             "so no signed copy vouches for it")
     return failures
+
+
+def _rolled_back(folder: Path, served: bytes, key: Path) -> bool:
+    """Whether a signed rollout record (``rollback``) vouches for the model folder's config.pbtxt ``served``."""
+    from builder.repository.rollback import record_vouches
+    return not record_vouches(folder, served, key)
 
 
 def verify_repository(repository: str | Path, key: str | Path | None, required: bool = False) -> None:

@@ -89,8 +89,11 @@ def validate_model(model_path: str | Path, version: int | None = None, *, gpu: s
                    tensorrt_version: str | None = None, public_key: str | Path | None = None,
                    require_signature: bool = False, triton_release: str | None = None,
                    progress: Callable[[str], object] = lambda message: None, max_regression: str | None = None,
-                   regression_seconds: float = 1.0, current_host: dict | None = None) -> ValidationReport:
-    """``current_host``: this host's profile (builder/host.py host_profile) unless injected."""
+                   regression_seconds: float = 1.0, current_host: dict | None = None,
+                   config_text: str | None = None) -> ValidationReport:
+    """``current_host``: this host's profile (builder/host.py host_profile) unless injected; ``config_text``:
+    check the versions against this config instead of the model folder's config.pbtxt (rollback: the config it
+    is about to write)."""
     limits = parse_limits(max_regression)  # a bad --max-regression fails before any work
     folder = Path(model_path).resolve()
     if not folder.is_dir():
@@ -102,15 +105,16 @@ def validate_model(model_path: str | Path, version: int | None = None, *, gpu: s
     config_path = folder / "config.pbtxt"
     if not config_path.is_file():
         raise UserInputError(f"{config_path} is missing: not a model folder")
+    text = config_text if config_text is not None else config_path.read_text()
     try:
-        config = parse_config(config_path.read_text())
+        config = parse_config(text)
     except Exception as exc:  # noqa: BLE001
         report.failures.append(f"config.pbtxt: {exc}")
         return report
     if config.name != folder.name:
         report.failures.append(f"config.pbtxt: name '{config.name}' != folder name '{folder.name}'")
     try:  # Triton refuses to load a model whose warm-up file is missing or the wrong size
-        read_warmup_files(folder, config_path.read_text())
+        read_warmup_files(folder, text)
     except UserInputError as exc:
         report.failures.append(f"config.pbtxt's model_warmup: {exc}")
     versions = existing_versions(folder)

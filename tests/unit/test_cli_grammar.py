@@ -15,10 +15,10 @@ from builder.cli import make_parser
 from builder.cli.arguments import duration
 from tests.conftest import ROOT
 
-REPORTING = {"init", "build", "validate", "select", "clean", "releases", "check", "loadtest", "sweep", "tune",
+REPORTING = {"init", "build", "validate", "select", "rollback", "clean", "releases", "check", "loadtest", "sweep", "tune",
              "register", "publish", "k8s"}
 RUN_UNTIL_STOPPED = {"serve", "replicas", "run"}  # no result document: they serve, or run the main job
-MODEL_NAMING = {"validate", "select", "check", "loadtest", "sweep", "tune", "register", "publish", "k8s"}
+MODEL_NAMING = {"validate", "select", "rollback", "check", "loadtest", "sweep", "tune", "register", "publish", "k8s"}
 REPOSITORY_ONLY = {"build", "serve", "replicas", "clean"}
 DURATION = re.compile(r"^--(.*-seconds|seconds(-per-.*)?|run-time|window|timeout|.*-s)$")
 

@@ -18,13 +18,14 @@ import builder
 from builder.errors import UserInputError
 
 ROOT = Path(__file__).resolve().parents[2]
-FUNCTIONS = ("build", "validate", "check", "select", "serve", "serving_context", "loadtest", "sweep", "tune")
+FUNCTIONS = ("build", "validate", "check", "select", "rollback", "serve", "serving_context", "loadtest", "sweep", "tune")
 #: parameters each must name (beyond the first two)
 NAMED = {
     "build": ("spec", "repository", "variants", "target", "benchmark_seconds", "progress", "signing_key"),
     "validate": ("name", "repository", "version", "public_key", "triton_release", "max_regression"),
     "check": ("name", "repository", "url", "grpc_url", "protocol", "version", "timeout"),
     "select": ("name", "repository", "seconds", "dry_run", "signing_key", "public_key", "progress"),
+    "rollback": ("name", "repository", "to", "signing_key", "public_key", "progress"),
     "serve": ("repository", "load_models", "http_port", "grpc_port", "metrics_port", "public_key"),
     "serving_context": ("repository", "load_models", "http_port", "grpc_port", "metrics_port", "log_path"),
     "loadtest": ("name", "repository", "url", "protocol", "users", "run_time_s", "slo_p99_ms", "out_dir"),
@@ -47,7 +48,7 @@ def test_each_function_has_its_real_parameters_and_a_docstring(function):
 
 
 def test_a_model_is_named_first_then_its_repository_with_the_same_default():
-    for function in ("validate", "check", "select", "loadtest", "sweep", "tune"):
+    for function in ("validate", "check", "select", "rollback", "loadtest", "sweep", "tune"):
         first, second = list(inspect.signature(getattr(builder, function)).parameters.values())[:2]
         assert (first.name, second.name, second.default) == ("name", "repository", "model_repository"), function
     assert inspect.signature(builder.serve).parameters["repository"].default == "model_repository"
