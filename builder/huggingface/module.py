@@ -23,6 +23,14 @@ from builder.errors import UserInputError
 from builder.huggingface.folder import Folder
 
 
+def quiet_transformers() -> None:
+    """transformers' progress bars and load reports would interleave with the build's own progress."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    logging.set_verbosity_error()
+
+
 def _auto_class(folder: Folder):
     import transformers
 
@@ -36,6 +44,7 @@ def build_module(folder: Folder):
     from torch import nn
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    quiet_transformers()
     try:
         model = _auto_class(folder).from_pretrained(str(folder.path), local_files_only=True,
                                                     attn_implementation="eager")

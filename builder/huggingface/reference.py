@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from builder.huggingface.folder import Folder
+from builder.huggingface.module import quiet_transformers
 
 
 def _pool(tokens: np.ndarray, folder: Folder) -> np.ndarray:
@@ -31,6 +32,7 @@ def _pool(tokens: np.ndarray, folder: Folder) -> np.ndarray:
 
 def pipeline_reference(folder: Folder, texts: list[str]) -> dict[str, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    quiet_transformers()
     record: dict[str, Any] = {"task": folder.task.name, "texts": list(texts)}
     if folder.task.outputs == "embedding" and folder.sentence_transformers:
         from sentence_transformers import SentenceTransformer

@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import ServerError, UserInputError
+from builder.serving.check_pipeline import check_pipeline, read_pipeline_reference
 from builder.serving.client import TritonClient, TritonError
 from builder.repository.config import config_as_dict
-from builder.repository.layout import latest_version, model_dir, not_in_repository
+from builder.repository.layout import is_pipeline, latest_version, model_dir, not_in_repository
 from builder.host import host_warnings
 from builder.repository.metadata import read_metadata, read_reference
 from builder.repository.monitored import ENSEMBLE_VERSION
@@ -55,6 +56,9 @@ class CheckReport:
                 if "rel_l2" in m:
                     out.append(f"  {protocol:4s} {name}: rel L2 {m['rel_l2']:.1e}, max abs {m['max_abs']:.1e}, "
                                f"cosine {m['cosine']:.6f}")
+                elif name == "pipeline":
+                    out.append(f"  {protocol:4s} raw texts through the ensemble vs the reference library: "
+                               + ", ".join(f"{k.replace('_', ' ')} {v:.6g}" for k, v in m.items()))
         out += [f"- {f}" for f in self.failures]
         out += [f"- config: {d}" for d in self.config_differences]
         out += [f"- host: {w}" for w in self.host_warnings]
@@ -96,7 +100,13 @@ def check_served(name: str, *, repository: str | Path = "model_repository", url:
         report.basis = _task_accuracy_basis(meta)
     # deploy.monitor: clients call the ensemble, which serves the latest version; an older one is asked directly
     request_name, request_version = folder.name, number
-    if folder.name != name:  # model_dir resolved the ensemble to its model step
+    text_pipeline = is_pipeline(Path(repository), name)  # a Hugging Face source: its model step takes tensors
+    pipeline = read_pipeline_reference(folder / str(number)) if text_pipeline else None
+    if pipeline is not None and number != latest_version(folder):
+        report.basis = ((report.basis + "; ") if report.basis else "") + (
+            f"version {number} asked of {folder.name} directly: the ensemble '{name}' serves the latest version only")
+        pipeline = None
+    if folder.name != name and not text_pipeline:  # deploy.monitor: model_dir resolved the ensemble to its model step
         if number == latest_version(folder):
             request_name, request_version = name, ""
         else:
@@ -112,8 +122,8 @@ def check_served(name: str, *, repository: str | Path = "model_repository", url:
             clients[proto] = _connected_client(url if proto == "http" else grpc_url, proto, timeout)
         first = clients[protocols[0]]
         _require_ready(first, folder.name, number, first.address)
-        if request_name != folder.name:
-            _require_ready(first, request_name, ENSEMBLE_VERSION, first.address)
+        if request_name != folder.name or pipeline is not None:
+            _require_ready(first, name, ENSEMBLE_VERSION, first.address)
         intended = config_as_dict((folder / "config.pbtxt").read_text())
         report.config_differences = config_differences(intended, first.model_config(folder.name))
         batching = int(intended.get("max_batch_size", 0)) > 0
@@ -133,6 +143,11 @@ def check_served(name: str, *, repository: str | Path = "model_repository", url:
             metrics = merge_case_metrics(per_case)
             report.metrics[proto] = metrics
             report.failures += [f"{proto} {line}" for line in tolerance_failures(metrics, tolerance)]
+            if pipeline is not None:  # the model step took tensors above; the ensemble takes the raw texts
+                failures, figures = check_pipeline(clients[proto], name, pipeline, int(intended.get("max_batch_size", 0)),
+                                                   (meta.get("artifact") or {}).get("precision", "fp32"), tolerance)
+                report.metrics[proto]["pipeline"] = figures
+                report.failures += [f"{proto} {line}" for line in failures]
     finally:
         for client in clients.values():
             client.close()
