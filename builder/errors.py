@@ -69,6 +69,10 @@ class ServerDiedError(ServerError):
     """The server process ended while we relied on it."""
 
 
+class LoadRefused(ServerError):
+    """The server answered a model-control load with an error (tune stops there: the next candidate is loaded alike)."""
+
+
 def unknown_choice(kind: str, name: str, known: list[str] | tuple[str, ...], how_to_add: str = "") -> UserInputError:
     """The registry error: names the unknown thing, lists the supported ones and how to add one."""
     text = f"unknown {kind} '{name}'; supported: {', '.join(sorted(known))}"

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder.errors import ServerError, UserInputError
+from builder.errors import LoadRefused, ServerError, UserInputError
 from builder.repository.config import thread_parameter
 from builder.serving.client import ServerGone
 
@@ -184,7 +184,7 @@ class ModelControl:
         if "not allowed" in message and ("polling" in message or "explicit" in message.lower()):
             return UserInputError(f"Triton at {self.url} refuses model control ({message}); start it with "
                                   "--model-control-mode=explicit (triton-builder serve does)")
-        return ServerError(f"Triton at {self.url} could not load '{name}': {message[:400]}")
+        return LoadRefused(f"Triton at {self.url} refused to load '{name}': {message[:400]}; tune stopped there")
 
     def loaded_config(self, name: str | None = None) -> dict[str, Any]:
         return self.client.model_config(name or self.model)
@@ -346,8 +346,8 @@ class Search:
                 loaded_diff = config_differences(sent, self.server.loaded_config(name))
                 if loaded_diff:
                     raise ServerError("Triton loaded something else: " + "; ".join(loaded_diff))
-            except ServerGone:
-                raise
+            except (ServerGone, LoadRefused):
+                raise  # no server, or one that refuses loads: every other candidate would fail alike
             except ServerError as exc:
                 if self.server.liveness is not None:  # ServerGone: the failure was the server's, not the candidate's
                     self.server.liveness.require()
