@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps perf-analyzer test test-unit test-fast demo docs wheel-smoke bench bench-tuning bench-serving bench-drift bench-replicas bench-faults bench-zoo bench-compression bench-peers bench-vs-ma bench-releases bench-standin bench-monitor clean
+.PHONY: setup system-deps perf-analyzer test test-unit test-fast demo demo-hf docs wheel-smoke bench bench-tuning bench-serving bench-drift bench-replicas bench-faults bench-zoo bench-compression bench-peers bench-anchors bench-vs-ma bench-releases bench-standin bench-monitor bench-rollouts bench-soak clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	bash scripts/make-venv.sh "$(PYTHON)" $(VENV)
@@ -40,6 +40,11 @@ test-fast: $(STAMP)
 
 demo: setup
 	$(BIN)/triton-builder run examples/digits/spec.yaml
+
+# a real Hugging Face model served text in, label out: MiniLM with a small trained head (examples/minilm/)
+demo-hf: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python examples/minilm/prepare.py
+	HF_HUB_OFFLINE=1 $(BIN)/triton-builder run examples/minilm/sentiment.yaml
 
 # the docs site (mkdocs.yml) into build/site/, after rewriting docs/reference/cli.md and spec.md from the code with
 # scripts/gen_docs_reference.py (tests/unit/test_docs_site.py fails when the committed ones are out of date)
@@ -81,6 +86,11 @@ bench-compression: setup
 bench-peers: setup
 	$(BIN)/python benchmarks/quant_peers.py
 
+# our default build vs onnxruntime, OpenVINO + NNCF and Hugging Face Optimum (its own venv, installed on first use)
+# on the real all-MiniLM-L6-v2 and a ResNet-18, side by side in one run (issue 40)
+bench-anchors: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/anchors.py
+
 # tune vs Triton Model Analyzer 1.58 (its own venv, installed on first use), same server and perf_analyzer
 bench-vs-ma: setup
 	$(BIN)/python benchmarks/vs_model_analyzer.py
@@ -95,6 +105,12 @@ bench-standin: setup
 
 bench-monitor: setup
 	$(BIN)/python benchmarks/served_side_by_side.py monitor
+
+bench-rollouts: setup  # 10 rollouts + 10 rollbacks under load at c=16, poll and explicit mode (~5 min)
+	$(BIN)/python benchmarks/rollouts.py
+
+bench-soak: setup  # 60 minutes: two models, drift on, a rollout every 10 min, a server kill (MINUTES=3 for a short one)
+	$(BIN)/python benchmarks/soak.py --minutes $(or $(MINUTES),60)
 
 clean:
 	rm -rf runs .pytest_cache
