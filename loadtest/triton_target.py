@@ -1,5 +1,6 @@
 """What loadtest/locustfile.py sends: the model's inputs read from the server, the request payloads
-(``--payload`` .npz, else generated) and the tritonclient for ``--triton-protocol``. Plain Python, no
+(``--payload`` .npz, else generated; a text (BYTES) input takes a numpy string array from the .npz, or
+generated short ASCII sentences, sent as UTF-8 bytes) and the tritonclient for ``--triton-protocol``. Plain Python, no
 Locust: the locustfile builds one ``Target`` per process (workers too) and each user its own client.
 
     target = Target(options, "127.0.0.1:8000")     # options: --triton-model, --triton-protocol, --payload ...
@@ -14,6 +15,10 @@ import numpy as np
 DATATYPES = {"FP32": np.float32, "FP16": np.float16, "FP64": np.float64, "INT64": np.int64, "INT32": np.int32,
              "INT16": np.int16, "INT8": np.int8, "UINT8": np.uint8, "BOOL": np.bool_}
 MAX_SAMPLES = 256
+_PHRASES = ("the service was quick and friendly", "delivery took far too long", "great value for the price",
+            "the screen cracked after a week", "a calm and pleasant evening", "support never answered my email",
+            "fresh bread every morning", "the battery lasts all day", "noisy room next to the lift",
+            "easy to set up in minutes", "the food arrived cold", "would happily come back again")
 
 
 def _address(host):
@@ -74,9 +79,27 @@ def _read_npz(path, names, batching):
     return [samples[i] for i in picks]
 
 
+def _as_bytes(array, name):
+    """A text input's array (numpy unicode or bytes from the .npz) as the object array of UTF-8 bytes
+    tritonclient sends as BYTES; numbers refused."""
+    array = np.asarray(array)
+    if array.dtype.kind == "U":
+        values = [v.encode("utf-8") for v in array.reshape(-1).tolist()]
+    elif array.dtype.kind == "S" or array.dtype == object:
+        values = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in array.reshape(-1).tolist()]
+    else:
+        raise ValueError(f"--payload: '{name}' is {array.dtype}, the model takes text (BYTES): save it as a numpy "
+                         "string array")
+    return np.array(values, dtype=object).reshape(array.shape)
+
+
 def _as_model_dtypes(samples, inputs):
     """Payload arrays in the model's dtypes, as builder.tuning.payload does: a cast within a kind (numpy's
-    float64 default for an FP32 input, int32 ids for INT64); across kinds refused, not sent to fail."""
+    float64 default for an FP32 input, int32 ids for INT64); across kinds refused, not sent to fail; text
+    (BYTES) inputs as UTF-8 bytes."""
+    texts = {name for name, datatype, _ in inputs if datatype == "BYTES"}
+    if texts:
+        samples = [{n: _as_bytes(a, n) if n in texts else a for n, a in s.items()} for s in samples]
     datatypes = {name: DATATYPES.get(datatype) for name, datatype, _ in inputs}
     for name, array in (samples[0] if samples else {}).items():
         expected = datatypes.get(name)
@@ -86,12 +109,25 @@ def _as_model_dtypes(samples, inputs):
             for s in samples]
 
 
+def _texts(shape, rng):
+    """An object array of ``shape`` holding short ASCII sentences (UTF-8 bytes)."""
+    count = int(np.prod(shape)) if shape else 1
+    texts = []
+    for _ in range(count):
+        picks = rng.choice(len(_PHRASES), size=int(rng.integers(1, 4)), replace=False)
+        texts.append((", ".join(_PHRASES[i] for i in picks).capitalize() + ".").encode("ascii"))
+    return np.array(texts, dtype=object).reshape(shape)
+
+
 def _generate(inputs, batching, count=16):
     rng = np.random.default_rng(0)
     samples = []
     for _ in range(count):
         sample = {}
         for name, datatype, shape in inputs:
+            if datatype == "BYTES":  # one short sentence per element, dynamic dims 1
+                sample[name] = _texts(([1] if batching else []) + [1 if d < 0 else d for d in shape], rng)
+                continue
             if datatype not in DATATYPES:
                 raise ValueError(f"input '{name}' has datatype {datatype}; pass --payload with an .npz holding it")
             full = ([1] if batching else []) + [16 if d < 0 else d for d in shape]

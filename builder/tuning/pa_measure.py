@@ -2,7 +2,8 @@
 
 - ``input_data``: the requests' rows as perf_analyzer's ``--input-data`` JSON (one step per sample,
   each input as raw bytes in base64 with its shape, batch dimension left out where the model batches:
-  ``-b`` says how many rows a request carries); ``shape_args``: ``--shape NAME:D1,D2`` for the
+  ``-b`` says how many rows a request carries; a text (BYTES) input as its strings, ``{"content":
+  ["a text"], "shape": [1]}``: perf_analyzer serialises those itself); ``shape_args``: ``--shape NAME:D1,D2`` for the
   inputs with dynamic dims.
 - ``parse_csv``: the ``-f`` latency report (one row per concurrency; times in microseconds).
 - ``measure_with_perf_analyzer``: runs ``--measurement-mode time_windows`` with the window and the
@@ -49,18 +50,35 @@ def input_data(samples: list[dict[str, np.ndarray]], batching: bool) -> dict[str
         step = {}
         for name, array in sample.items():
             array = np.asarray(array)
-            if array.dtype == object or array.dtype.kind in "SU":
-                raise UserInputError(f"input '{name}': {array.dtype} tensors are not sent through perf_analyzer's "
-                                     "raw input data; use --engine python")
             rows = array if not batching else array.reshape(array.shape[1:]) if array.shape[:1] == (1,) else None
             if rows is None:
                 raise UserInputError(f"input '{name}': a request row of shape {list(array.shape)}; perf_analyzer "
                                      "takes one row per step (batch dimension 1)")
+            if rows.dtype == object or rows.dtype.kind in "SU":
+                step[name] = {"content": _strings(rows, name), "shape": [int(d) for d in rows.shape]}
+                continue
             row = np.ascontiguousarray(rows)
             step[name] = {"b64": base64.b64encode(row.astype(row.dtype.newbyteorder("<")).tobytes()).decode("ascii"),
                           "shape": [int(d) for d in row.shape]}
         steps.append(step)
     return {"data": steps}
+
+
+def _strings(rows: np.ndarray, name: str) -> list[str]:
+    """A text tensor's values, flattened, as the JSON strings perf_analyzer sends as BYTES elements."""
+    values = []
+    for value in rows.reshape(-1).tolist():
+        if isinstance(value, bytes):
+            try:
+                value = value.decode("utf-8")
+            except UnicodeDecodeError:
+                raise UserInputError(f"input '{name}': a value that is not UTF-8 text ({value[:40]!r}) cannot go "
+                                     "through perf_analyzer's JSON input data; use --engine python") from None
+        if not isinstance(value, str):
+            raise UserInputError(f"input '{name}': {type(value).__name__} values in a text (BYTES) tensor; "
+                                 "give strings")
+        values.append(value)
+    return values
 
 
 def shape_args(inputs: list[tuple[str, str, list[int]]], samples: list[dict[str, np.ndarray]],

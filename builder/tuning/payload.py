@@ -12,7 +12,14 @@ Sources, in order of preference:
    that is not its traffic, and the drift alerts fire for minutes. The source says which
    (``load_samples``); loadtest gets a copy with the validation cases only (``default_payload``);
 3. generated from the model's own metadata and config as Triton reports them
-   (``/v2/models/NAME``, ``/config``): floats uniform in [0, 1), integers zero, dynamic dims 16.
+   (``/v2/models/NAME``, ``/config``): floats uniform in [0, 1), integers zero, dynamic dims 16, short
+   ASCII sentences for a text (BYTES) input.
+
+A Hugging Face pipeline ensemble (text in: builder/repository/layout.py ``is_pipeline``) takes the texts
+of its latest version's ``pipeline_reference.json`` in place of 2 (its model step's reference.npz holds
+token ids, not texts); Locust reads them from a copy written as a string .npz (``default_payload``).
+Text inputs travel as BYTES: a payload .npz holds them as a numpy unicode (or bytes) array, never as
+objects (builder/tuning/text_payload.py).
 
 loadtest/locustfile.py reads the same two ``.npz`` layouts by itself (it must run on worker
 machines that do not have this package).
@@ -102,11 +109,17 @@ def check_batch_size(model: ModelInterface, batch_size: int) -> None:
                              f"{rows_per_request}")
 
 
-def default_payload(repository: str | Path | None, model: str) -> Path | None:
+def default_payload(repository: str | Path | None, model: str, text_input: str = "text") -> Path | None:
     """The payload file a load test sends by default: the latest version's reference.npz, or where it
     holds validation cases beside generated ones, a copy with those alone (the module doc says why),
     ``<temp>/triton-builder-payload-*/<model>-v<version>-validation-cases/reference.npz``, removed when
-    this process ends."""
+    this process ends. For a text pipeline ensemble: its reference texts as ``text_input`` in a string .npz,
+    ``<temp>/triton-builder-payload-*/<model>-v<version>-texts/texts.npz``."""
+    texts = _pipeline_texts(repository, model)
+    if texts is not None:
+        from builder.tuning.text_payload import write_texts_npz
+
+        return write_texts_npz(_owned_path(f"{model}-v{texts[1].parent.name}-texts/texts.npz"), text_input, texts[0])
     path = reference_payload(repository, model)
     cases, _ = payload_cases(path) if path is not None else (None, "")
     if cases is None or len(cases) == len(_case_keys(path)):
@@ -123,7 +136,15 @@ def locust_payload(model: ModelInterface, payload: str | Path | None,
     if payload is not None:
         path = Path(payload).resolve()
         return path, load_samples(model, path)[1]
-    return default_payload(repository, model.name), load_samples(model, None, repository)[1]
+    source = load_samples(model, None, repository)[1]
+    texts = [name for name, datatype, _ in model.inputs if datatype == "BYTES"]
+    return default_payload(repository, model.name, *texts[:1]), source
+
+
+def _pipeline_texts(repository: str | Path | None, model: str) -> tuple[list[str], Path] | None:
+    from builder.tuning.text_payload import pipeline_texts
+
+    return pipeline_texts(repository, model)
 
 def reference_payload(repository: str | Path | None, model: str) -> Path | None:
     """The latest version's reference.npz in ``repository``, if there is one. A ``repository`` given
@@ -131,12 +152,15 @@ def reference_payload(repository: str | Path | None, model: str) -> Path | None:
     inputs would load-test with other data than the user pointed at."""
     if repository is None:
         return None
-    from builder.repository.layout import latest_version, model_dir, not_in_repository, require_model_repository
+    from builder.repository.layout import (is_pipeline, latest_version, model_dir, not_in_repository,
+                                           require_model_repository)
 
     root = require_model_repository(Path(repository))
     folder = model_dir(root, model)
     if not (folder / "config.pbtxt").is_file():
         raise not_in_repository(model, root)
+    if is_pipeline(root, model):  # its model step's reference.npz holds token ids, not the ensemble's texts
+        return None
     version = latest_version(folder)
     if version is None:
         return None
@@ -172,8 +196,23 @@ def payload_cases(path: Path) -> tuple[list[str] | None, str]:
 def _validation_copy(path: Path, cases: list[str], name: str) -> Path:
     """``path`` with the input arrays of ``cases`` alone, in a folder this process owns (removed at exit;
     one a dead process left is removed by the next)."""
-    import atexit
     import os
+
+    target = _owned_path(f"{name}/reference.npz")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with np.load(path, allow_pickle=False) as archive:
+        arrays = {key: archive[key] for key in archive.files
+                  if key.startswith("input/") and key.split("/", 2)[1] in cases}
+    with open(target.with_suffix(".tmp"), "wb") as out:
+        np.savez_compressed(out, **arrays)
+    os.replace(target.with_suffix(".tmp"), target)
+    return target
+
+
+def _owned_path(relative: str) -> Path:
+    """``relative`` in this process's folder of payload copies (removed at exit; one a dead process left
+    is removed by the next)."""
+    import atexit
     import tempfile
 
     from builder.scratch import OwnedFolder, sweep
@@ -183,15 +222,7 @@ def _validation_copy(path: Path, cases: list[str], name: str) -> Path:
         sweep(Path(tempfile.gettempdir()), COPY_PREFIX)
         _COPIES = OwnedFolder.create(Path(tempfile.gettempdir()), COPY_PREFIX)
         atexit.register(_COPIES.release)
-    target = _COPIES.path / name / "reference.npz"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with np.load(path, allow_pickle=False) as archive:
-        arrays = {key: archive[key] for key in archive.files
-                  if key.startswith("input/") and key.split("/", 2)[1] in cases}
-    with open(target.with_suffix(".tmp"), "wb") as out:
-        np.savez_compressed(out, **arrays)
-    os.replace(target.with_suffix(".tmp"), target)
-    return target
+    return _COPIES.path / relative
 
 
 def read_npz_samples(path: str | Path, input_names: list[str], batching: bool,
@@ -217,8 +248,9 @@ def read_npz_samples(path: str | Path, input_names: list[str], batching: bool,
             else:
                 groups["all"] = {key: archive[key] for key in keys}
         except Exception as exc:  # noqa: BLE001 - numpy's object-array ValueError, a damaged member
-            raise UserInputError(f"--payload {path}: not a plain numeric .npz ({str(exc).splitlines()[0][:200]}); "
-                                 "it is never unpickled: save arrays of numbers (np.savez)") from None
+            raise UserInputError(f"--payload {path}: not a plain .npz of numbers or strings "
+                                 f"({str(exc).splitlines()[0][:200]}); it is never unpickled: save arrays of numbers, "
+                                 "and texts as numpy string arrays (np.array(['a text', ...]), not dtype=object)") from None
     samples: list[dict[str, np.ndarray]] = []
     for case in sorted(groups):
         arrays = groups[case]
@@ -240,12 +272,19 @@ def read_npz_samples(path: str | Path, input_names: list[str], batching: bool,
 
 
 def generated_samples(model: ModelInterface, count: int = 16, seed: int = 0) -> list[dict[str, np.ndarray]]:
-    """Inputs made from the model's metadata: right names, dtypes and shapes, never all zeros for floats."""
+    """Inputs made from the model's metadata: right names, dtypes and shapes, never all zeros for floats;
+    short ASCII sentences for a text (BYTES) input, one per element (its dynamic dims 1)."""
+    from builder.tuning.text_payload import BYTES, generated_text_array
+
     rng = np.random.default_rng(seed)
     samples = []
-    for _ in range(count):
+    for index in range(count):
         sample = {}
         for name, datatype, shape in model.inputs:
+            if datatype == BYTES:
+                full = ([1] if model.batching else []) + [1 if d < 0 else d for d in shape]
+                sample[name] = generated_text_array(full, seed * 1000 + index)
+                continue
             if datatype not in DATATYPES:
                 raise UserInputError(f"model '{model.name}' input '{name}' has datatype {datatype}, which "
                                      "cannot be generated; pass --payload with an .npz holding it")
@@ -265,6 +304,9 @@ def load_samples(model: ModelInterface, payload: str | Path | None = None,
     """Samples and where they came from: the payload, else reference.npz (its validation cases alone where
     it has any: ``payload_cases``), else generated."""
     names = [name for name, _, _ in model.inputs]
+    texts = _pipeline_texts(repository, model.name) if payload is None else None
+    if texts is not None:
+        return _text_samples(model, texts[0]), f"the {len(texts[0])} texts of {texts[1]}"
     path = Path(payload) if payload is not None else reference_payload(repository, model.name)
     if path is not None:
         from builder.tensors import to_wire
@@ -279,12 +321,32 @@ def load_samples(model: ModelInterface, payload: str | Path | None = None,
     return generated_samples(model), "generated from the model's metadata"
 
 
+def _text_samples(model: ModelInterface, texts: list[str]) -> list[dict[str, np.ndarray]]:
+    """One sample per text for the pipeline ensemble's one text input."""
+    from builder.tuning.text_payload import BYTES, as_bytes
+
+    inputs = [(name, shape) for name, datatype, shape in model.inputs if datatype == BYTES]
+    if len(model.inputs) != 1 or not inputs:
+        raise UserInputError(f"model '{model.name}' is a text pipeline but takes {[n for n, _, _ in model.inputs]}; "
+                             "give --payload with an .npz keyed by its input names")
+    name, _ = inputs[0]
+    rows = [np.array([[text]] if model.batching else [text], dtype=str) for text in texts[:MAX_SAMPLES]]
+    return [{name: as_bytes(row, name)} for row in rows]
+
+
 def _as_model_dtypes(samples: list[dict[str, np.ndarray]], datatypes: dict[str, str],
                      path: Path) -> list[dict[str, np.ndarray]]:
     """Payload arrays in the dtypes the model takes: a cast within a kind (numpy's float64 default for
     an FP32 input) is made; across kinds (floats for INT64 ids) it is refused here, not as every request
     of a run failing on the server."""
+    from builder.tuning.text_payload import BYTES, as_bytes
+
     first = samples[0] if samples else {}
+    texts = [name for name in first if datatypes.get(name) == BYTES]
+    if texts:  # strings in the .npz (unicode or bytes) -> the object arrays of bytes tritonclient sends
+        samples = [{n: as_bytes(a, f"{path.name}['{n}']") if n in texts else a for n, a in sample.items()}
+                   for sample in samples]
+        first = samples[0]
     for name, array in first.items():
         expected = DATATYPES.get(datatypes.get(name, ""))
         if expected is None or array.dtype == expected:

@@ -31,6 +31,7 @@ class StatsSnapshot:
 
     success: int = 0
     fail: int = 0
+    success_ns: int = 0  #: summed request durations of the successful requests (arrival to response)
     inferences: int = 0  #: samples executed (a request of batch 4 counts 4)
     executions: int = 0  #: model executions (one per formed batch)
     ns: dict[str, int] = field(default_factory=lambda: {p: 0 for p in _PHASES})
@@ -45,6 +46,7 @@ def parse_stats(answer: dict[str, Any], model: str) -> StatsSnapshot:
             continue
         stats = entry.get("inference_stats", {})
         snap.success += int(stats.get("success", {}).get("count", 0))
+        snap.success_ns += int(stats.get("success", {}).get("ns", 0))
         snap.fail += int(stats.get("fail", {}).get("count", 0))
         snap.inferences += int(entry.get("inference_count", 0))
         snap.executions += int(entry.get("execution_count", 0))

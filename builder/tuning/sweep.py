@@ -11,6 +11,11 @@ Writes ``sweep.csv`` (one row per level: client throughput and p50/p95/p99/mean,
 the level settled, server queue and compute time per request, average formed batch and the batch
 size histogram), ``sweep.json`` (the same plus the engine, client type and settings) and ``sweep.png``
 (latency against throughput, one point per concurrency; and the server's queue/compute split).
+
+On an ensemble (a Hugging Face text pipeline, a monitored model) each level also reads the statistics of
+every step (builder/tuning/steps.py): ``steps`` in each level of sweep.json says where a request's time
+went (tokenizer, model, post-processing, the ensemble's own hand-offs), and a table of it is reported
+after the sweep.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ def run_sweep(model: str, url: str, protocol: str = "grpc", max_concurrency: int
     from builder.tuning.engine import choose_engine
     from builder.tuning.payload import check_batch_size, fetch_model, load_samples, make_requests
     from builder.tuning.stats import StatsReader, format_batch_sizes
+    from builder.tuning.steps import StepTimer, ensemble_steps, format_step_table
 
     levels = sorted(set(levels)) if levels else concurrency_levels(max_concurrency)
     if any(c < 1 for c in levels):
@@ -67,13 +73,18 @@ def run_sweep(model: str, url: str, protocol: str = "grpc", max_concurrency: int
     meter = choose_engine(engine, say)
     meter.prepare(url, protocol, interface, samples, requests, batch_size=batch_size, work_dir=out / "perf_analyzer")
     stats = StatsReader(url, protocol)
+    steps = ensemble_steps(interface.config)
+    timer = StepTimer(stats, model, steps) if steps else None
     rows, client = [], ""
     try:
         for concurrency in levels:
+            before = timer.snapshot() if timer else None
             level = meter.measure(concurrency, window_s=window_s, max_s=max_seconds_per_level, stats=stats)
             client = level.client
             row = level.as_row()
             row["errors"] = level.errors
+            if timer is not None:
+                row["steps"] = timer.split(before, timer.snapshot())
             rows.append(row)
             say(f"  concurrency {concurrency:4d}: {row['throughput_rps']:8.1f} req/s  p50 {_ms(row['p50_ms'])}  "
                 f"p99 {_ms(row['p99_ms'])} ms  {'stable' if level.stable else 'NOT stable'}  "
@@ -82,6 +93,9 @@ def run_sweep(model: str, url: str, protocol: str = "grpc", max_concurrency: int
                 + (f"  FAILURES {level.failures}" if level.failures else ""))
     finally:
         stats.close()
+    table = format_step_table([(r["concurrency"], r["steps"]) for r in rows if "steps" in r])
+    if table:
+        say(f"where the time goes in {model}, per request (Triton's statistics of each step):\n{table}")
     result = {"model": model, "url": url, "protocol": protocol, "batch_size": batch_size,
               "engine": meter.name, "client": client, "payload": source,
               "window_s": window_s, "max_seconds_per_level": max_seconds_per_level, "levels": rows,
