@@ -246,6 +246,8 @@ class EmbeddedServer(ModelControl, LocalService):
 
     def _prepare(self) -> None:
         self._bytecode = startup.bytecode_dirs(self._local_repository)
+        if self.model_control == "poll":  # no bytecode written under the poll, which would reload the model
+            startup.precompile_bytecode(self._local_repository)
         self._shm = startup.shm_files()
         self._workdir = make_workdir()
         startup.sweep_killed_workdirs(self._workdir)
@@ -439,7 +441,8 @@ class EmbeddedServer(ModelControl, LocalService):
                 raise startup.load_error(self.failed, self.log_path, self.keep_going and len(self.models) > 1,
                                          self.left_out if self.keep_going else None)
             self.models = [name for name in self.models if name not in self.failed]
-            startup.remove_new_bytecode(self._local_repository, self._bytecode)
+            if self.model_control != "poll":  # removed at the stop in poll mode: a removal is a change it reloads
+                startup.remove_new_bytecode(self._local_repository, self._bytecode)
             self.wait_until_ready(max(0.5, self._ready_deadline - time.monotonic()))
         except ServerDiedError:  # it bound HTTP, then failed on a port another process holds
             busy = startup.busy_port_error(self.read_log(), self.host, self._fixed_ports(), self.log_path)

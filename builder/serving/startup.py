@@ -27,7 +27,7 @@ from builder.serving.server_log import readable
 if TYPE_CHECKING:
     from builder.serving.embedded import EmbeddedServer
 
-__all__ = ["SERVER_ENVIRONMENT", "bytecode_dirs", "remove_new_bytecode", "sweep_killed_workdirs", "new_server_id",
+__all__ = ["SERVER_ENVIRONMENT", "bytecode_dirs", "precompile_bytecode", "remove_new_bytecode", "sweep_killed_workdirs", "new_server_id",
            "answers_as", "busy_port_error", "wait_for_start_models", "load_error", "shm_files", "remove_orphan_shm",
            "remove_dead_server_folders"]
 
@@ -46,6 +46,21 @@ def bytecode_dirs(repository: Path | None) -> set[Path]:
     if repository is None or not repository.is_dir():
         return set()
     return {p for p in repository.glob("*/*/**/__pycache__") if p.is_dir()}
+
+
+def precompile_bytecode(repository: Path | None) -> None:
+    """Write the bytecode of every ``.py`` in ``repository``'s version folders before a poll-mode start. The stub
+    would write it while a model loads, changing the version folder Triton polls: poll mode then reloaded every
+    python model in place once or twice after its load, under traffic (Triton 2.51 crashed, "malloc(): unaligned
+    fastbin chunk", when that reload met another model's load). Valid bytecode there is read, never rewritten; it
+    is removed at the stop like the stub's (``remove_new_bytecode``)."""
+    import py_compile
+
+    if repository is None or not repository.is_dir():
+        return
+    for source in repository.glob("*/*/**/*.py"):
+        if "__pycache__" not in source.parts:
+            py_compile.compile(str(source), doraise=False, quiet=2)
 
 
 def remove_new_bytecode(repository: Path | None, before: set[Path]) -> None:

@@ -52,3 +52,30 @@ def test_two_rollouts_and_a_rollback_under_load_drop_nothing(tmp_path, quiet, mo
     assert load.records[-1].version == "2"  # the rollback: the older version answers, by its model_version
     answered = {r.version for r in load.records}
     assert answered == {"1", "2", "3"}, answered
+
+
+def test_poll_mode_leaves_a_monitored_model_alone_and_rolls_out_its_step_under_load(tmp_path, quiet):
+    """The python monitor step's bytecode is written before a poll-mode start (builder/serving/startup.py
+    precompile_bytecode): the stub no longer writes it while the step loads, which changed the version folder and
+    made the poll reload the step in place under traffic (Triton 2.51 aborted: malloc(): unaligned fastbin chunk)."""
+    from builder.pipeline import build
+
+    repo = tmp_path / "repo"
+    build(write_model(tmp_path, "embed", variants=["onnx"], deploy={"monitor": True}), repo, benchmark_seconds=0,
+          progress=quiet)
+    ids = np.arange(5, dtype=np.int64).reshape(1, 5)
+    with EmbeddedServer(repo, model_control="poll", extra_args=["--repository-poll-secs=1"], ready_timeout=90) as server:
+        with SteadyLoad(server.grpc_url, "grpc", "embed", [{"ids": ids}], concurrency=2, pause_s=0.005) as load:
+            time.sleep(4)  # four polls
+            assert server.read_log().count('"loading: embed__monitor:1"') == 1, server.log_tail(30)
+            began = time.time()
+            target = _rollout(repo, "embed__model")
+            deadline = time.time() + 20
+            with server.triton() as client:
+                while not client.model_ready("embed__model", target) and time.time() < deadline:
+                    time.sleep(0.2)
+                assert client.model_ready("embed__model", target), server.log_tail(30)
+            time.sleep(2)
+        summary = summarise(load.records, [Switch("rollout", began, time.time(), target)])
+        assert server.is_running(), server.log_tail(30)
+    assert summary.failed == 0 and summary.requests > 100, summary.lines()
