@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps perf-analyzer test test-unit test-fast demo demo-hf docs wheel-smoke bench bench-tuning bench-serving bench-drift bench-replicas bench-faults bench-zoo bench-compression bench-peers bench-anchors bench-vs-ma bench-releases bench-standin bench-monitor bench-rollouts bench-soak clean
+.PHONY: setup system-deps perf-analyzer test test-unit test-fast demo demo-hf docs wheel-smoke bench bench-tuning bench-serving bench-drift bench-replicas bench-faults bench-zoo bench-compression bench-peers bench-anchors bench-vs-ma bench-releases bench-standin bench-monitor bench-rollouts bench-soak bench-hf clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	bash scripts/make-venv.sh "$(PYTHON)" $(VENV)
@@ -111,6 +111,11 @@ bench-rollouts: setup  # 10 rollouts + 10 rollbacks under load at c=16, poll and
 
 bench-soak: setup  # 60 minutes: two models, drift on, a rollout every 10 min, a server kill (MINUTES=3 for a short one)
 	$(BIN)/python benchmarks/soak.py --minutes $(or $(MINUTES),60)
+
+# the MiniLM sentiment pipeline served (text in, label out) vs transformers' pipeline, vs its bare model with the
+# same texts tokenized, and the per-step time split (issue 35; onnx + default variants, ~10-20 min on 2 cores)
+bench-hf: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/hf_pipeline.py
 
 clean:
 	rm -rf runs .pytest_cache
