@@ -76,6 +76,8 @@ def cmd_sweep(args: argparse.Namespace, reporter: Reporter) -> int:
     if failed and all(not row["requests"] or row["requests"] == row["failures"] for row in result["levels"]):
         _raise_if_unreachable(args)
     lines = [f"client: {result['client']}", f"wrote {result['files']['csv']} and {result['files']['png']}"]
+    if reporter.quiet and result.get("steps_table"):  # else the progress lines showed it
+        lines.append(f"where the time goes per request (server, us):\n{result['steps_table']}")
     lines += [f"concurrency {row['concurrency']}: {row['failures']} failed request(s): "  # the reasons, not a count
               + "; ".join(row.get("errors") or ["no reason recorded"]) for row in failed]
     emit(args, result, lines, ok=not failed)

@@ -99,6 +99,7 @@ def run_sweep(model: str, url: str, protocol: str = "grpc", max_concurrency: int
     result = {"model": model, "url": url, "protocol": protocol, "batch_size": batch_size,
               "engine": meter.name, "client": client, "payload": source,
               "window_s": window_s, "max_seconds_per_level": max_seconds_per_level, "levels": rows,
+              "steps_table": table or None,
               "files": {"csv": str(out / "sweep.csv"), "png": str(out / "sweep.png"), "json": str(out / "sweep.json")}}
     write_csv(out / "sweep.csv", rows)
     plot_sweep(out / "sweep.png", rows, title=f"{model} over {protocol} (closed loop, batch {batch_size})")
