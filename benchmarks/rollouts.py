@@ -6,10 +6,12 @@ loads the model again after the change). Prints failed requests, p99 during vs o
 switch took to be served, and which version answered each second (the responses' model_version).
 
 The load is the project's Python client (builder/tuning/steady.py): perf_analyzer reports no per-request
-model_version. Replicas behind nginx are not measured here.
+model_version. ``--modes replicas``: ``--replicas`` embedded servers behind nginx (builder/scaleout/replicas.py), each
+switch rolled out one replica at a time (``ReplicaSet.roll_out``: taken out of nginx's rotation, reloaded, ready, the
+served check passed, put back), the load sent to nginx; the whole roll-out is the switch window.
 
-Usage: python benchmarks/rollouts.py [--rollouts 10] [--rollbacks 10] [--concurrency 16] [--modes poll,explicit]
-                                     [--gap 3] [--timeline] [--json out.json]
+Usage: python benchmarks/rollouts.py [--rollouts 10] [--rollbacks 10] [--concurrency 16]
+                                     [--modes poll,explicit,replicas] [--replicas 2] [--gap 3] [--timeline] [--json out.json]
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ def run_mode(mode: str, source: Path, work: Path, args) -> dict:
     plan = ["rollout", "rollback"] * min(args.rollouts, args.rollbacks)
     plan += ["rollout"] * (args.rollouts - args.rollbacks) + ["rollback"] * (args.rollbacks - args.rollouts)
     switches: list[Switch] = []
+    if mode == "replicas":
+        return run_replicas(repo, requests, plan, args)
     with EmbeddedServer(repo, model_control=mode, extra_args=extra, ready_timeout=120) as server:
         with SteadyLoad(server.grpc_url, "grpc", MODEL, requests, concurrency=args.concurrency) as load:
             time.sleep(args.gap)
@@ -70,12 +74,35 @@ def run_mode(mode: str, source: Path, work: Path, args) -> dict:
     return {"mode": mode, "summary": summary}
 
 
+def run_replicas(repo: Path, requests, plan: list[str], args) -> dict:
+    """Each switch rolled out replica by replica behind nginx, gated by readiness and the served check."""
+    from builder.scaleout.replicas import ReplicaSet
+
+    switches: list[Switch] = []
+    with ReplicaSet(repo, replicas=args.replicas, prometheus=False) as group:
+        with SteadyLoad(group.grpc_url, "grpc", MODEL, requests, concurrency=args.concurrency) as load:
+            time.sleep(args.gap)
+            for kind in plan:
+                began = time.time()
+                target = rollout(repo) if kind == "rollout" else str(rollback_model(repo, MODEL).to_version)
+                steps = group.roll_out(MODEL)  # one replica at a time; RolloutError if a check fails
+                seen = load.wait_for_version(target, timeout=30, since=began)
+                ended = time.time() if seen else None
+                switches.append(Switch(kind, began, ended, target))
+                print(f"  [replicas x{args.replicas}] {kind:<8} -> version {target}: "
+                      + ", ".join(f"#{s.replica} {s.status} {s.seconds:.1f} s" for s in steps), flush=True)
+                time.sleep(args.gap)
+        summary = summarise(load.records, switches)
+    return {"mode": f"replicas x{args.replicas} behind nginx", "summary": summary}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rollouts", type=int, default=10)
     ap.add_argument("--rollbacks", type=int, default=10)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--modes", default="poll,explicit")
+    ap.add_argument("--replicas", type=int, default=2, help="replicas behind nginx in the replicas mode")
     ap.add_argument("--gap", type=float, default=3.0, help="seconds of steady load between switches")
     ap.add_argument("--poll-secs", type=float, default=1.0, help="--repository-poll-secs in poll mode")
     ap.add_argument("--timeline", action="store_true", help="print which version answered each second")
