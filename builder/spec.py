@@ -121,6 +121,11 @@ class SourceSpec:
     def path(self) -> Path | None:
         return Path(self.value) if self.kind in ("torchscript", "onnx") else None
 
+    @property
+    def eager(self) -> bool:
+        """The build holds a PyTorch module (source.module, or a Hugging Face folder transformers loaded)."""
+        return self.kind in ("module", "huggingface")
+
 
 @dataclass
 class DataSpec:

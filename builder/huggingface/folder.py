@@ -27,7 +27,7 @@ class Task:
     name: str
     modality: str  # text (a tokenizer step)
     head: str  # the architecture ending transformers' Auto class for the task loads
-    outputs: str  # what the model step returns: logits | embedding
+    outputs: str  # what the model step returns: logits | token_logits | embedding
 
 
 #: the tasks a Hugging Face source takes. To add one: a Task here, its outputs in Folder.model_outputs,
@@ -35,12 +35,11 @@ class Task:
 #: and its reference in builder/huggingface/reference.py.
 TASKS = {t.name: t for t in (
     Task("text-classification", "text", "ForSequenceClassification", "logits"),
+    Task("token-classification", "text", "ForTokenClassification", "token_logits"),
     Task("feature-extraction", "text", "Model", "embedding"),
 )}
 #: tasks known to transformers that a source may not take yet, with what to do instead
 NOT_YET = {
-    "token-classification": "per-token labels with offsets are not published yet; export the model with source.module "
-                            "and send token ids",
     "image-classification": "image pre-processing steps are not published yet; export the model with source.module "
                             "and send pixel_values tensors",
 }
@@ -95,6 +94,8 @@ class Folder:
     def model_outputs(self) -> list[dict[str, Any]]:
         if self.task.outputs == "logits":
             return [{"name": "logits", "dtype": "float32", "shape": [len(self.labels)]}]
+        if self.task.outputs == "token_logits":
+            return [{"name": "logits", "dtype": "float32", "shape": [-1, len(self.labels)]}]
         return [{"name": "embedding", "dtype": "float32", "shape": [self.hidden_size]}]
 
 

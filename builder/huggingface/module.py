@@ -35,7 +35,7 @@ def _auto_class(folder: Folder):
     import transformers
 
     name = {"ForSequenceClassification": "AutoModelForSequenceClassification",
-            "Model": "AutoModel"}[folder.task.head]
+            "ForTokenClassification": "AutoModelForTokenClassification", "Model": "AutoModel"}[folder.task.head]
     return getattr(transformers, name)
 
 

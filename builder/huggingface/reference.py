@@ -50,6 +50,10 @@ def pipeline_reference(folder: Folder, texts: list[str]) -> dict[str, Any]:
         record["embeddings"] = [_pool(np.asarray(runner(text, **call))[0], folder).astype(float).tolist()
                                 for text in texts]
         return record
+    if folder.task.outputs == "token_logits":  # aggregation none, "O" ignored: the pipeline's defaults
+        record["entities"] = [[{k: (float(v) if k == "score" else int(v) if k in ("index", "start", "end") else v)
+                                for k, v in entity.items()} for entity in runner(text, **call)] for text in texts]
+        return record
     answers = runner(list(texts), top_k=None, **call)
     order = {label: i for i, label in enumerate(folder.labels)}
     record["labels"] = [answer[0]["label"] for answer in answers]  # top_k=None: sorted by score
@@ -84,6 +88,8 @@ def compare_pipeline(record: dict[str, Any], served: dict[str, np.ndarray], rel_
         figures["scores_rel_error"] = error
         if error > rel_tolerance:
             failures.append(f"scores differ from the pipeline's by {error:.2e} (relative), over {rel_tolerance:g}")
+    if "entities" in record:
+        failures += _compare_entities(record, served, rel_tolerance, figures)
     if "embeddings" in record:
         want = np.asarray(record["embeddings"], dtype=np.float64)
         have = np.asarray(served["embedding"], dtype=np.float64).reshape(want.shape)
@@ -94,3 +100,27 @@ def compare_pipeline(record: dict[str, Any], served: dict[str, np.ndarray], rel_
             failures.append(f"embeddings differ from the reference's: per-text cosine min {cosine.min():.6f} "
                             f"(text {int(cosine.argmin())}), under {cosine_minimum}")
     return failures, figures
+
+
+def _compare_entities(record: dict[str, Any], served: dict[str, np.ndarray], rel_tolerance: float,
+                      figures: dict[str, float]) -> list[str]:
+    """Token-classification: the same tagged tokens (entity, index, word, start, end) on every text; scores close."""
+    import json
+
+    got = [json.loads(v.decode("utf-8") if isinstance(v, bytes) else v) for v in np.asarray(served["entities"]).reshape(-1)]
+    keys = ("entity", "index", "word", "start", "end")
+    wrong = [i for i, (want, have) in enumerate(zip(record["entities"], got))
+             if [tuple(e[k] for k in keys) for e in want] != [tuple(e[k] for k in keys) for e in have]]
+    figures["texts_tagged_alike"] = 1.0 - len(wrong) / max(len(got), 1)
+    failures = []
+    if wrong or len(got) != len(record["entities"]):
+        first = wrong[0] if wrong else len(got)
+        failures.append(f"tagged tokens differ on {len(wrong)} of {len(record['entities'])} texts (first: text {first} "
+                        f"{record['texts'][first][:60]!r})")
+    pairs = [(a["score"], b["score"]) for i, (want, have) in enumerate(zip(record["entities"], got)) if i not in wrong
+             for a, b in zip(want, have)]
+    error = max([abs(a - b) / max(abs(a), 1e-12) for a, b in pairs] or [0.0])
+    figures["scores_rel_error"] = error
+    if error > rel_tolerance:
+        failures.append(f"token scores differ from the pipeline's by {error:.2e} (relative), over {rel_tolerance:g}")
+    return failures

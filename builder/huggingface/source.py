@@ -62,7 +62,7 @@ def load_source(folder: Folder, validation: Path | None, workdir: Path) -> Loade
     ids, mask = tokenized(encoder, texts, "data.validation" if validation is not None else "generated texts")
     reference = pipeline_reference(folder, texts)
     pipeline = TextPipeline(task=folder.task.name, tokenizer_file=tokenizer, max_length=folder.max_length,
-                            truncation=folder.truncation, labels=folder.labels if "labels" in reference else [],
+                            truncation=folder.truncation, labels=folder.labels if folder.task.outputs != "embedding" else [],
                             activation=text_steps().activation(folder.config), reference=json.dumps(reference).encode())
     arrays = {"input_ids": ids, "attention_mask": mask} if validation is not None else None
     return LoadedSource(build_module(folder), arrays, pipeline, texts_from)

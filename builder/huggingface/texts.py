@@ -90,7 +90,7 @@ def generated_texts(encoder, count: int = 48, seed: int = 0) -> list[str]:
 
 
 def tokenized(encoder, texts: list[str], field: str) -> tuple[np.ndarray, np.ndarray]:
-    ids, mask, problems = encoder.encode(texts)
+    ids, mask, _, problems = encoder.encode(texts)
     if problems:
         listed = "; ".join(problems[row] for row in sorted(problems)[:3])
         raise UserInputError(f"{field}: {len(problems)} text(s) cannot be served: {listed}")

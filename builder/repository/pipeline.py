@@ -7,7 +7,8 @@ A build of ``source: {huggingface: DIR, task: ...}`` publishes ordinary Triton m
   feature-extraction;
 - ``<name>__preprocess``: the tokenizer (templates/pipeline/preprocess.py + text_steps.py + tokenizer.json);
 - ``<name>__model``: the standard model folder with its versions, callable directly with ids;
-- ``<name>__postprocess``: text-classification only: softmax/sigmoid and id2label (templates/pipeline/postprocess.py).
+- ``<name>__postprocess``: classification only: softmax/sigmoid and id2label (templates/pipeline/postprocess.py);
+  token-classification: ``entities``, a JSON list per text of its tagged tokens with their character offsets.
 
 The steps' version N goes with the model's version N (the tokenizer the version was verified with).
 Ensembles carry no files: the ensemble's version 1 folder stays empty.
@@ -32,12 +33,13 @@ from builder.repository.layout import (MODEL_SUFFIX, POSTPROCESS_SUFFIX, PREPROC
 from builder.repository.monitored import ENSEMBLE_VERSION, EnsembleConfig, EnsembleStep, render_ensemble
 
 TEXT_INPUT = "text"
+OFFSETS = "offsets"  # token-classification: each token's character span in the text (tokenizer -> post-processing)
 REFERENCE_FILE = "pipeline_reference.json"  # in the model step's version: texts and what the pipeline answered
 
 
 @dataclass
 class TextPipeline:
-    task: str  # text-classification | feature-extraction
+    task: str  # text-classification | token-classification | feature-extraction
     tokenizer_file: Path
     max_length: int
     truncation: bool
@@ -48,6 +50,10 @@ class TextPipeline:
     @property
     def classifies(self) -> bool:
         return bool(self.labels)
+
+    @property
+    def tags_tokens(self) -> bool:
+        return self.task == "token-classification"
 
 
 def pipeline_names(name: str) -> tuple[str, str, str]:
@@ -66,6 +72,8 @@ def _step_config(name: str, model: ModelConfig, inputs: list[TensorConfig], outp
 
 
 def _outputs(pipeline: TextPipeline, model: ModelConfig) -> list[TensorConfig]:
+    if pipeline.tags_tokens:
+        return [TensorConfig("entities", "TYPE_STRING", [1])]
     if pipeline.classifies:
         return [TensorConfig("label", "TYPE_STRING", [1]), TensorConfig("score", "TYPE_FP32", [1]),
                 TensorConfig("scores", "TYPE_FP32", [len(pipeline.labels)])]
@@ -76,14 +84,19 @@ def step_configs(name: str, model: ModelConfig, pipeline: TextPipeline) -> list[
     """The python steps' configs: preprocess, then postprocess where the task has one."""
     pre, _, post = pipeline_names(name)
     ids = [TensorConfig(t.name, t.data_type, list(t.dims)) for t in model.inputs]
-    configs = [_step_config(pre, model, [TensorConfig(TEXT_INPUT, "TYPE_STRING", [1])], ids,
+    offsets = [TensorConfig(OFFSETS, "TYPE_INT64", [-1, 2])] if pipeline.tags_tokens else []
+    text = TensorConfig(TEXT_INPUT, "TYPE_STRING", [1])
+    configs = [_step_config(pre, model, [text], ids + offsets,
                             {"max_length": str(pipeline.max_length),
                              "truncation": "true" if pipeline.truncation else "false"})]
     if pipeline.classifies:
         logits = model.outputs[0]
-        configs.append(_step_config(post, model, [TensorConfig(logits.name, logits.data_type, list(logits.dims))],
-                                    _outputs(pipeline, model),
-                                    {"labels": json.dumps(pipeline.labels), "activation": pipeline.activation}))
+        inputs = [TensorConfig(logits.name, logits.data_type, list(logits.dims))]
+        if pipeline.tags_tokens:  # the tags name their tokens: the text, the ids and where each token is in the text
+            inputs = [text] + inputs + [t for t in ids if t.name == "input_ids"] + offsets
+        configs.append(_step_config(post, model, inputs, _outputs(pipeline, model),
+                                    {"labels": json.dumps(pipeline.labels), "activation": pipeline.activation,
+                                     "task": pipeline.task}))
     return configs
 
 
@@ -91,7 +104,13 @@ def ensemble_config(name: str, model: ModelConfig, pipeline: TextPipeline) -> En
     pre, model_step, post = pipeline_names(name)
     ids = {t.name: t.name for t in model.inputs}
     outputs = _outputs(pipeline, model)
-    if pipeline.classifies:
+    if pipeline.tags_tokens:
+        logits = model.outputs[0].name
+        steps = [EnsembleStep(pre, {TEXT_INPUT: TEXT_INPUT}, {**ids, OFFSETS: OFFSETS}),
+                 EnsembleStep(model_step, ids, {logits: logits}),
+                 EnsembleStep(post, {TEXT_INPUT: TEXT_INPUT, logits: logits, "input_ids": "input_ids", OFFSETS: OFFSETS},
+                              {o.name: o.name for o in outputs})]
+    elif pipeline.classifies:
         logits = model.outputs[0].name
         steps = [EnsembleStep(pre, {TEXT_INPUT: TEXT_INPUT}, ids),
                  EnsembleStep(model_step, ids, {logits: logits}),
@@ -106,6 +125,8 @@ def _step_files(config: ModelConfig, pipeline: TextPipeline) -> dict[str, Path]:
     files = {"text_steps.py": assets.pipeline_step("text_steps.py")}
     if config.name.endswith(PREPROCESS_SUFFIX):
         return {"model.py": assets.pipeline_step("preprocess.py"), "tokenizer.json": pipeline.tokenizer_file, **files}
+    if pipeline.tags_tokens:  # the tags name their tokens
+        files["tokenizer.json"] = pipeline.tokenizer_file
     return {"model.py": assets.pipeline_step("postprocess.py"), **files}
 
 

@@ -41,7 +41,8 @@ def check_pipeline(client: TritonClient, name: str, reference: dict[str, Any], m
                    precision: str, tolerance: dict[str, float]) -> tuple[list[str], dict[str, float]]:
     texts = reference["texts"]
     step = max(1, max_batch_size)
-    outputs = ["label", "score", "scores"] if "labels" in reference else ["embedding"]
+    outputs = (["label", "score", "scores"] if "labels" in reference else ["entities"] if "entities" in reference
+               else ["embedding"])
     answers: dict[str, list[np.ndarray]] = {o: [] for o in outputs}
     try:
         for start in range(0, len(texts), step):

@@ -51,7 +51,7 @@ def why_not(ctx: BuildContext) -> str:
     if spec.data.training is None:
         return ("needs labelled training data: set data.training (an .npz with one array per input and a "
                 "'labels' array, or 'module:function' returning them)")
-    if spec.source.kind != "module" or not hasattr(ctx.model, "parameters"):
+    if not spec.source.eager or not hasattr(ctx.model, "parameters"):
         return f"needs a trainable PyTorch model (source.module); the source is {spec.source.kind}"
     if not spec.batching:
         return "needs a batch dimension (max_batch_size > 0) to train in batches"

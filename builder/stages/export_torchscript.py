@@ -38,7 +38,7 @@ def make_torchscript(ctx: BuildContext) -> StageResult:
         shutil.copyfile(spec.source.path, path)
         ctx.add_variant(Variant("torchscript", "torchscript", "fp32", path, exporter="given"))
         return StageResult.ok(STAGE, "source is TorchScript: taken as it is", exporter="given")
-    if spec.source.kind != "module":
+    if not spec.source.eager:
         return StageResult.skipped(STAGE, f"source is {spec.source.kind}: no PyTorch module to export")
 
     names = [t.name for t in spec.inputs]

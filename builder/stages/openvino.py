@@ -219,7 +219,7 @@ def make_openvino_int8(ctx: BuildContext) -> str:
     notes = [f"calibrated on {where}"]
     nncf = openvino_tools.import_nncf()
     dataset = nncf.Dataset(batches)
-    transformer = ctx.spec.source.kind == "module" and transformer_fusion.encoder_shape(ctx.model) is not None
+    transformer = ctx.spec.source.eager and transformer_fusion.encoder_shape(ctx.model) is not None
     quantized, fast = _quantize(base.path, dataset, len(batches), notes, transformer=transformer)
     ir = openvino_tools.save_ir(quantized, out_dir, f32=_for_python_backend(ctx))
     _release_check(ctx, ir)

@@ -76,7 +76,7 @@ def _transformer_fused(ctx: BuildContext, base: Variant, out_dir, folded) -> tup
     """A Hugging Face encoder (builder/transformer_fusion.py): its legacy export with onnxruntime's transformer
     fusions, written to ``folded``; (passes, exporter), or None (not an encoder, or nothing fused: the usual
     passes run; a failure's reason is said in the build's progress)."""
-    shape = transformer_fusion.encoder_shape(ctx.model) if ctx.spec.source.kind == "module" else None
+    shape = transformer_fusion.encoder_shape(ctx.model) if ctx.spec.source.eager else None
     if shape is None or ctx.target == "gpu":  # on GPU TensorRT does its own fusions
         return None
     kind, heads, hidden = shape

@@ -346,7 +346,7 @@ def make_int8_dynamic(ctx: BuildContext) -> str:
 def make_torchscript_int8_dynamic(ctx: BuildContext) -> str:
     import torch
 
-    if ctx.spec.source.kind != "module" or not isinstance(ctx.model, torch.nn.Module) or isinstance(
+    if not ctx.spec.source.eager or not isinstance(ctx.model, torch.nn.Module) or isinstance(
             ctx.model, torch.jit.ScriptModule):
         raise NotApplicable(f"the source is {ctx.spec.source.kind}, not a PyTorch module: torch dynamic "
                             "quantization needs the eager nn.Module")

@@ -43,6 +43,7 @@ class TritonPythonModel:
         self.encoder = steps.TextEncoder(os.path.join(folder, "tokenizer.json"), int(params["max_length"]),
                                          params.get("truncation", "false") == "true")
         self.input = config["input"][0]["name"]
+        self.offsets = any(o["name"] == "offsets" for o in config["output"])  # token-classification: for the tags
 
     def execute(self, requests):
         texts, spans = [], []
@@ -50,7 +51,7 @@ class TritonPythonModel:
             values = pb_utils.get_input_tensor_by_name(request, self.input).as_numpy().reshape(-1)
             spans.append((len(texts), len(texts) + len(values)))
             texts.extend(values.tolist())
-        ids, mask, problems = self.encoder.encode(texts)
+        ids, mask, offsets, problems = self.encoder.encode(texts)
         responses = []
         for start, end in spans:
             wrong = [problems[row] for row in range(start, end) if row in problems]
@@ -60,7 +61,9 @@ class TritonPythonModel:
                 responses.append(pb_utils.InferenceResponse(output_tensors=[], error=_invalid_argument(
                     f"input '{self.input}': " + "; ".join(shift))))
                 continue
-            responses.append(pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor("input_ids", np.ascontiguousarray(ids[start:end])),
-                pb_utils.Tensor("attention_mask", np.ascontiguousarray(mask[start:end]))]))
+            tensors = [pb_utils.Tensor("input_ids", np.ascontiguousarray(ids[start:end])),
+                       pb_utils.Tensor("attention_mask", np.ascontiguousarray(mask[start:end]))]
+            if self.offsets:
+                tensors.append(pb_utils.Tensor("offsets", np.ascontiguousarray(offsets[start:end])))
+            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
         return responses

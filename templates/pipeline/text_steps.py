@@ -7,13 +7,18 @@ so the ids the model was verified on are the ids it is served.
 Usage::
 
     encoder = TextEncoder("tokenizer.json", max_length=128, truncation=False)
-    ids, mask, problems = encoder.encode([b"a text", "another"])   # padded to the longest; problems: {row: why}
+    encoded = encoder.encode([b"a text", "another"])   # ids, mask, offsets padded to the longest; problems: {row: why}
     labels, best, scores = classify(logits, ["NEG", "POS"], "softmax")
+    entities = token_entities(text, logits, ids, offsets, ["O", "NUM"], tokenizer)   # a text's tagged tokens
 """
 
 import json
+from collections import namedtuple
 
 import numpy as np
+
+#: int64 [rows, longest] ids and mask; int64 [rows, longest, 2] character offsets; {row: why it cannot be served}
+Encoded = namedtuple("Encoded", "ids mask offsets problems")
 
 
 class TextEncoder:
@@ -49,8 +54,8 @@ class TextEncoder:
         return value, None
 
     def encode(self, values):
-        """(input_ids, attention_mask, problems): int64 [rows, longest] padded with the pad id; problems maps a
-        row that cannot be served to why (its row is left padding)."""
+        """Encoded ids, mask and offsets padded with the pad id to the longest text; problems maps a row that
+        cannot be served to why (its row is left padding)."""
         texts, problems = [], {}
         for row, value in enumerate(values):
             text, why = self.text_of(value, row)
@@ -65,6 +70,7 @@ class TextEncoder:
         longest = max([len(e.ids) for r, e in enumerate(encodings) if r not in problems] or [1])
         ids = np.full((len(texts), longest), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(texts), longest), dtype=np.int64)
+        offsets = np.zeros((len(texts), longest, 2), dtype=np.int64)
         for row, encoding in enumerate(encodings):
             if row in problems:
                 ids[row, 0], mask[row, 0] = self.pad_id, 1
@@ -72,7 +78,8 @@ class TextEncoder:
             n = len(encoding.ids)
             ids[row, :n] = encoding.ids
             mask[row, :n] = encoding.attention_mask
-        return ids, mask, problems
+            offsets[row, :n] = encoding.offsets
+        return Encoded(ids, mask, offsets, problems)
 
 
 def activation(config):
@@ -93,3 +100,33 @@ def classify(logits, labels, function):
     best = scores.argmax(axis=-1)
     names = np.array([labels[i].encode("utf-8") for i in best], dtype=np.object_)
     return names, scores[np.arange(len(best)), best].astype(np.float32), scores.astype(np.float32)
+
+
+def special_token_ids(tokenizer_file):
+    """The ids of the tokenizer's special tokens ([CLS], [SEP], [PAD], ...): never tagged."""
+    with open(tokenizer_file, encoding="utf-8") as handle:
+        added = json.load(handle).get("added_tokens") or []
+    return {int(t["id"]) for t in added if t.get("special")}
+
+
+def token_entities(text, logits, ids, offsets, labels, tokenizer, special_ids, ignore=("O",)):
+    """transformers' token-classification pipeline (aggregation none) on one text: a dict per token whose
+    label is not ignored - entity, score, index, word (the token; the text's own characters for an unknown
+    one), start, end (character offsets into the text)."""
+    logits = np.asarray(logits, dtype=np.float64)
+    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    scores = shifted / shifted.sum(axis=-1, keepdims=True)
+    unk_token = getattr(tokenizer.model, "unk_token", None)
+    unknown = tokenizer.token_to_id(unk_token) if unk_token else None
+    entities = []
+    for index, token in enumerate(int(i) for i in ids):
+        if token in special_ids:
+            continue
+        best = int(scores[index].argmax())
+        if labels[best] in ignore:
+            continue
+        start, end = int(offsets[index][0]), int(offsets[index][1])
+        word = text[start:end] if token == unknown else tokenizer.id_to_token(token)
+        entities.append({"entity": labels[best], "score": float(scores[index, best]), "index": index, "word": word,
+                         "start": start, "end": end})
+    return entities

@@ -70,9 +70,8 @@ def test_a_sentence_transformers_folder_pools_normalises_and_truncates_as_its_en
 
 @pytest.mark.parametrize("source, top, match", [
     ({"huggingface": "sentiment", "task": "summarization"}, {},
-     r"field 'source.task': task 'summarization' is not one of text-classification, feature-extraction; .*TASKS"),
-    ({"huggingface": "sentiment", "task": "token-classification"}, {},
-     r"task 'token-classification' is not supported yet: per-token labels"),
+     r"field 'source.task': task 'summarization' is not one of text-classification, token-classification, "
+     r"feature-extraction; .*TASKS"),
     ({"huggingface": "sentiment", "task": "image-classification"}, {}, r"image pre-processing steps"),
     ({"huggingface": "sentiment"}, {}, r"field 'source.task': missing; give the task"),
     ({"huggingface": "nowhere", "task": "text-classification"}, {}, r"nowhere is not a folder"),
@@ -109,7 +108,7 @@ def test_a_folder_without_weights_config_or_tokenizer_says_what_save_pretrained_
 
 def test_the_served_tokenizer_pads_a_gathered_batch_to_its_longest_text(folder):
     encoder = encoder_for(folder / "tokenizer.json", 128, truncation=False)
-    ids, mask, problems = encoder.encode([b"a short one", "a somewhat longer text with more words in it"])
+    ids, mask, offsets, problems = encoder.encode([b"a short one", "a somewhat longer text with more words in it"])
     assert problems == {} and ids.dtype == np.int64 and ids.shape == mask.shape
     assert mask[0].sum() < mask[1].sum() == ids.shape[1]  # the shorter text is padded, masked out
     assert (ids[0, mask[0].sum():] == encoder.pad_id).all() and ids[0, 0] == encoder.tokenizer.token_to_id("[CLS]")
@@ -121,13 +120,13 @@ def test_the_served_tokenizer_pads_a_gathered_batch_to_its_longest_text(folder):
 ])
 def test_a_text_the_model_cannot_take_is_named_with_the_fix(folder, value, match):
     encoder = encoder_for(folder / "tokenizer.json", 128, truncation=False)
-    _, _, problems = encoder.encode([value])
+    problems = encoder.encode([value]).problems
     assert list(problems) == [0] and re.search(match, problems[0])
 
 
 def test_truncation_cuts_a_long_text_to_the_limit_keeping_its_special_tokens(folder):
     encoder = encoder_for(folder / "tokenizer.json", 16, truncation=True)
-    ids, mask, problems = encoder.encode(["word " * 50])
+    ids, mask, _, problems = encoder.encode(["word " * 50])
     assert problems == {} and ids.shape == (1, 16) and ids[0, -1] == encoder.tokenizer.token_to_id("[SEP]")
 
 
@@ -162,6 +161,22 @@ def test_post_processing_follows_transformers_pipeline_activation():
     names, best, scores = steps.classify(np.array([[0.0, 2.0], [3.0, 1.0]]), ["NEG", "POS"], "softmax")
     assert names.tolist() == [b"POS", b"NEG"] and np.allclose(scores.sum(axis=1), 1.0)
     assert best[0] == pytest.approx(1 / (1 + np.exp(-2.0)), rel=1e-6)
+
+
+def test_token_tags_follow_the_pipeline_special_and_o_tokens_left_out_offsets_into_the_text(folder):
+    from tokenizers import Tokenizer
+
+    steps = text_steps()
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    encoder = encoder_for(folder / "tokenizer.json", 32, truncation=False)
+    text = "Room 42 costs 99"
+    ids, _, offsets, _ = encoder.encode([text])
+    special = steps.special_token_ids(folder / "tokenizer.json")
+    numeric = np.array([[0.0, 4.0] if tokenizer.id_to_token(int(i)).isdigit() else [4.0, 0.0] for i in ids[0]])
+    entities = steps.token_entities(text, numeric, ids[0], offsets[0], ["O", "NUM"], tokenizer, special)
+    assert [(e["entity"], e["word"], text[e["start"]:e["end"]]) for e in entities] == [("NUM", "42", "42"),
+                                                                                         ("NUM", "99", "99")]
+    assert entities[0]["index"] == 2 and entities[0]["score"] == pytest.approx(1 / (1 + np.exp(-4.0)), rel=1e-6)
 
 
 def test_the_comparison_with_the_reference_library_fails_a_flipped_label_and_a_far_embedding():
@@ -211,6 +226,20 @@ def test_the_steps_match_their_golden_files_one_cpu_instance_per_model_instance(
         assert parsed.backend == "python" and parsed.instance_group[0].count == 2
     assert json.loads(post.parameters["labels"]) == ["NEGATIVE", "POSITIVE"]
     assert pre.parameters == {"max_length": "128", "truncation": "false"}
+
+
+def test_token_classification_fans_the_text_ids_and_offsets_out_to_its_post_processing():
+    model = _model()
+    model.outputs = [TensorConfig("logits", "TYPE_FP32", [-1, 3])]
+    pipeline = TextPipeline(task="token-classification", tokenizer_file=Path("tokenizer.json"), max_length=128,
+                            truncation=False, labels=["O", "B-X", "I-X"])
+    text = render_ensemble(ensemble_config("tagger", model, pipeline))
+    assert text == (GOLDEN / "pipeline_tagger_ensemble.pbtxt").read_text()
+    pre, _, post = parse_config(text).ensemble_scheduling.step
+    assert dict(pre.output_map)["offsets"] == "offsets"
+    assert sorted(dict(post.input_map)) == ["input_ids", "logits", "offsets", "text"]
+    assert [(o.name, o.data_type) for o in parse_config(text).output] == [("entities", 13)]
+    assert [c.parameters.get("task") for c in step_configs("tagger", model, pipeline)] == [None, "token-classification"]
 
 
 def test_feature_extraction_has_no_post_processing_step_the_model_pools():
