@@ -112,6 +112,7 @@ class Draft:
     weights: Value | None = None
     not_inferred: list[str] = field(default_factory=list)
     extra_files: dict[str, str] = field(default_factory=dict)  # file name beside the spec -> its text
+    source_fields: list[tuple[str, Value]] = field(default_factory=list)  # more source keys (huggingface: task)
 
 
 def _scalar(value: Any) -> str:
@@ -144,7 +145,9 @@ class _Writer:
 
     def render(self) -> str:
         width = min(48, max((len(t) for t, n in self.rows if n), default=0) + 2)
-        return "".join((f"{t:<{width}}# {n}" if n else t).rstrip() + "\n" for t, n in self.rows)
+        # a line longer than the column keeps one space before its comment ("x#" would be part of a YAML value)
+        return "".join(((t.ljust(width) if len(t) < width else t + " ") + f"# {n}" if n else t).rstrip() + "\n"
+                       for t, n in self.rows)
 
 
 def render(draft: Draft, result: InitResult) -> str:
@@ -156,6 +159,13 @@ def render(draft: Draft, result: InitResult) -> str:
     key, value = draft.source
     w.line(f"  {key}: {_scalar(value)}", draft.source_note)
     result.inferred[f"source.{key}"] = value
+    for field_key, field_value in draft.source_fields:
+        w.value("  ", field_key, f"source.{field_key}", field_value)
+    if draft.source_fields:  # a Hugging Face folder: it says the inputs and outputs
+        w.value("", "max_batch_size", "max_batch_size", draft.max_batch_size)
+        w.line("# data:", "optional")
+        w.line("#   validation: texts.txt", "texts verified on and profiled: one per line (.jsonl, .json too)")
+        return w.render()
     if draft.weights is not None:
         w.value("  ", "weights", "source.weights", draft.weights)
     elif draft.kind == "module":

@@ -4,8 +4,10 @@ Usage::
 
     draft = hf_draft(Path("my-bert"), Path("spec.yaml"))   # the spec, and hf_model.py beside it
 
-A spec has no Hugging Face keys: such a model is built as any PyTorch model, from a factory whose
-module wraps it so that forward() takes the spec's inputs by position and returns plain tensors
+A folder with weights and tokenizer.json whose architecture serves a pipeline task (a sequence or token
+classifier, an encoder or a sentence-transformers folder) gets the three-line ``source.huggingface`` spec
+(served text in: builder/repository/pipeline.py). Any other folder is built as any PyTorch model, from a
+factory whose module wraps it so that forward() takes the spec's inputs by position and returns plain tensors
 (docs/guides/hugging-face.md, examples/bert_tiny/model.py). So the draft is ``source.module:
 hf_model:build`` plus that module, written beside the spec: it loads the folder with
 ``transformers.<architectures[0]>.from_pretrained(..., attn_implementation="eager")``. Inputs and
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import UserInputError
+from builder.spec_hf import DEFAULT_MAX_BATCH_SIZE as PIPELINE_MAX_BATCH_SIZE
 from builder.scaffold import DEFAULT_MAX_BATCH_SIZE, Draft, Tensor, Value, model_name, relative_to_spec
 
 WRAPPER = "hf_model.py"
@@ -110,10 +113,42 @@ def _labels(config: dict[str, Any]) -> tuple[int | None, str]:
     return count, ""
 
 
+#: architecture ending -> the task a source.huggingface serves it as (text in, labels or embeddings out)
+PIPELINE_TASKS = (("ForSequenceClassification", "text-classification"),
+                  ("ForTokenClassification", "token-classification"), ("Model", "feature-extraction"))
+
+
+def _pipeline_task(folder: Path, architecture: str) -> str | None:
+    """The task to serve the folder as a text pipeline, where it has the weights and tokenizer.json that needs."""
+    if not (folder / "tokenizer.json").is_file() or not any((folder / f).is_file() for f in WEIGHT_FILES):
+        return None
+    if (folder / "modules.json").is_file():  # sentence-transformers
+        return "feature-extraction"
+    return next((task for ending, task in PIPELINE_TASKS if architecture.endswith(ending)), None)
+
+
+def _pipeline_draft(folder: Path, out: Path, architecture: str, task: str) -> Draft:
+    guess = dict(review=True)
+    return Draft(kind="huggingface", name=Value(model_name(folder.name), "from the folder's name: the Triton model name",
+                                                **guess),
+                 source=("huggingface", relative_to_spec(folder, out)), inputs=[], outputs=[],
+                 max_batch_size=Value(PIPELINE_MAX_BATCH_SIZE, "texts per request, and what the batcher gathers",
+                                      **guess),
+                 source_note="the save_pretrained folder: it says the inputs, outputs, labels and limits",
+                 source_fields=[("task", Value(task, f"from {architecture or 'modules.json'}", **guess))],
+                 header=[f"Drafted by `triton-builder init` from the Hugging Face folder {folder.name} "
+                         f"({architecture or 'sentence-transformers'}).",
+                         "Served text in: an ensemble over the tokenizer step, the model and its post-processing.",
+                         f"Every '# review:' is a guess: check it, then run: triton-builder build {out.name}"])
+
+
 def hf_draft(folder: Path, out: Path) -> Draft:
     config = _read_config(folder)
     architectures = config.get("architectures") or []
     architecture = architectures[0] if isinstance(architectures, list) and architectures else ""
+    task = _pipeline_task(folder, architecture)
+    if task:
+        return _pipeline_draft(folder, out, architecture, task)
     model_type = str(config.get("model_type") or "")
     notes: list[str] = []
     if not architecture:

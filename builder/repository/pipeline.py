@@ -130,6 +130,15 @@ def _step_files(config: ModelConfig, pipeline: TextPipeline) -> dict[str, Path]:
     return {"model.py": assets.pipeline_step("postprocess.py"), **files}
 
 
+def step_file_hashes(name: str, model: ModelConfig, pipeline: TextPipeline) -> dict[str, str]:
+    """``<step>/<file>`` -> sha256 of every file the steps of a version are published with: recorded in the model
+    version's metadata, so that `validate` finds a step file changed after the build."""
+    from builder.files import sha256_file
+
+    return {f"{config.name}/{file_name}": sha256_file(Path(source))
+            for config in step_configs(name, model, pipeline) for file_name, source in _step_files(config, pipeline).items()}
+
+
 def publish_pipeline(repository: Path, name: str, version: int, model: ModelConfig, pipeline: TextPipeline) -> dict:
     """After ``<name>__model`` version ``version`` is published: each step's version ``version``, then the
     ensemble, each atomically. A build killed between them leaves ``<name>__model`` served under its own name

