@@ -46,6 +46,8 @@ class TextPipeline:
     labels: list[str] = field(default_factory=list)  # classification: id2label in id order
     activation: str = "softmax"
     reference: bytes | None = None  # pipeline_reference.json (builder/huggingface/reference.py)
+    # the validation texts' tokens_per_text and unknown_rate (the tokenizer step's drift profile); {} without them
+    profile: dict[str, float] = field(default_factory=dict)
 
     @property
     def classifies(self) -> bool:
@@ -88,7 +90,8 @@ def step_configs(name: str, model: ModelConfig, pipeline: TextPipeline) -> list[
     text = TensorConfig(TEXT_INPUT, "TYPE_STRING", [1])
     configs = [_step_config(pre, model, [text], ids + offsets,
                             {"max_length": str(pipeline.max_length),
-                             "truncation": "true" if pipeline.truncation else "false"})]
+                             "truncation": "true" if pipeline.truncation else "false", "served_as": name,
+                             **{f"profile_{k}": f"{v:.6g}" for k, v in pipeline.profile.items()}})]
     if pipeline.classifies:
         logits = model.outputs[0]
         inputs = [TensorConfig(logits.name, logits.data_type, list(logits.dims))]

@@ -9,6 +9,13 @@ Requests gathered by the dynamic batcher are tokenized together and padded to th
 them, so the model step receives requests of one sequence length, which its own batcher can merge.
 A text that cannot be served (not UTF-8, empty, longer than the model takes without source.truncation)
 fails its request with INVALID_ARG (HTTP 400) naming the row; the other requests are answered.
+
+Text drift, on Triton's metrics endpoint (labels model = the ensemble, version): counters
+triton_builder_texts_total, triton_builder_text_tokens_total and triton_builder_text_unknown_tokens_total
+(served texts, their tokens, the tokenizer's unknown token among them), and the gauge
+triton_builder_text_profile{stat="tokens_per_text"|"unknown_rate"}: the same figures on the build's
+validation texts. rate(tokens) / rate(texts) against the profile is the length drift; rate(unknown) /
+rate(tokens) the vocabulary drift.
 Needs numpy and `tokenizers` (pip install tokenizers in the serving image); the tokenizer files and
 text_steps.py (shared with the build, which tokenized the validation texts with it) sit beside this file.
 """
@@ -34,6 +41,34 @@ def _invalid_argument(message):
     return pb_utils.TritonError(message, code) if code is not None else pb_utils.TritonError(message)
 
 
+class _TextCounters:
+    def __init__(self, model, version, params):
+        labels = {"model": model, "version": str(version)}
+        counter, gauge = pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.GAUGE
+        self.families = [
+            pb_utils.MetricFamily(name="triton_builder_texts_total", description="texts tokenized", kind=counter),
+            pb_utils.MetricFamily(name="triton_builder_text_tokens_total", description="their tokens (no padding)",
+                                  kind=counter),
+            pb_utils.MetricFamily(name="triton_builder_text_unknown_tokens_total",
+                                  description="their tokens the tokenizer did not know (its unknown token)", kind=counter)]
+        self.metrics = [family.Metric(labels=labels) for family in self.families]
+        profile = pb_utils.MetricFamily(name="triton_builder_text_profile",
+                                        description="the build's validation texts: tokens per text, unknown-token rate",
+                                        kind=gauge)
+        self.families.append(profile)
+        self.profile = []
+        for stat in ("tokens_per_text", "unknown_rate"):
+            if params.get("profile_" + stat):
+                metric = profile.Metric(labels={**labels, "stat": stat})
+                metric.set(float(params["profile_" + stat]))
+                self.profile.append(metric)
+
+    def add(self, texts, tokens, unknown):
+        for metric, value in zip(self.metrics, (texts, tokens, unknown)):
+            if value:
+                metric.increment(value)
+
+
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
@@ -43,6 +78,7 @@ class TritonPythonModel:
         self.encoder = steps.TextEncoder(os.path.join(folder, "tokenizer.json"), int(params["max_length"]),
                                          params.get("truncation", "false") == "true")
         self.input = config["input"][0]["name"]
+        self.counters = _TextCounters(params.get("served_as") or args["model_name"], args["model_version"], params)
         self.offsets = any(o["name"] == "offsets" for o in config["output"])  # token-classification: for the tags
 
     def execute(self, requests):
@@ -51,7 +87,9 @@ class TritonPythonModel:
             values = pb_utils.get_input_tensor_by_name(request, self.input).as_numpy().reshape(-1)
             spans.append((len(texts), len(texts) + len(values)))
             texts.extend(values.tolist())
-        ids, mask, offsets, problems = self.encoder.encode(texts)
+        encoded = self.encoder.encode(texts)
+        ids, mask, offsets, problems = encoded
+        self.counters.add(*self.encoder.statistics(encoded))
         responses = []
         for start, end in spans:
             wrong = [problems[row] for row in range(start, end) if row in problems]

@@ -53,6 +53,20 @@ class TextEncoder:
             return None, f"text {row} is empty; send the text to process"
         return value, None
 
+    @property
+    def unknown_id(self):
+        unk_token = getattr(self.tokenizer.model, "unk_token", None)
+        return self.tokenizer.token_to_id(unk_token) if unk_token else None
+
+    def statistics(self, encoded, rows=None):
+        """(texts, tokens, unknown tokens) of the servable rows: what the text drift counters add."""
+        keep = [r for r in (range(len(encoded.ids)) if rows is None else rows) if r not in encoded.problems]
+        if not keep:
+            return 0, 0, 0
+        mask = encoded.mask[keep].astype(bool)
+        unknown = int(((encoded.ids[keep] == self.unknown_id) & mask).sum()) if self.unknown_id is not None else 0
+        return len(keep), int(mask.sum()), unknown
+
     def encode(self, values):
         """Encoded ids, mask and offsets padded with the pad id to the longest text; problems maps a row that
         cannot be served to why (its row is left padding)."""

@@ -121,6 +121,22 @@ def test_tagged_tokens_come_back_as_json_with_their_place_in_the_text(hf_served)
     assert all(text[e["start"]:e["end"]].lower() == e["word"].lstrip("#") for e in entities)
 
 
+def test_text_drift_counters_and_the_build_profile_are_on_tritons_metrics_endpoint(hf_served):
+    with TritonClient(f"127.0.0.1:{hf_served.http_port}", "http") as client:
+        client.infer("minilm_sentiment", _texts("\u2603 snow \u2603".encode(), b"plain words"))
+    with urllib.request.urlopen(f"http://127.0.0.1:{hf_served.metrics_port}/metrics", timeout=30) as answer:
+        text = answer.read().decode()
+
+    def value(name: str, *labels: str) -> float:
+        wanted = ('model="minilm_sentiment"', 'version="1"') + labels
+        return float(next(line for line in text.splitlines()
+                          if line.startswith(name + "{") and all(label in line for label in wanted)).split()[-1])
+
+    assert value("triton_builder_texts_total") >= 2
+    assert value("triton_builder_text_unknown_tokens_total") >= 2
+    assert 0 < value("triton_builder_text_profile", 'stat="tokens_per_text"') < 100
+
+
 def _http_status(server, body: dict) -> tuple[int, str]:
     request = urllib.request.Request(f"http://127.0.0.1:{server.http_port}/v2/models/minilm_sentiment/infer",
                                      data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})

@@ -124,6 +124,13 @@ def test_a_text_the_model_cannot_take_is_named_with_the_fix(folder, value, match
     assert list(problems) == [0] and re.search(match, problems[0])
 
 
+def test_text_statistics_count_real_tokens_and_unknown_ones_of_the_servable_rows(folder):
+    encoder = encoder_for(folder / "tokenizer.json", 128, truncation=False)
+    encoded = encoder.encode(["a b", "a \u2603\u2603 b", b""])  # snowmen are not in MiniLM's vocabulary
+    texts, tokens, unknown = encoder.statistics(encoded)
+    assert (texts, tokens) == (2, 4 + 5) and unknown >= 1  # [CLS] a b [SEP]; [CLS] a [UNK].. b [SEP]; "" refused
+
+
 def test_truncation_cuts_a_long_text_to_the_limit_keeping_its_special_tokens(folder):
     encoder = encoder_for(folder / "tokenizer.json", 16, truncation=True)
     ids, mask, _, problems = encoder.encode(["word " * 50])
@@ -225,7 +232,7 @@ def test_the_steps_match_their_golden_files_one_cpu_instance_per_model_instance(
         parsed = parse_config(text)
         assert parsed.backend == "python" and parsed.instance_group[0].count == 2
     assert json.loads(post.parameters["labels"]) == ["NEGATIVE", "POSITIVE"]
-    assert pre.parameters == {"max_length": "128", "truncation": "false"}
+    assert pre.parameters == {"max_length": "128", "truncation": "false", "served_as": "sentiment"}
 
 
 def test_token_classification_fans_the_text_ids_and_offsets_out_to_its_post_processing():
