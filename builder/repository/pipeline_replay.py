@@ -22,6 +22,7 @@ import numpy as np
 
 from builder.huggingface.reference import compare_pipeline
 from builder.repository.config import parse_config
+from builder.repository.layout import existing_versions
 from builder.repository.pipeline import REFERENCE_FILE, pipeline_names
 
 FP32_SCORE_TOLERANCE = 1e-4
@@ -40,16 +41,24 @@ def _parameters(model_folder: Path) -> dict[str, str]:
     return {key: value.string_value for key, value in config.parameters.items()}
 
 
+def step_version(folder: Path, version: int) -> int:
+    """The step version serving beside model version ``version``: its own, else (a model version republished by
+    `select --write` or `tune --publish`, which publish no steps) the newest step version before it."""
+    older = [v for v in existing_versions(folder) if v <= version]
+    return max(older) if older else version
+
+
 def changed_step_files(root: Path, version: int, recorded: dict[str, str]) -> list[str]:
-    """The step files of version ``version`` whose sha256 differs from the model version's record (or that are gone)."""
+    """The step files beside model version ``version`` whose sha256 differs from its record (or that are gone)."""
     from builder.files import sha256_file
 
     changed = []
     for relative, digest in sorted(recorded.items()):
         step, file_name = relative.split("/", 1)
-        path = root / step / str(version) / file_name
+        number = step_version(root / step, version)
+        path = root / step / str(number) / file_name
         if not path.is_file() or sha256_file(path) != digest:
-            changed.append(f"{step}/{version}/{file_name}")
+            changed.append(f"{step}/{number}/{file_name}")
     return changed
 
 
@@ -65,13 +74,15 @@ def replay_pipeline(root: Path, name: str, version: int, run: Callable[[dict], d
     if not reference_file.is_file():
         return [f"{model.name} version {version} has no {REFERENCE_FILE}: rebuild the version"], {}
     needed = [pre] + ([post] if (post / "config.pbtxt").is_file() else [])
-    missing = [f"{folder.name}/{version}/" for folder in needed if not (folder / str(version) / "text_steps.py").is_file()]
+    pre_version, post_version = step_version(pre, version), step_version(post, version)
+    missing = [f"{folder.name}/{number}/" for folder, number in zip(needed, (pre_version, post_version))
+               if not (folder / str(number) / "text_steps.py").is_file()]
     if missing:
         return [f"the steps of version {version} are missing ({', '.join(missing)}): the ensemble would serve this "
                 "model version with another version's tokenizer; rebuild the version"], {}
     reference = json.loads(reference_file.read_text(encoding="utf-8"))
     params = _parameters(pre)
-    encoder = _step_module(pre / str(version)).TextEncoder(pre / str(version) / "tokenizer.json",
+    encoder = _step_module(pre / str(pre_version)).TextEncoder(pre / str(pre_version) / "tokenizer.json",
                                                            int(params["max_length"]), params.get("truncation") == "true")
     encoded = tuple(encoder.encode(reference["texts"]))  # a version published before offsets returns 3 arrays
     ids, mask, problems = encoded[0], encoded[1], encoded[-1]
@@ -83,12 +94,12 @@ def replay_pipeline(root: Path, name: str, version: int, run: Callable[[dict], d
     if "embeddings" in reference:
         served["embedding"] = next(iter(outputs.values()))
     else:
-        steps, post_params = _step_module(post / str(version)), _parameters(post)
+        steps, post_params = _step_module(post / str(post_version)), _parameters(post)
         labels, logits = json.loads(post_params["labels"]), next(iter(outputs.values()))
         if "entities" in reference:
             from tokenizers import Tokenizer
 
-            tokenizer_file = post / str(version) / "tokenizer.json"
+            tokenizer_file = post / str(post_version) / "tokenizer.json"
             tokenizer, special = Tokenizer.from_file(str(tokenizer_file)), steps.special_token_ids(tokenizer_file)
             served["entities"] = np.array([json.dumps(steps.token_entities(text, logits[row], ids[row], offsets[row],
                                                                            labels, tokenizer, special)).encode()

@@ -258,3 +258,12 @@ def test_feature_extraction_has_no_post_processing_step_the_model_pools():
     parsed = parse_config(render_ensemble(ensemble_config("emb", model, pipeline)))
     assert [s.model_name for s in parsed.ensemble_scheduling.step] == ["emb__preprocess", "emb__model"]
     assert [o.name for o in parsed.output] == ["embedding"]
+
+
+def test_a_republished_model_version_is_replayed_with_the_steps_serving_beside_it(tmp_path):
+    from builder.repository.pipeline_replay import step_version
+
+    for number in (1, 3):
+        (tmp_path / "sentiment__preprocess" / str(number)).mkdir(parents=True)
+    steps = tmp_path / "sentiment__preprocess"
+    assert [step_version(steps, v) for v in (1, 2, 3, 4)] == [1, 1, 3, 3]  # select --write published 2 and 4
