@@ -66,6 +66,9 @@ PYTHON_BACKEND_IMAGE = ("a python-backend version: its model.py imports onnxrunt
                         "stock NGC Triton image lacks; serve it with the derived image (docker compose -f "
                         "docker-compose.yml -f docker/triton/python-backend.compose.yml up -d --build), or build "
                         "with --target cpu for standard folders that the stock image loads")
+PIPELINE_IMAGE = ("the pipeline's tokenizer step imports tokenizers, which the stock NGC Triton image lacks; serve it "
+                  "with the derived image (docker compose -f docker-compose.yml -f "
+                  "docker/triton/python-backend.compose.yml up -d --build)")
 NO_DRIFT_PROFILE = ("drift monitoring off: no data.validation describes the traffic to expect (a profile of "
                     "generated inputs would raise drift alerts on real traffic); add data.validation with real "
                     "inputs to get drift gauges")
@@ -199,6 +202,7 @@ def run(ctx: BuildContext) -> StageResult:
         main.update(publish_pipeline(ctx.options.repository, ctx.spec.name, main["version"], checked[0][3][0],
                                      ctx.pipeline))
         main["served_as"] = ctx.spec.name
+        ctx.progress(f"  note: {PIPELINE_IMAGE}")
         said += (f"; served as '{ctx.spec.name}' (an ensemble, text in: {', '.join(main['steps'][:1])}, "
                  f"{main['name']}{', ' + main['steps'][1] if len(main['steps']) > 1 else ''})")
         ctx.progress(f"  {said}")
