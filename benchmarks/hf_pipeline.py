@@ -240,6 +240,7 @@ def main() -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     print()
+    host_line += f", {' '.join(f'{v:.1f}' for v in os.getloadavg())} at the end"
     print(table(results, host_line))
     if args.json:
         args.json.write_text(json.dumps({"host": host, "date": started, "results": results}, indent=2, default=str))
