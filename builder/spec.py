@@ -23,6 +23,7 @@ from builder.spec_compression import CompressionSpec, parse_compression, parse_t
 from builder.spec_fields import collect_unknown_keys, is_number, read_yaml, validate_tensor_name
 from builder.spec_hf import DEFAULT_MAX_BATCH_SIZE as HF_MAX_BATCH_SIZE
 from builder.spec_hf import HF_KEYS, derived_tensors, parse_huggingface, refuse_tensor_lists
+from builder.spec_steps import StepSpec, check_steps, parse_step
 from builder.spec_fields import Fields as _Fields
 from builder.spec_verify import DEFAULT_TOLERANCES, VerifySpec, parse_verify
 
@@ -196,6 +197,8 @@ class ModelSpec:
     quantization: QuantizationSpec = field(default_factory=QuantizationSpec)
     compression: CompressionSpec = field(default_factory=CompressionSpec)
     spec_path: Path | None = None
+    preprocess: StepSpec | None = None  # your own steps around the model (builder/spec_steps.py)
+    postprocess: StepSpec | None = None
 
     @property
     def spec_dir(self) -> Path:
@@ -216,7 +219,7 @@ class ModelSpec:
 
 _TOP_KEYS = (
     "name", "version", "source", "inputs", "outputs", "max_batch_size", "data", "variants",
-    "objective", "verify", "deploy", "onnx", "quantization", "compression",
+    "objective", "verify", "deploy", "onnx", "quantization", "compression", "preprocess", "postprocess",
 )
 _SOURCE_KEYS = ("module", "torchscript", "onnx", "weights") + HF_KEYS[1:] + HF_KEYS[:1]
 _INPUT_KEYS = ("name", "dtype", "shape", "value_range", "min_shape", "opt_shape", "max_shape")
@@ -302,7 +305,10 @@ def _parse_spec(data: Any, spec_path: Path | None) -> ModelSpec:
         quantization=_parse_quantization(top.get("quantization"), origin),
         compression=parse_compression(top.get("compression"), origin),
         spec_path=spec_path,
+        preprocess=parse_step(top.get("preprocess"), "preprocess", origin, base, _Fields),
+        postprocess=parse_step(top.get("postprocess"), "postprocess", origin, base, _Fields),
     )
+    check_steps(spec, top)
     check_dynamic_sizes(spec, origin)
     return spec
 

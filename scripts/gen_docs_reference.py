@@ -114,7 +114,7 @@ def render_cli() -> str:
 
 def sections() -> list[tuple[str, tuple[str, ...], str]]:
     """(section path, its known keys, where the code lists them) for every mapping of a spec."""
-    from builder import spec, spec_compression, spec_verify
+    from builder import spec, spec_compression, spec_steps, spec_verify
 
     return [
         ("", spec._TOP_KEYS, "builder/spec.py _TOP_KEYS"),
@@ -130,6 +130,8 @@ def sections() -> list[tuple[str, tuple[str, ...], str]]:
         ("compression", spec_compression._KEYS, "builder/spec_compression.py _KEYS"),
         ("deploy", spec._DEPLOY_KEYS, "builder/spec.py _DEPLOY_KEYS"),
         ("deploy.onnx_tensorrt", spec._ONNX_TENSORRT_KEYS, "builder/spec.py _ONNX_TENSORRT_KEYS"),
+        ("preprocess", spec_steps.STEP_KEYS[:2], "builder/spec_steps.py STEP_KEYS"),
+        ("postprocess", spec_steps.STEP_KEYS[::2], "builder/spec_steps.py STEP_KEYS"),
     ]
 
 
@@ -201,6 +203,17 @@ DESCRIPTIONS = {
                       "`weights_only=True`).",
     "source.torchscript": "A TorchScript file, taken as it is.",
     "source.onnx": "An ONNX file, taken as it is; its inputs, outputs and dims are checked against the spec.",
+    "preprocess": "Your own step before the model, served as a python step of an ensemble named after the model "
+                  "(`<name>__preprocess`; the model is `<name>__model`). `data.validation` then holds the raw "
+                  "inputs (strings as numpy unicode arrays).",
+    "preprocess.function": "`module:function`: one `.py` file beside the spec (numpy and the standard library "
+                           "only); called with `{input: array}` (batch first, strings as bytes), returns the "
+                           "model's inputs. What it raises is the request's 400.",
+    "preprocess.inputs": "What clients send: `{name, dtype, shape}` (dtype `string` = TYPE_STRING; shape per "
+                         "sample, default `[1]`).",
+    "postprocess": "Your own step after the model (`<name>__postprocess`), as `preprocess`.",
+    "postprocess.function": "`module:function`: takes the model's outputs, returns the served outputs.",
+    "postprocess.outputs": "What clients get: `{name, dtype, shape}` (dtype `string` = TYPE_STRING).",
     "source.huggingface": "A Hugging Face `save_pretrained` folder (offline). The spec then lists no inputs or "
                           "outputs (the folder says them) and `max_batch_size` defaults to 16; the build publishes "
                           "an ensemble `<name>` (text in) over `<name>__preprocess` (the tokenizer), `<name>__model` "

@@ -169,8 +169,6 @@ SLOW_FIXTURES = {
     "test_regression.py::two_versions": "builds digits twice (module fixture)",
     "test_rollback.py::built": "builds a tiny model five times, two of them signed (module fixture)",
     "test_rollback.py::monitored": "builds a monitored tiny model twice (module fixture)",
-    "test_huggingface_served.py::hf_repository": "builds the two MiniLM pipelines (module fixture)",
-    "test_pipeline_load.py::sentiment_repository": "builds the MiniLM sentiment pipeline (module fixture)",
     "test_lifecycle_guards.py::mlflow": "installs and starts an MLflow server (module fixture)",
 }
 

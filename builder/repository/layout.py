@@ -65,8 +65,10 @@ def is_monitored(repository: Path, name: str) -> bool:
 
 
 def is_pipeline(repository: Path, name: str) -> bool:
-    """Whether ``name`` is the ensemble of a text pipeline (raw text in): a model step behind a preprocess step."""
-    return is_monitored(repository, name) and (Path(repository) / (name + PREPROCESS_SUFFIX) / "config.pbtxt").is_file()
+    """Whether ``name`` is the ensemble of a pipeline: a model step with pre- and/or post-processing steps (a Hugging
+    Face source's, or the spec's own preprocess/postprocess)."""
+    return is_monitored(repository, name) and any((Path(repository) / (name + suffix) / "config.pbtxt").is_file()
+                                                  for suffix in (PREPROCESS_SUFFIX, POSTPROCESS_SUFFIX))
 
 
 def model_names(repository: Path) -> list[str]:

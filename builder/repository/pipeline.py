@@ -63,7 +63,7 @@ def pipeline_names(name: str) -> tuple[str, str, str]:
     return name + PREPROCESS_SUFFIX, name + MODEL_SUFFIX, name + POSTPROCESS_SUFFIX
 
 
-def _step_config(name: str, model: ModelConfig, inputs: list[TensorConfig], outputs: list[TensorConfig],
+def step_config(name: str, model: ModelConfig, inputs: list[TensorConfig], outputs: list[TensorConfig],
                  parameters: dict[str, str]) -> ModelConfig:
     """A python step sized like the model: one CPU instance per model instance, requests gathered without
     delay (the tokenizer pads the requests of one call to one length, which the model's batcher merges)."""
@@ -88,7 +88,7 @@ def step_configs(name: str, model: ModelConfig, pipeline: TextPipeline) -> list[
     ids = [TensorConfig(t.name, t.data_type, list(t.dims)) for t in model.inputs]
     offsets = [TensorConfig(OFFSETS, "TYPE_INT64", [-1, 2])] if pipeline.tags_tokens else []
     text = TensorConfig(TEXT_INPUT, "TYPE_STRING", [1])
-    configs = [_step_config(pre, model, [text], ids + offsets,
+    configs = [step_config(pre, model, [text], ids + offsets,
                             {"max_length": str(pipeline.max_length),
                              "truncation": "true" if pipeline.truncation else "false", "served_as": name,
                              **{f"profile_{k}": f"{v:.6g}" for k, v in pipeline.profile.items()}})]
@@ -97,7 +97,7 @@ def step_configs(name: str, model: ModelConfig, pipeline: TextPipeline) -> list[
         inputs = [TensorConfig(logits.name, logits.data_type, list(logits.dims))]
         if pipeline.tags_tokens:  # the tags name their tokens: the text, the ids and where each token is in the text
             inputs = [text] + inputs + [t for t in ids if t.name == "input_ids"] + offsets
-        configs.append(_step_config(post, model, inputs, _outputs(pipeline, model),
+        configs.append(step_config(post, model, inputs, _outputs(pipeline, model),
                                     {"labels": json.dumps(pipeline.labels), "activation": pipeline.activation,
                                      "task": pipeline.task}))
     return configs

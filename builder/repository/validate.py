@@ -105,7 +105,7 @@ def validate_model(model_path: str | Path, version: int | None = None, *, gpu: s
     if not folder.is_dir():
         raise UserInputError(f"{model_path}: no such model folder; pass <repository>/<model name>")
     if is_monitored(folder.parent, folder.name):  # deploy.monitor: the ensemble's versions are its model step's
-        kind = "a Hugging Face pipeline" if is_pipeline(folder.parent, folder.name) else "a monitored ensemble"
+        kind = "a pipeline" if is_pipeline(folder.parent, folder.name) else "a monitored ensemble"
         progress(f"{folder.name} is {kind}: validating its model step {folder.name}{MODEL_SUFFIX}")
         folder = model_dir(folder.parent, folder.name)
     report = ValidationReport(model=folder.name, path=folder)
@@ -166,6 +166,9 @@ def _replay_texts(folder: Path, check: VersionCheck) -> None:
     """A Hugging Face pipeline's model step: its raw texts through the published steps and model, in-process."""
     ensemble = folder.name[:-len(MODEL_SUFFIX)] if folder.name.endswith(MODEL_SUFFIX) else ""
     if not ensemble or not is_pipeline(folder.parent, ensemble) or check.failures or check.skipped:
+        return
+    if not (folder / str(check.version) / "pipeline_reference.json").is_file():  # your own steps: `check` replays
+        check.notes.append("preprocess/postprocess steps: their raw inputs are replayed by `check` on the server")
         return
     meta = read_metadata(folder / str(check.version) / "metadata.yaml")
     artifact = meta["artifact"]

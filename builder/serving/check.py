@@ -57,7 +57,7 @@ class CheckReport:
                     out.append(f"  {protocol:4s} {name}: rel L2 {m['rel_l2']:.1e}, max abs {m['max_abs']:.1e}, "
                                f"cosine {m['cosine']:.6f}")
                 elif name == "pipeline":
-                    out.append(f"  {protocol:4s} raw texts through the ensemble vs the reference library: "
+                    out.append(f"  {protocol:4s} raw inputs through the ensemble vs the pipeline's reference: "
                                + ", ".join(f"{k.replace('_', ' ')} {v:.6g}" for k, v in m.items()))
         out += [f"- {f}" for f in self.failures]
         out += [f"- config: {d}" for d in self.config_differences]

@@ -28,8 +28,56 @@ REDUCED_COSINE_MINIMUM = 0.99  # fp16/int8 versions: the embedding task's own ba
 
 
 def read_pipeline_reference(version_folder: Path) -> dict[str, Any] | None:
+    """A Hugging Face pipeline's record (texts and the library's answers), or your own steps' (user_steps: the .npz
+    of raw inputs and the answers expected), or None."""
     path = version_folder / "pipeline_reference.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    if path.is_file():
+        return json.loads(path.read_text(encoding="utf-8"))
+    steps = version_folder / "user_steps_reference.npz"
+    return {"user_steps": steps} if steps.is_file() else None
+
+
+def _wire(array: np.ndarray) -> np.ndarray:
+    if array.dtype.kind == "U":  # strings travel as BYTES
+        return np.array([v.encode("utf-8") for v in array.reshape(-1)], dtype=np.object_).reshape(array.shape)
+    return array
+
+
+def check_user_steps(client: TritonClient, name: str, path: Path, max_batch_size: int,
+                     tolerance: dict[str, float]) -> tuple[list[str], dict[str, float]]:
+    """The raw inputs through the served ensemble (your preprocess -> model -> your postprocess): strings equal,
+    numbers within the version's tolerance (rel L2)."""
+    with np.load(path, allow_pickle=False) as archive:
+        inputs = {k.split("/", 1)[1]: archive[k] for k in archive.files if k.startswith("input/")}
+        wanted = {k.split("/", 1)[1]: archive[k] for k in archive.files if k.startswith("output/")}
+    rows = len(next(iter(inputs.values())))
+    step = max(1, max_batch_size) if max_batch_size else rows
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in wanted}
+    try:
+        for start in range(0, rows, step):
+            got = client.infer(name, {k: _wire(v[start:start + step]) for k, v in inputs.items()}, list(wanted))
+            for key in wanted:
+                parts[key].append(got[key])
+    except TritonError as exc:
+        return [f"pipeline: request failed: {' '.join(exc.reason.split())[:300]}"], {}
+    failures, figures = [], {}
+    limit = max(float(tolerance.get("rel_l2", 1e-5)), 1e-5)
+    for key, want in wanted.items():
+        have = np.concatenate(parts[key]).reshape(want.shape)
+        if want.dtype.kind == "U":
+            text = np.array([v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in have.reshape(-1)])
+            agreement = float((text == want.reshape(-1)).mean())
+            figures[f"{key}_agreement"] = agreement
+            if agreement < 1.0:
+                failures.append(f"'{key}' differs from the in-process steps on {int(round((1 - agreement) * text.size))} "
+                                f"of {text.size} values")
+            continue
+        error = float(np.linalg.norm((have - want).astype(np.float64)) / max(np.linalg.norm(want.astype(np.float64)),
+                                                                             1e-12))
+        figures[f"{key}_rel_l2"] = error
+        if error > limit:
+            failures.append(f"'{key}' differs from the in-process steps by rel L2 {error:.2e}, over {limit:g}")
+    return failures, figures
 
 
 def text_batch(texts: list[str]) -> dict[str, np.ndarray]:
@@ -39,6 +87,8 @@ def text_batch(texts: list[str]) -> dict[str, np.ndarray]:
 
 def check_pipeline(client: TritonClient, name: str, reference: dict[str, Any], max_batch_size: int,
                    precision: str, tolerance: dict[str, float]) -> tuple[list[str], dict[str, float]]:
+    if "user_steps" in reference:
+        return check_user_steps(client, name, reference["user_steps"], max_batch_size, tolerance)
     texts = reference["texts"]
     step = max(1, max_batch_size)
     outputs = (["label", "score", "scores"] if "labels" in reference else ["entities"] if "entities" in reference

@@ -183,6 +183,7 @@ class BuildContext:
     not_made: dict[str, tuple[str, str]] = field(default_factory=dict)
     source_hashes: dict[str, str] = field(default_factory=dict)
     pipeline: Any = None  # a Hugging Face text source: builder/repository/pipeline.py TextPipeline (stage load)
+    user_steps: Any = None  # spec preprocess/postprocess: builder/user_steps.py UserSteps (stage load)
     results: list[StageResult] = field(default_factory=list)
 
     @property

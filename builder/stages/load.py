@@ -12,6 +12,7 @@ from builder.data_checks import (CHECK_BATCHES, calibration_warning, check_label
 from builder.errors import UserInputError
 from builder.files import sha256_file
 from builder.huggingface.source import load_source
+from builder.user_steps import UserSteps, read_raw
 from builder.model_source import (check_batch_independent, check_deterministic, check_onnx_external_data,
                                   import_factory, load_weights)
 from builder.spec import TRITON_DTYPES
@@ -65,9 +66,13 @@ def run(ctx: BuildContext) -> StageResult:
                              "keeps for the class ids that top-1 accuracy is scored on; rename the input (inputs are "
                              "passed to forward() by position: only the spec and the data files' key change)")
     validation = (_read_npz(spec.data.validation, "data.validation", ctx)
-                  if spec.data.validation and source.kind != "huggingface" else None)
+                  if spec.data.validation and source.kind != "huggingface" and spec.preprocess is None else None)
     if source.kind == "huggingface":
         validation = loaded.validation
+    steps, raw = UserSteps.load(spec), None  # your own steps: the model's data is the preprocessed raw data
+    if spec.preprocess is not None:
+        raw = read_raw(spec.data.validation, spec.preprocess)
+        validation = steps.preprocess(raw, spec.inputs)
     calibration = _read_npz(spec.data.calibration, "data.calibration", ctx) if spec.data.calibration else None
 
     probed = _probe_id_ranges(runner, ctx)  # generated inputs are used with data too (trace example, dynamic sizes)
@@ -113,6 +118,10 @@ def run(ctx: BuildContext) -> StageResult:
     if validation is not None and "labels" in validation:
         top1 = check_labels(ctx, spec.data.validation, validation["labels"], val_outputs)
     ctx.reference = Reference(cases=cases, outputs=reference_outputs)
+    if steps is not None:
+        steps.record(raw if raw is not None else (val_inputs or cases[0]["inputs"]),
+                     val_outputs if val_outputs is not None else reference_outputs[0])
+        ctx.user_steps = steps
     _infer_output_signature(ctx, reference_outputs + _signature_samples(runner, ctx))
     _check_repository_interface(ctx)
 

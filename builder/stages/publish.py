@@ -18,6 +18,8 @@ from builder.repository.layout import check_version_free, reserve_version
 from builder.repository.metadata import library_versions, reference_bytes
 from builder.repository.monitored import monitored_names, publish_monitor, refuse_mixed
 from builder.repository.pipeline import REFERENCE_FILE, pipeline_names, publish_pipeline, step_file_hashes
+from builder.repository.user_pipeline import REFERENCE_FILE as STEPS_REFERENCE_FILE
+from builder.repository.user_pipeline import publish_user_pipeline
 from builder.repository.publish import MODEL_FILES, config_for, publish_model, python_backend_files
 from builder.report import report_files
 from builder.stages.base import BuildContext, StageResult, Variant
@@ -113,6 +115,11 @@ def _describe(ctx: BuildContext, variant: Variant, name: str, version: int,
     record = _metadata(ctx, variant, name, version, None, config.backend)  # version + files_sha256: on publish
     if name != ctx.spec.name and name == monitored_names(ctx.spec.name)[0] and ctx.pipeline is None:
         record["monitor"] = {"served_as": ctx.spec.name, "step": monitored_names(ctx.spec.name)[1]}
+    if ctx.user_steps is not None and name == pipeline_names(ctx.spec.name)[1]:
+        extra[STEPS_REFERENCE_FILE] = ctx.user_steps.reference
+        record["pipeline"] = {"served_as": ctx.spec.name, "steps": list(pipeline_names(ctx.spec.name)),
+                              "user_steps": {s.kind: f"{s.module_file.name}:{s.function}"
+                                             for s in (ctx.user_steps.pre, ctx.user_steps.post) if s}}
     if ctx.pipeline is not None and name == pipeline_names(ctx.spec.name)[1]:
         extra[REFERENCE_FILE] = ctx.pipeline.reference
         record["pipeline"] = {"served_as": ctx.spec.name, "task": ctx.pipeline.task,
@@ -206,6 +213,12 @@ def run(ctx: BuildContext) -> StageResult:
         said += (f"; served as '{ctx.spec.name}' (an ensemble, text in: {', '.join(main['steps'][:1])}, "
                  f"{main['name']}{', ' + main['steps'][1] if len(main['steps']) > 1 else ''})")
         ctx.progress(f"  {said}")
+    elif ctx.user_steps is not None:  # your own steps: version N with model version N
+        main.update(publish_user_pipeline(ctx.options.repository, ctx.spec.name, main["version"], checked[0][3][0],
+                                          ctx.user_steps))
+        main["served_as"] = ctx.spec.name
+        said += f"; served as '{ctx.spec.name}' (an ensemble: {', '.join(main['steps'])} around {main['name']})"
+        ctx.progress(f"  {said}")
     elif monitored:  # the monitor step gets the drift profile the model version was just published with
         profile = Path(main["path"]) / "drift_profile.json"
         drift = profile.read_bytes() if profile.is_file() else None
@@ -224,7 +237,7 @@ def run(ctx: BuildContext) -> StageResult:
 def ensemble_layout(ctx: BuildContext) -> bool:
     """deploy.monitor on a standard backend: the model is served behind an ensemble with a monitor step
     (builder/repository/monitored.py); the python backend's model.py monitors itself."""
-    if ctx.pipeline is not None:  # a Hugging Face text source: tokenizer and post-processing steps
+    if ctx.pipeline is not None or ctx.user_steps is not None:  # pre/post-processing steps around the model
         return True
     return bool(ctx.spec.deploy.monitor) and backend_for(ctx.target, ctx.selected.format) != "python"
 
