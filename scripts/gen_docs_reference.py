@@ -219,8 +219,9 @@ DESCRIPTIONS = {
                           "an ensemble `<name>` (text in) over `<name>__preprocess` (the tokenizer), `<name>__model` "
                           "and, for classification, `<name>__postprocess` (labels and scores). `data.validation` may "
                           "be texts (.txt, .jsonl, .json).",
-    "source.task": "With `source.huggingface`: `text-classification` or `feature-extraction` (pooled as the "
-                   "folder's sentence-transformers modules say, else mean).",
+    "source.task": "With `source.huggingface`: `text-classification`, `token-classification`, `feature-extraction` "
+                   "(pooled as the folder's sentence-transformers modules say, else mean) or `image-classification` "
+                   "(encoded image bytes in).",
     "source.truncation": "With `source.huggingface`: `true` cuts texts longer than the model's limit; `false` refuses "
                          "them with an error naming the limit. Default: true for a sentence-transformers folder "
                          "(as its encode() does), else false (as transformers' pipeline).",

@@ -25,7 +25,7 @@ from builder.errors import UserInputError
 @dataclass(frozen=True)
 class Task:
     name: str
-    modality: str  # text (a tokenizer step)
+    modality: str  # text (a tokenizer step) | image (a decode/resize/normalise step)
     head: str  # the architecture ending transformers' Auto class for the task loads
     outputs: str  # what the model step returns: logits | token_logits | embedding
 
@@ -37,11 +37,10 @@ TASKS = {t.name: t for t in (
     Task("text-classification", "text", "ForSequenceClassification", "logits"),
     Task("token-classification", "text", "ForTokenClassification", "token_logits"),
     Task("feature-extraction", "text", "Model", "embedding"),
+    Task("image-classification", "image", "ForImageClassification", "logits"),
 )}
 #: tasks known to transformers that a source may not take yet, with what to do instead
 NOT_YET = {
-    "image-classification": "image pre-processing steps are not published yet; export the model with source.module "
-                            "and send pixel_values tensors",
 }
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
@@ -70,6 +69,7 @@ class Folder:
     normalize: bool = False  # feature-extraction: L2-normalised embeddings (sentence-transformers' Normalize)
     sentence_transformers: bool = False
     files: list[Path] = field(default_factory=list)  # the weights and tokenizer files: hashed into provenance
+    image_shape: list[int] | None = None  # image tasks: the model's pixel_values per sample [3, H, W]
 
     @property
     def labels(self) -> list[str]:
@@ -86,7 +86,10 @@ class Folder:
         return int(self.config.get("hidden_size") or self.config.get("dim") or self.config.get("d_model") or 768)
 
     def model_inputs(self) -> list[dict[str, Any]]:
-        """The model step's inputs (input_ids and attention_mask, a dynamic sequence up to max_length)."""
+        """The model step's inputs (input_ids and attention_mask, a dynamic sequence up to max_length; images:
+        pixel_values of the size the folder's image processor makes)."""
+        if self.image_shape is not None:
+            return [{"name": "pixel_values", "dtype": "float32", "shape": list(self.image_shape)}]
         shapes = {"min_shape": [1], "opt_shape": [min(32, self.max_length)], "max_shape": [self.max_length]}
         return [{"name": "input_ids", "dtype": "int64", "shape": [-1], "value_range": [0, self.vocab_size], **shapes},
                 {"name": "attention_mask", "dtype": "int64", "shape": [-1], "value_range": [1, 2], **shapes}]
@@ -149,6 +152,7 @@ def read_folder(path: Path, task: Any, origin: str, truncation: bool | None = No
     if not weights:
         raise UserInputError(f"{where}: {path} has no weights ({' or '.join(WEIGHT_FILES[::2])}); save the model with "
                              "save_pretrained (safetensors)")
+    image_shape = _image_shape(path, where) if chosen.modality == "image" else None
     if chosen.modality == "text" and not (path / "tokenizer.json").is_file() and not (path / "vocab.txt").is_file():
         raise UserInputError(f"{where}: {path} has no tokenizer (tokenizer.json); save the tokenizer beside the model "
                              "with tokenizer.save_pretrained(folder)")
@@ -164,9 +168,31 @@ def read_folder(path: Path, task: Any, origin: str, truncation: bool | None = No
             limits.append(seq)
     if chosen.outputs == "embedding" and pooling is None:
         pooling = "mean"  # transformers' feature-extraction users pool the token embeddings; mean is the common choice
-    files = weights + [path / n for n in TOKENIZER_FILES if (path / n).is_file()] + [path / "config.json"]
+    files = weights + [path / n for n in TOKENIZER_FILES + ("preprocessor_config.json",) if (path / n).is_file()] + [
+        path / "config.json"]
     return Folder(path=path, task=chosen, config=config, tokenizer_config=tokenizer_config,
                   truncation=sentence_transformers if truncation is None else truncation, max_length=min(limits),
                   pooling=pooling if chosen.outputs == "embedding" else None,
                   normalize=normalize and chosen.outputs == "embedding", sentence_transformers=sentence_transformers,
-                  files=files)
+                  files=files, image_shape=image_shape)
+
+
+def _image_shape(path: Path, where: str) -> list[int]:
+    """[3, H, W] the folder's preprocessor_config.json makes: size height/width, or shortest_edge with a crop."""
+    file = path / "preprocessor_config.json"
+    if not file.is_file():
+        raise UserInputError(f"{where}: {path} has no preprocessor_config.json; save the image processor beside the "
+                             "model with image_processor.save_pretrained(folder)")
+    config = _json(file, where)
+    if config.get("crop_pct") is not None:
+        raise UserInputError(f"{where}: {file.name} resizes by crop_pct ({config['crop_pct']}), which the served image "
+                             "step does not do yet; save a processor with size {height, width} (or shortest_edge and "
+                             "crop_size)")
+    size, crop = config.get("size") or {}, config.get("crop_size") or {}
+    size = {"shortest_edge": size} if isinstance(size, int) else size
+    crop = {"height": crop, "width": crop} if isinstance(crop, int) else crop
+    target = crop if config.get("do_center_crop") and crop else size
+    if "height" not in target or "width" not in target:
+        raise UserInputError(f"{where}: {file.name} gives size {size} without a crop_size: the served image size is "
+                             "not fixed; give size {height, width}, or do_center_crop with crop_size")
+    return [3, int(target["height"]), int(target["width"])]

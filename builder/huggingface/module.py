@@ -35,8 +35,29 @@ def _auto_class(folder: Folder):
     import transformers
 
     name = {"ForSequenceClassification": "AutoModelForSequenceClassification",
-            "ForTokenClassification": "AutoModelForTokenClassification", "Model": "AutoModel"}[folder.task.head]
+            "ForTokenClassification": "AutoModelForTokenClassification", "Model": "AutoModel",
+            "ForImageClassification": "AutoModelForImageClassification"}[folder.task.head]
     return getattr(transformers, name)
+
+
+def _image_step_class():
+    from torch import nn
+
+    class ImageStep(nn.Module):
+        """pixel_values [batch, 3, H, W] -> logits."""
+
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, pixel_values):
+            return self.model(pixel_values=pixel_values, return_dict=True).logits
+
+    return ImageStep
+
+
+def ImageStep(model):  # noqa: N802 - a class made on first use (torch imported lazily)
+    return _image_step_class()(model)
 
 
 def build_module(folder: Folder):
@@ -53,6 +74,8 @@ def build_module(folder: Folder):
                              f"'{folder.task.name}' ({' '.join(str(exc).split())[:300]}); check that the folder was "
                              "written by save_pretrained and that the task matches its architecture") from None
     model.eval()
+    if folder.task.modality == "image":
+        return ImageStep(model).eval()
     takes_type_ids = "token_type_ids" in inspect.signature(model.forward).parameters
 
     class HuggingFaceStep(nn.Module):

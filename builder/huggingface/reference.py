@@ -30,9 +30,12 @@ def _pool(tokens: np.ndarray, folder: Folder) -> np.ndarray:
     return pooled / max(float(np.linalg.norm(pooled)), 1e-12) if folder.normalize else pooled
 
 
-def pipeline_reference(folder: Folder, texts: list[str]) -> dict[str, Any]:
+def pipeline_reference(folder: Folder, texts: list) -> dict[str, Any]:
+    """``texts``: strings, or for an image task the encoded image files (stored base64 as "images")."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     quiet_transformers()
+    if folder.task.modality == "image":
+        return _image_reference(folder, texts)
     record: dict[str, Any] = {"task": folder.task.name, "texts": list(texts)}
     if folder.task.outputs == "embedding" and folder.sentence_transformers:
         from sentence_transformers import SentenceTransformer
@@ -54,17 +57,36 @@ def pipeline_reference(folder: Folder, texts: list[str]) -> dict[str, Any]:
         record["entities"] = [[{k: (float(v) if k == "score" else int(v) if k in ("index", "start", "end") else v)
                                 for k, v in entity.items()} for entity in runner(text, **call)] for text in texts]
         return record
-    answers = runner(list(texts), top_k=None, **call)
-    order = {label: i for i, label in enumerate(folder.labels)}
+    _classes(record, runner(list(texts), top_k=None, **call), folder.labels)
+    return record
+
+
+def _image_reference(folder: Folder, images: list[bytes]) -> dict[str, Any]:
+    import base64
+    import io
+
+    from PIL import Image, ImageOps
+    from transformers import pipeline
+
+    runner = pipeline(folder.task.name, model=str(folder.path), device="cpu")
+    record: dict[str, Any] = {"task": folder.task.name, "images": [base64.b64encode(b).decode() for b in images],
+                              "library": f"transformers {version('transformers')} pipeline('{folder.task.name}')"}
+    decoded = [ImageOps.exif_transpose(Image.open(io.BytesIO(b))).convert("RGB") for b in images]
+    _classes(record, runner(decoded, top_k=None), folder.labels)
+    return record
+
+
+def _classes(record: dict[str, Any], answers: list, labels: list[str]) -> None:
+    """labels (the top one per input) and scores (every label's, in id order) from the pipeline's answers."""
+    order = {label: i for i, label in enumerate(labels)}
     record["labels"] = [answer[0]["label"] for answer in answers]  # top_k=None: sorted by score
     scores = []
     for answer in answers:
-        row = [0.0] * len(folder.labels)
+        row = [0.0] * len(labels)
         for item in answer:
             row[order[item["label"]]] = float(item["score"])
         scores.append(row)
     record["scores"] = scores
-    return record
 
 
 def compare_pipeline(record: dict[str, Any], served: dict[str, np.ndarray], rel_tolerance: float = 1e-4,
@@ -78,8 +100,9 @@ def compare_pipeline(record: dict[str, Any], served: dict[str, np.ndarray], rel_
         figures["label_agreement"] = 1.0 - len(wrong) / max(len(got), 1)
         if wrong or len(got) != len(record["labels"]):
             first = wrong[0] if wrong else len(got)
-            failures.append(f"labels differ on {len(wrong)} of {len(record['labels'])} texts (first: text {first} "
-                            f"{record['texts'][first][:60]!r}: pipeline "
+            shown = repr(record["texts"][first][:60]) if "texts" in record and first < len(record["texts"]) else ""
+            failures.append(f"labels differ on {len(wrong)} of {len(record['labels'])} inputs (first: input {first} "
+                            f"{shown}: pipeline "
                             f"{record['labels'][first] if first < len(record['labels']) else '-'}, served "
                             f"{got[first] if first < len(got) else '-'})")
         want = np.asarray(record["scores"], dtype=np.float64)

@@ -19,6 +19,7 @@ import numpy as np
 
 from builder.errors import UserInputError
 from builder.huggingface.folder import Folder
+from builder.huggingface.images import generated_images, processed, processor_for, read_images
 from builder.huggingface.module import build_module
 from builder.huggingface.reference import pipeline_reference
 from builder.huggingface.texts import encoder_for, generated_texts, read_texts, text_steps, tokenized
@@ -50,7 +51,27 @@ def tokenizer_file(folder: Folder, workdir: Path) -> Path:
     return target
 
 
+def _load_images(folder: Folder, validation: Path | None) -> LoadedSource:
+    processor_file = folder.path / "preprocessor_config.json"
+    processor = processor_for(processor_file)
+    if validation is not None:
+        images, images_from = read_images(validation, "data.validation"), f"data.validation ({validation.name})"
+    else:
+        images = generated_images()
+        images_from = (f"{len(images)} images generated (gradients and noise; no data.validation: drift profile off; "
+                       "list real images to verify on)")
+    pixels = processed(processor, images, "data.validation" if validation is not None else "generated images")
+    reference = pipeline_reference(folder, images)
+    pipeline = TextPipeline(task=folder.task.name, tokenizer_file=processor_file, max_length=0, truncation=False,
+                            labels=folder.labels, activation=text_steps().activation(folder.config),
+                            reference=json.dumps(reference).encode(), processor_file=processor_file)
+    arrays = {"pixel_values": pixels} if validation is not None else None
+    return LoadedSource(build_module(folder), arrays, pipeline, images_from)
+
+
 def load_source(folder: Folder, validation: Path | None, workdir: Path) -> LoadedSource:
+    if folder.task.modality == "image":
+        return _load_images(folder, validation)
     tokenizer = tokenizer_file(folder, workdir)
     encoder = encoder_for(tokenizer, folder.max_length, folder.truncation)
     if validation is not None:

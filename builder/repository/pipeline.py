@@ -33,6 +33,7 @@ from builder.repository.layout import (MODEL_SUFFIX, POSTPROCESS_SUFFIX, PREPROC
 from builder.repository.monitored import ENSEMBLE_VERSION, EnsembleConfig, EnsembleStep, render_ensemble
 
 TEXT_INPUT = "text"
+IMAGE_INPUT = "image"  # image-classification: the encoded file's bytes (JPEG, PNG, ...)
 OFFSETS = "offsets"  # token-classification: each token's character span in the text (tokenizer -> post-processing)
 REFERENCE_FILE = "pipeline_reference.json"  # in the model step's version: texts and what the pipeline answered
 
@@ -48,6 +49,15 @@ class TextPipeline:
     reference: bytes | None = None  # pipeline_reference.json (builder/huggingface/reference.py)
     # the validation texts' tokens_per_text and unknown_rate (the tokenizer step's drift profile); {} without them
     profile: dict[str, float] = field(default_factory=dict)
+    processor_file: Path | None = None  # image-classification: preprocessor_config.json (no tokenizer)
+
+    @property
+    def images(self) -> bool:
+        return self.task == "image-classification"
+
+    @property
+    def input_name(self) -> str:
+        return IMAGE_INPUT if self.images else TEXT_INPUT
 
     @property
     def classifies(self) -> bool:
@@ -87,11 +97,11 @@ def step_configs(name: str, model: ModelConfig, pipeline: TextPipeline) -> list[
     pre, _, post = pipeline_names(name)
     ids = [TensorConfig(t.name, t.data_type, list(t.dims)) for t in model.inputs]
     offsets = [TensorConfig(OFFSETS, "TYPE_INT64", [-1, 2])] if pipeline.tags_tokens else []
-    text = TensorConfig(TEXT_INPUT, "TYPE_STRING", [1])
-    configs = [step_config(pre, model, [text], ids + offsets,
-                            {"max_length": str(pipeline.max_length),
-                             "truncation": "true" if pipeline.truncation else "false", "served_as": name,
-                             **{f"profile_{k}": f"{v:.6g}" for k, v in pipeline.profile.items()}})]
+    text = TensorConfig(pipeline.input_name, "TYPE_STRING", [1])
+    parameters = {"served_as": name} if pipeline.images else {
+        "max_length": str(pipeline.max_length), "truncation": "true" if pipeline.truncation else "false",
+        "served_as": name, **{f"profile_{k}": f"{v:.6g}" for k, v in pipeline.profile.items()}}
+    configs = [step_config(pre, model, [text], ids + offsets, parameters)]
     if pipeline.classifies:
         logits = model.outputs[0]
         inputs = [TensorConfig(logits.name, logits.data_type, list(logits.dims))]
@@ -107,6 +117,7 @@ def ensemble_config(name: str, model: ModelConfig, pipeline: TextPipeline) -> En
     pre, model_step, post = pipeline_names(name)
     ids = {t.name: t.name for t in model.inputs}
     outputs = _outputs(pipeline, model)
+    raw = pipeline.input_name
     if pipeline.tags_tokens:
         logits = model.outputs[0].name
         steps = [EnsembleStep(pre, {TEXT_INPUT: TEXT_INPUT}, {**ids, OFFSETS: OFFSETS}),
@@ -115,17 +126,21 @@ def ensemble_config(name: str, model: ModelConfig, pipeline: TextPipeline) -> En
                               {o.name: o.name for o in outputs})]
     elif pipeline.classifies:
         logits = model.outputs[0].name
-        steps = [EnsembleStep(pre, {TEXT_INPUT: TEXT_INPUT}, ids),
+        steps = [EnsembleStep(pre, {raw: raw}, ids),
                  EnsembleStep(model_step, ids, {logits: logits}),
                  EnsembleStep(post, {logits: logits}, {o.name: o.name for o in outputs})]
     else:
         steps = [EnsembleStep(pre, {TEXT_INPUT: TEXT_INPUT}, ids),
                  EnsembleStep(model_step, ids, {o.name: o.name for o in outputs})]
-    return EnsembleConfig(name, model.max_batch_size, [TensorConfig(TEXT_INPUT, "TYPE_STRING", [1])], outputs, steps)
+    return EnsembleConfig(name, model.max_batch_size, [TensorConfig(raw, "TYPE_STRING", [1])], outputs, steps)
 
 
 def _step_files(config: ModelConfig, pipeline: TextPipeline) -> dict[str, Path]:
     files = {"text_steps.py": assets.pipeline_step("text_steps.py")}
+    if config.name.endswith(PREPROCESS_SUFFIX) and pipeline.images:
+        return {"model.py": assets.pipeline_step("preprocess_image.py"),
+                "image_steps.py": assets.pipeline_step("image_steps.py"),
+                "preprocessor_config.json": pipeline.processor_file}
     if config.name.endswith(PREPROCESS_SUFFIX):
         return {"model.py": assets.pipeline_step("preprocess.py"), "tokenizer.json": pipeline.tokenizer_file, **files}
     if pipeline.tags_tokens:  # the tags name their tokens

@@ -62,6 +62,26 @@ def changed_step_files(root: Path, version: int, recorded: dict[str, str]) -> li
     return changed
 
 
+def _replay_images(reference: dict, pre: Path, post: Path, post_params: dict[str, str], run: Callable[[dict], dict],
+                   precision: str, rel_l2: float) -> tuple[list[str], dict[str, float]]:
+    import base64
+
+    spec = importlib.util.spec_from_file_location(f"triton_builder_replay_image_{abs(hash(str(pre)))}",
+                                                  pre / "image_steps.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    processor = module.ImageProcessor(json.loads((pre / "preprocessor_config.json").read_text(encoding="utf-8")))
+    pixels, problems = processor.process([base64.b64decode(item) for item in reference["images"]])
+    if problems:
+        return [f"the published image step refuses {len(problems)} reference image(s): {problems[min(problems)]}"], {}
+    logits = next(iter(run({"pixel_values": pixels}).values()))
+    served: dict[str, np.ndarray] = {}
+    served["label"], _, served["scores"] = _step_module(post).classify(logits, json.loads(post_params["labels"]),
+                                                                       post_params.get("activation", "softmax"))
+    tolerance = FP32_SCORE_TOLERANCE if precision == "fp32" else max(FP32_SCORE_TOLERANCE, rel_l2)
+    return compare_pipeline(reference, served, tolerance)
+
+
 def replay_pipeline(root: Path, name: str, version: int, run: Callable[[dict], dict], precision: str = "fp32",
                     rel_l2: float = 0.0, recorded: dict[str, str] | None = None) -> tuple[list[str], dict[str, float]]:
     """``recorded``: the model version's metadata pipeline.steps_sha256 (absent for versions built before it)."""
@@ -76,11 +96,14 @@ def replay_pipeline(root: Path, name: str, version: int, run: Callable[[dict], d
     needed = [pre] + ([post] if (post / "config.pbtxt").is_file() else [])
     pre_version, post_version = step_version(pre, version), step_version(post, version)
     missing = [f"{folder.name}/{number}/" for folder, number in zip(needed, (pre_version, post_version))
-               if not (folder / str(number) / "text_steps.py").is_file()]
+               if not (folder / str(number) / "model.py").is_file()]
     if missing:
         return [f"the steps of version {version} are missing ({', '.join(missing)}): the ensemble would serve this "
-                "model version with another version's tokenizer; rebuild the version"], {}
+                "model version with another version's pre/post-processing; rebuild the version"], {}
     reference = json.loads(reference_file.read_text(encoding="utf-8"))
+    if "images" in reference:
+        return _replay_images(reference, pre / str(pre_version), post / str(post_version), _parameters(post), run,
+                              precision, rel_l2)
     params = _parameters(pre)
     encoder = _step_module(pre / str(pre_version)).TextEncoder(pre / str(pre_version) / "tokenizer.json",
                                                            int(params["max_length"]), params.get("truncation") == "true")

@@ -85,7 +85,7 @@ class ValidationReport:
                 worst = worst_metric(v.metrics) or 0.0
                 out.append(f"version {v.version}: OK (hashes match; worst rel L2 {worst:.1e})")
                 if v.pipeline:
-                    out.append("  raw texts through the published steps vs the reference library: "
+                    out.append("  raw inputs through the published steps vs the reference library: "
                                + ", ".join(f"{k.replace('_', ' ')} {x:.6g}" for k, x in v.pipeline.items()))
             out.extend(f"  {note}" for note in v.notes)
         return out + (self.regression.lines() if self.regression else [])
@@ -178,7 +178,7 @@ def _replay_texts(folder: Path, check: VersionCheck) -> None:
     failures, figures = replay_pipeline(folder.parent, ensemble, check.version, run, artifact.get("precision", "fp32"),
                                         float(tolerance.get("rel_l2", 0.0)),
                                         (meta.get("pipeline") or {}).get("steps_sha256"))
-    check.failures += [f"raw texts: {line}" for line in failures]
+    check.failures += [f"raw inputs: {line}" for line in failures]
     check.pipeline = figures
 
 

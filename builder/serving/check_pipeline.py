@@ -89,14 +89,22 @@ def check_pipeline(client: TritonClient, name: str, reference: dict[str, Any], m
                    precision: str, tolerance: dict[str, float]) -> tuple[list[str], dict[str, float]]:
     if "user_steps" in reference:
         return check_user_steps(client, name, reference["user_steps"], max_batch_size, tolerance)
-    texts = reference["texts"]
+    if "images" in reference:
+        import base64
+
+        texts = [base64.b64decode(item) for item in reference["images"]]
+    else:
+        texts = reference["texts"]
     step = max(1, max_batch_size)
     outputs = (["label", "score", "scores"] if "labels" in reference else ["entities"] if "entities" in reference
                else ["embedding"])
     answers: dict[str, list[np.ndarray]] = {o: [] for o in outputs}
     try:
         for start in range(0, len(texts), step):
-            got = client.infer(name, text_batch(texts[start:start + step]), outputs)
+            batch = texts[start:start + step]
+            sent = ({"image": np.array([[b] for b in batch], dtype=np.object_)} if "images" in reference
+                    else text_batch(batch))
+            got = client.infer(name, sent, outputs)
             for key in outputs:
                 answers[key].append(got[key])
     except TritonError as exc:

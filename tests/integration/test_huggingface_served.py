@@ -28,6 +28,19 @@ pytestmark = [pytest.mark.slow]
 EXAMPLE = ROOT / "examples" / "minilm"
 
 
+def _tiny_vit(folder):
+    """A random-weight ViT image classifier (3 labels, 32x32) with its image processor, saved by save_pretrained."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                    num_attention_heads=2, intermediate_size=64, num_labels=3,
+                                    id2label={0: "cat", 1: "dog", 2: "bird"}, label2id={"cat": 0, "dog": 1, "bird": 2})
+    transformers.ViTForImageClassification(config).eval().save_pretrained(folder)
+    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
+
+
 @pytest.fixture(scope="module")
 def hf_repository(tmp_path_factory):
     """Both MiniLM examples built (onnx only, no benchmark) from folders prepare.py makes in a temp dir."""
@@ -36,13 +49,15 @@ def hf_repository(tmp_path_factory):
     prepare = load_script(EXAMPLE / "prepare.py", "minilm_prepare")
     prepare.make_sentiment(work / "sentiment", steps=100)
     prepare.make_numbers(work / "numbers", steps=100)
+    _tiny_vit(work / "vit")
     repository = work / "model_repository"
     for name, folder, task in (("minilm_sentiment", work / "sentiment", "text-classification"),
                                ("minilm_numbers", work / "numbers", "token-classification"),
+                               ("vit_tiny", work / "vit", "image-classification"),
                                ("minilm_embeddings", prepare.minilm_folder(), "feature-extraction")):
         spec = work / f"{name}.yaml"
-        spec.write_text(json.dumps({"name": name, "source": {"huggingface": str(folder), "task": task},
-                                    "data": {"validation": str(EXAMPLE / "data" / "texts.txt")}}))
+        data = {} if task.startswith("image") else {"data": {"validation": str(EXAMPLE / "data" / "texts.txt")}}
+        spec.write_text(json.dumps({"name": name, "source": {"huggingface": str(folder), "task": task}, **data}))
         build(spec, repository, variants=["onnx"], benchmark_seconds=0, progress=lambda m: None)
     return repository
 
@@ -58,7 +73,7 @@ def _texts(*values) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("name, figure", [("minilm_sentiment", "label_agreement"), ("minilm_embeddings", "cosine_min"),
-                                          ("minilm_numbers", "texts_tagged_alike")])
+                                          ("minilm_numbers", "texts_tagged_alike"), ("vit_tiny", "label_agreement")])
 def test_the_served_ensemble_answers_raw_texts_as_the_reference_library_on_both_protocols(hf_served, hf_repository,
                                                                                          name, figure):
     report = check_served(name, repository=hf_repository, url=f"127.0.0.1:{hf_served.http_port}",
@@ -82,7 +97,7 @@ def test_the_repository_is_standard_folders_and_the_reference_is_the_pipeline_on
     assert embeddings["library"].startswith("sentence-transformers ")
 
 
-@pytest.mark.parametrize("name", ["minilm_sentiment", "minilm_numbers", "minilm_embeddings"])
+@pytest.mark.parametrize("name", ["minilm_sentiment", "minilm_numbers", "minilm_embeddings", "vit_tiny"])
 def test_validate_replays_the_raw_texts_through_the_published_steps_in_process(hf_repository, name):
     report = validate_model(hf_repository / name)
     assert report.ok, report.lines()
@@ -160,6 +175,20 @@ def test_a_malformed_text_gets_a_400_naming_the_problem_and_the_server_keeps_ser
     ok, answer = _http_status(hf_served, {"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES",
                                                       "data": ["still serving"]}]})
     assert ok == 200 and json.loads(answer)["outputs"]
+
+
+def test_a_corrupt_image_gets_a_400_naming_it_and_a_good_one_is_labelled(hf_served):
+    import io
+
+    from PIL import Image
+
+    good = io.BytesIO()
+    Image.fromarray(np.full((40, 30, 3), 200, dtype=np.uint8)).save(good, "JPEG")
+    with TritonClient(f"127.0.0.1:{hf_served.grpc_port}", "grpc") as client:
+        with pytest.raises(TritonError, match=r"input 'image': image 0 is not a readable image \(an unknown format"):
+            client.infer("vit_tiny", {"image": np.array([[b"GIF89a but not really"]], dtype=np.object_)})
+        got = client.infer("vit_tiny", {"image": np.array([[good.getvalue()]], dtype=np.object_)})
+        assert got["label"].reshape(-1)[0] in (b"cat", b"dog", b"bird") and got["scores"].shape == (1, 3)
 
 
 def test_invalid_utf8_is_refused_over_grpc_as_an_invalid_argument(hf_served):

@@ -71,8 +71,7 @@ def test_a_sentence_transformers_folder_pools_normalises_and_truncates_as_its_en
 @pytest.mark.parametrize("source, top, match", [
     ({"huggingface": "sentiment", "task": "summarization"}, {},
      r"field 'source.task': task 'summarization' is not one of text-classification, token-classification, "
-     r"feature-extraction; .*TASKS"),
-    ({"huggingface": "sentiment", "task": "image-classification"}, {}, r"image pre-processing steps"),
+     r"feature-extraction, image-classification; .*TASKS"),
     ({"huggingface": "sentiment"}, {}, r"field 'source.task': missing; give the task"),
     ({"huggingface": "nowhere", "task": "text-classification"}, {}, r"nowhere is not a folder"),
     ({"huggingface": "sentiment", "task": "text-classification", "truncation": "yes"}, {},
@@ -191,7 +190,7 @@ def test_the_comparison_with_the_reference_library_fails_a_flipped_label_and_a_f
     same = {"label": np.array([[b"POS"], [b"NEG"]], dtype=object), "scores": np.array([[0.1, 0.9], [0.8, 0.2]])}
     assert compare_pipeline(record, same)[0] == []
     flipped = {**same, "label": np.array([[b"POS"], [b"POS"]], dtype=object)}
-    assert compare_pipeline(record, flipped)[0][0].startswith("labels differ on 1 of 2 texts (first: text 1 'b'")
+    assert compare_pipeline(record, flipped)[0][0].startswith("labels differ on 1 of 2 inputs (first: input 1 'b'")
     off = {**same, "scores": np.array([[0.1, 0.9], [0.8, 0.21]])}
     assert "scores differ from the pipeline's by 1.11e-02" in compare_pipeline(record, off)[0][0]
     embeddings = {"texts": ["a"], "embeddings": [[1.0, 0.0]]}
@@ -267,3 +266,67 @@ def test_a_republished_model_version_is_replayed_with_the_steps_serving_beside_i
         (tmp_path / "sentiment__preprocess" / str(number)).mkdir(parents=True)
     steps = tmp_path / "sentiment__preprocess"
     assert [step_version(steps, v) for v in (1, 2, 3, 4)] == [1, 1, 3, 3]  # select --write published 2 and 4
+
+
+# -- images ---------------------------------------------------------------------------------------------------
+
+def _image(width: int, height: int, kind: str = "PNG", seed: int = 0) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    pixels = np.random.default_rng(seed).integers(0, 255, (height, width, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(buffer, kind)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("processor_config", [
+    {"size": {"height": 32, "width": 24}},
+    {"size": {"shortest_edge": 40}, "do_center_crop": True, "crop_size": {"height": 36, "width": 36}},
+])
+def test_the_served_image_step_makes_the_pixels_transformers_image_processor_makes(tmp_path, processor_config):
+    transformers = pytest.importorskip("transformers")
+    import io
+
+    from PIL import Image
+
+    from builder.huggingface.images import processor_for
+
+    kind = transformers.ViTImageProcessor if "height" in processor_config["size"] else transformers.CLIPImageProcessor
+    kind(**processor_config).save_pretrained(tmp_path)
+    ours = processor_for(tmp_path / "preprocessor_config.json")
+    theirs = transformers.AutoImageProcessor.from_pretrained(str(tmp_path))
+    images = [_image(50, 40), _image(30, 90, "JPEG", 1), _image(24, 32, seed=2)]
+    pixels, problems = ours.process(images)
+    expected = np.stack([theirs(Image.open(io.BytesIO(b)).convert("RGB"), return_tensors="np")["pixel_values"][0]
+                         for b in images])
+    assert problems == {} and pixels.shape == expected.shape and np.abs(pixels - expected).max() < 1e-6
+
+
+def test_a_corrupt_or_empty_image_is_named_and_the_others_are_processed(tmp_path):
+    from builder.huggingface.images import processor_for
+
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"size": {"height": 8, "width": 8}}))
+    pixels, problems = processor_for(tmp_path / "preprocessor_config.json").process(
+        [_image(10, 10), b"not an image", b"", _image(10, 10)[:40]])
+    assert sorted(problems) == [1, 2, 3] and pixels.shape == (4, 3, 8, 8) and pixels[0].any()
+    assert problems[1] == ("image 1 is not a readable image (an unknown format or a corrupt header); send the encoded "
+                           "file bytes (JPEG, PNG, ...)")
+    assert problems[2].startswith("image 2 is empty or not bytes") and "not a readable image" in problems[3]
+
+
+def test_an_image_folder_needs_a_processor_with_a_fixed_size(tmp_path, folder):
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["ViTForImageClassification"]}))
+    with pytest.raises(UserInputError, match=r"has no preprocessor_config.json; save the image processor"):
+        read_folder(folder, "image-classification", "spec.yaml")
+    (folder / "preprocessor_config.json").write_text(json.dumps({"size": {"shortest_edge": 224}, "crop_pct": 0.875}))
+    with pytest.raises(UserInputError, match=r"resizes by crop_pct \(0.875\), which the served image step does not do"):
+        read_folder(folder, "image-classification", "spec.yaml")
+    (folder / "preprocessor_config.json").write_text(json.dumps({"size": {"shortest_edge": 224}}))
+    with pytest.raises(UserInputError, match=r"without a crop_size: the served image size is not fixed"):
+        read_folder(folder, "image-classification", "spec.yaml")
+    (folder / "preprocessor_config.json").write_text(json.dumps({"size": {"height": 64, "width": 48}}))
+    facts = read_folder(folder, "image-classification", "spec.yaml")
+    assert facts.model_inputs() == [{"name": "pixel_values", "dtype": "float32", "shape": [3, 64, 48]}]
