@@ -61,10 +61,14 @@ def _load_images(folder: Folder, validation: Path | None) -> LoadedSource:
         images_from = (f"{len(images)} images generated (gradients and noise; no data.validation: drift profile off; "
                        "list real images to verify on)")
     pixels = processed(processor, images, "data.validation" if validation is not None else "generated images")
+    profile = {}
+    if validation is not None:  # generated images are not the traffic to expect: no drift profile
+        count, sizes, brightness = processor.statistics(images, {})
+        profile = {"pixels_per_image": sizes / count, "mean_brightness": brightness / count}
     reference = pipeline_reference(folder, images)
     pipeline = TextPipeline(task=folder.task.name, tokenizer_file=processor_file, max_length=0, truncation=False,
                             labels=folder.labels, activation=text_steps().activation(folder.config),
-                            reference=json.dumps(reference).encode(), processor_file=processor_file)
+                            reference=json.dumps(reference).encode(), processor_file=processor_file, profile=profile)
     arrays = {"pixel_values": pixels} if validation is not None else None
     return LoadedSource(build_module(folder), arrays, pipeline, images_from)
 

@@ -98,9 +98,10 @@ def step_configs(name: str, model: ModelConfig, pipeline: TextPipeline) -> list[
     ids = [TensorConfig(t.name, t.data_type, list(t.dims)) for t in model.inputs]
     offsets = [TensorConfig(OFFSETS, "TYPE_INT64", [-1, 2])] if pipeline.tags_tokens else []
     text = TensorConfig(pipeline.input_name, "TYPE_STRING", [1])
-    parameters = {"served_as": name} if pipeline.images else {
+    profile = {f"profile_{k}": f"{v:.6g}" for k, v in pipeline.profile.items()}
+    parameters = {"served_as": name, **profile} if pipeline.images else {
         "max_length": str(pipeline.max_length), "truncation": "true" if pipeline.truncation else "false",
-        "served_as": name, **{f"profile_{k}": f"{v:.6g}" for k, v in pipeline.profile.items()}}
+        "served_as": name, **profile}
     configs = [step_config(pre, model, [text], ids + offsets, parameters)]
     if pipeline.classifies:
         logits = model.outputs[0]

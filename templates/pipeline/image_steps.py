@@ -85,6 +85,23 @@ class ImageProcessor:
             out = ((out.T - mean) / std).T
         return np.ascontiguousarray(out, dtype=np.float32)
 
+    @staticmethod
+    def statistics(values, problems):
+        """(images, their pixels as sent (width x height), the sum of their mean brightness 0-255) of the servable
+        rows: what the image drift counters add (decoding again is cheap next to the model)."""
+        from PIL import Image
+
+        count = pixels = 0
+        brightness = 0.0
+        for row, value in enumerate(values):
+            if row in problems:
+                continue
+            image = Image.open(io.BytesIO(bytes(value)))
+            count, pixels = count + 1, pixels + image.size[0] * image.size[1]
+            brightness += float(np.asarray(image.convert("L").reduce(4) if min(image.size) >= 8 else
+                                           image.convert("L")).mean())
+        return count, pixels, brightness
+
     def process(self, values):
         shape = self.output_shape()
         pixels = np.zeros([len(values)] + shape, dtype=np.float32)

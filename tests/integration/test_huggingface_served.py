@@ -189,6 +189,10 @@ def test_a_corrupt_image_gets_a_400_naming_it_and_a_good_one_is_labelled(hf_serv
             client.infer("vit_tiny", {"image": np.array([[b"GIF89a but not really"]], dtype=np.object_)})
         got = client.infer("vit_tiny", {"image": np.array([[good.getvalue()]], dtype=np.object_)})
         assert got["label"].reshape(-1)[0] in (b"cat", b"dog", b"bird") and got["scores"].shape == (1, 3)
+    with urllib.request.urlopen(f"http://127.0.0.1:{hf_served.metrics_port}/metrics", timeout=30) as answer:
+        pixels = [line for line in answer.read().decode().splitlines()
+                  if line.startswith("triton_builder_image_pixels_total{") and 'model="vit_tiny"' in line]
+    assert pixels and float(pixels[0].split()[-1]) >= 40 * 30  # the good image counted; the corrupt one not
 
 
 def test_invalid_utf8_is_refused_over_grpc_as_an_invalid_argument(hf_served):

@@ -330,3 +330,14 @@ def test_an_image_folder_needs_a_processor_with_a_fixed_size(tmp_path, folder):
     (folder / "preprocessor_config.json").write_text(json.dumps({"size": {"height": 64, "width": 48}}))
     facts = read_folder(folder, "image-classification", "spec.yaml")
     assert facts.model_inputs() == [{"name": "pixel_values", "dtype": "float32", "shape": [3, 64, 48]}]
+
+
+def test_image_statistics_count_the_servable_images_their_size_and_brightness(tmp_path):
+    from builder.huggingface.images import processor_for
+
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"size": {"height": 8, "width": 8}}))
+    processor = processor_for(tmp_path / "preprocessor_config.json")
+    images = [_image(10, 20), b"broken", _image(30, 10, seed=3)]
+    _, problems = processor.process(images)
+    count, pixels, brightness = processor.statistics(images, problems)
+    assert (count, pixels) == (2, 10 * 20 + 30 * 10) and 2 * 100 < brightness < 2 * 155  # uniform noise: ~127 each
