@@ -133,15 +133,19 @@ def publish_monitor(repository: Path, name: str, version: int, model: ModelConfi
         if drift_profile is not None:
             (draft.folder / "drift_profile.json").write_bytes(drift_profile)
         draft.config_text = render_config(monitor_config(name, model, deploy))
-    ensemble_text = render_ensemble(ensemble_config(name, model))
-    folder = model_dir(repository, name, resolve=False)
-    config_path = folder / "config.pbtxt"
+    publish_ensemble(repository, name, render_ensemble(ensemble_config(name, model)))
+    return {"ensemble": name, "monitor": monitor_name, "monitor_version": version}
+
+
+def publish_ensemble(repository: Path, name: str, ensemble_text: str) -> None:
+    """The ensemble ``name``'s config: its version 1 folder (empty) with it the first time, atomically; later
+    rewritten in place only where the interface changed (the ensemble follows its steps)."""
+    config_path = model_dir(repository, name, resolve=False) / "config.pbtxt"
     if not config_path.is_file():
         with publish_version(repository, name, ENSEMBLE_VERSION) as ensemble:
             ensemble.config_text = ensemble_text
-    elif config_path.read_text() != ensemble_text:  # the interface changed: the ensemble follows it
+    elif config_path.read_text() != ensemble_text:
         root = Path(repository).resolve()
         with _repository_lock(root):
             atomic_write(root, config_path, ensemble_text)
-    return {"ensemble": name, "monitor": monitor_name, "monitor_version": version}
 

@@ -28,9 +28,8 @@ from pathlib import Path
 
 from builder import assets
 from builder.repository.config import DynamicBatching, InstanceGroup, ModelConfig, TensorConfig, render_config
-from builder.repository.layout import (MODEL_SUFFIX, POSTPROCESS_SUFFIX, PREPROCESS_SUFFIX, _repository_lock,
-                                       atomic_write, model_dir, publish_version)
-from builder.repository.monitored import ENSEMBLE_VERSION, EnsembleConfig, EnsembleStep, render_ensemble
+from builder.repository.layout import MODEL_SUFFIX, POSTPROCESS_SUFFIX, PREPROCESS_SUFFIX, publish_version
+from builder.repository.monitored import EnsembleConfig, EnsembleStep, publish_ensemble, render_ensemble
 
 TEXT_INPUT = "text"
 IMAGE_INPUT = "image"  # image-classification: the encoded file's bytes (JPEG, PNG, ...)
@@ -169,14 +168,5 @@ def publish_pipeline(repository: Path, name: str, version: int, model: ModelConf
                 (draft.folder / file_name).write_bytes(Path(source).read_bytes())
             draft.config_text = render_config(config)
         steps.append(config.name)
-    ensemble_text = render_ensemble(ensemble_config(name, model, pipeline))
-    folder = model_dir(repository, name, resolve=False)
-    config_path = folder / "config.pbtxt"
-    if not config_path.is_file():
-        with publish_version(repository, name, ENSEMBLE_VERSION) as ensemble:
-            ensemble.config_text = ensemble_text
-    elif config_path.read_text() != ensemble_text:  # the interface changed: the ensemble follows it
-        root = Path(repository).resolve()
-        with _repository_lock(root):
-            atomic_write(root, config_path, ensemble_text)
+    publish_ensemble(repository, name, render_ensemble(ensemble_config(name, model, pipeline)))
     return {"ensemble": name, "steps": steps, "steps_version": version}

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from builder import assets
 from builder.repository.config import ModelConfig, TensorConfig, render_config
-from builder.repository.layout import _repository_lock, atomic_write, model_dir, publish_version
-from builder.repository.monitored import ENSEMBLE_VERSION, EnsembleConfig, EnsembleStep, render_ensemble
+from builder.repository.layout import publish_version
+from builder.repository.monitored import EnsembleConfig, EnsembleStep, publish_ensemble, render_ensemble
 from builder.repository.pipeline import pipeline_names, step_config
 
 REFERENCE_FILE = "user_steps_reference.npz"  # in the model step's version: raw inputs and the answers expected
@@ -71,13 +71,5 @@ def publish_user_pipeline(repository: Path, name: str, version: int, model: Mode
             (draft.folder / step.module_file.name).write_bytes(step.module_file.read_bytes())
             draft.config_text = render_config(config)
         published.append(config.name)
-    ensemble_text = render_ensemble(user_ensemble_config(name, model, steps))
-    config_path = model_dir(repository, name, resolve=False) / "config.pbtxt"
-    if not config_path.is_file():
-        with publish_version(repository, name, ENSEMBLE_VERSION) as ensemble:
-            ensemble.config_text = ensemble_text
-    elif config_path.read_text() != ensemble_text:
-        root = Path(repository).resolve()
-        with _repository_lock(root):
-            atomic_write(root, config_path, ensemble_text)
+    publish_ensemble(repository, name, render_ensemble(user_ensemble_config(name, model, steps)))
     return {"ensemble": name, "steps": published, "steps_version": version}
