@@ -231,7 +231,7 @@ def main() -> int:
                 target = rollout(repo)
                 ended = _wait_served(stack, target, timeout=60)
                 switches.append(Switch("rollout", t0, ended, target))
-                print(f"  {elapsed:6.0f} s: rollout -> {DIGITS}__model version {target}"
+                print(f"  {t0 - began:6.0f} s: rollout -> {DIGITS}__model version {target}"
                       + (f", loaded after {ended - t0:.1f} s" if ended else ", NOT loaded in 60 s"), flush=True)
                 next_rollout += args.rollout_every * 60
             _poll_alerts(prometheus, alerts_seen, elapsed)

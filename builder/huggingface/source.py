@@ -5,7 +5,7 @@ Usage::
     loaded = load_source(folder, validation=Path("data/texts.txt"), workdir=work)
     loaded.module            # the model step (builder/huggingface/module.py), exported like any module
     loaded.validation        # {'input_ids': ..., 'attention_mask': ...} tokenized texts, or None (generated texts)
-    loaded.pipeline          # builder/repository/pipeline.py TextPipeline: what the steps are published with
+    loaded.pipeline          # builder/repository/pipeline.py HuggingFacePipeline: what the steps are published with
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from builder.huggingface.images import generated_images, processed, processor_fo
 from builder.huggingface.module import build_module
 from builder.huggingface.reference import pipeline_reference
 from builder.huggingface.texts import encoder_for, generated_texts, read_texts, text_steps, tokenized
-from builder.repository.pipeline import TextPipeline
+from builder.repository.pipeline import HuggingFacePipeline
 
 
 @dataclass
 class LoadedSource:
     module: Any
     validation: dict[str, np.ndarray] | None
-    pipeline: TextPipeline
+    pipeline: HuggingFacePipeline
     texts_from: str  # where the reference texts came from (said in the build's notes)
 
 
@@ -66,7 +66,7 @@ def _load_images(folder: Folder, validation: Path | None) -> LoadedSource:
         count, sizes, brightness = processor.statistics(images, {})
         profile = {"pixels_per_image": sizes / count, "mean_brightness": brightness / count}
     reference = pipeline_reference(folder, images)
-    pipeline = TextPipeline(task=folder.task.name, tokenizer_file=processor_file, max_length=0, truncation=False,
+    pipeline = HuggingFacePipeline(task=folder.task.name, tokenizer_file=processor_file, max_length=0, truncation=False,
                             labels=folder.labels, activation=text_steps().activation(folder.config),
                             reference=json.dumps(reference).encode(), processor_file=processor_file, profile=profile)
     arrays = {"pixel_values": pixels} if validation is not None else None
@@ -90,7 +90,7 @@ def load_source(folder: Folder, validation: Path | None, workdir: Path) -> Loade
         count, tokens, unknown = encoder.statistics(encoder.encode(texts))
         profile = {"tokens_per_text": tokens / count, "unknown_rate": unknown / max(tokens, 1)}
     reference = pipeline_reference(folder, texts)
-    pipeline = TextPipeline(task=folder.task.name, tokenizer_file=tokenizer, max_length=folder.max_length,
+    pipeline = HuggingFacePipeline(task=folder.task.name, tokenizer_file=tokenizer, max_length=folder.max_length,
                             truncation=folder.truncation, labels=folder.labels if folder.task.outputs != "embedding" else [],
                             activation=text_steps().activation(folder.config), reference=json.dumps(reference).encode(),
                             profile=profile)

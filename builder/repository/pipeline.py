@@ -15,7 +15,7 @@ Ensembles carry no files: the ensemble's version 1 folder stays empty.
 
 Usage::
 
-    pipeline = TextPipeline(task="text-classification", tokenizer_file=Path("tokenizer.json"), max_length=128,
+    pipeline = HuggingFacePipeline(task="text-classification", tokenizer_file=Path("tokenizer.json"), max_length=128,
                             truncation=False, labels=["NEG", "POS"])
     publish_pipeline(repository, "sentiment", 3, model_config, pipeline)
 """
@@ -38,7 +38,7 @@ REFERENCE_FILE = "pipeline_reference.json"  # in the model step's version: texts
 
 
 @dataclass
-class TextPipeline:
+class HuggingFacePipeline:
     task: str  # text-classification | token-classification | feature-extraction
     tokenizer_file: Path
     max_length: int
@@ -82,7 +82,7 @@ def step_config(name: str, model: ModelConfig, inputs: list[TensorConfig], outpu
                        instance_groups=[InstanceGroup("KIND_CPU", cpu_instances)], parameters=parameters)
 
 
-def _outputs(pipeline: TextPipeline, model: ModelConfig) -> list[TensorConfig]:
+def _outputs(pipeline: HuggingFacePipeline, model: ModelConfig) -> list[TensorConfig]:
     if pipeline.tags_tokens:
         return [TensorConfig("entities", "TYPE_STRING", [1])]
     if pipeline.classifies:
@@ -91,7 +91,7 @@ def _outputs(pipeline: TextPipeline, model: ModelConfig) -> list[TensorConfig]:
     return [TensorConfig(o.name, o.data_type, list(o.dims)) for o in model.outputs]
 
 
-def step_configs(name: str, model: ModelConfig, pipeline: TextPipeline) -> list[ModelConfig]:
+def step_configs(name: str, model: ModelConfig, pipeline: HuggingFacePipeline) -> list[ModelConfig]:
     """The python steps' configs: preprocess, then postprocess where the task has one."""
     pre, _, post = pipeline_names(name)
     ids = [TensorConfig(t.name, t.data_type, list(t.dims)) for t in model.inputs]
@@ -113,7 +113,7 @@ def step_configs(name: str, model: ModelConfig, pipeline: TextPipeline) -> list[
     return configs
 
 
-def ensemble_config(name: str, model: ModelConfig, pipeline: TextPipeline) -> EnsembleConfig:
+def ensemble_config(name: str, model: ModelConfig, pipeline: HuggingFacePipeline) -> EnsembleConfig:
     pre, model_step, post = pipeline_names(name)
     ids = {t.name: t.name for t in model.inputs}
     outputs = _outputs(pipeline, model)
@@ -135,7 +135,7 @@ def ensemble_config(name: str, model: ModelConfig, pipeline: TextPipeline) -> En
     return EnsembleConfig(name, model.max_batch_size, [TensorConfig(raw, "TYPE_STRING", [1])], outputs, steps)
 
 
-def _step_files(config: ModelConfig, pipeline: TextPipeline) -> dict[str, Path]:
+def _step_files(config: ModelConfig, pipeline: HuggingFacePipeline) -> dict[str, Path]:
     files = {"text_steps.py": assets.pipeline_step("text_steps.py")}
     if config.name.endswith(PREPROCESS_SUFFIX) and pipeline.images:
         return {"model.py": assets.pipeline_step("preprocess_image.py"),
@@ -148,7 +148,7 @@ def _step_files(config: ModelConfig, pipeline: TextPipeline) -> dict[str, Path]:
     return {"model.py": assets.pipeline_step("postprocess.py"), **files}
 
 
-def step_file_hashes(name: str, model: ModelConfig, pipeline: TextPipeline) -> dict[str, str]:
+def step_file_hashes(name: str, model: ModelConfig, pipeline: HuggingFacePipeline) -> dict[str, str]:
     """``<step>/<file>`` -> sha256 of every file the steps of a version are published with: recorded in the model
     version's metadata, so that `validate` finds a step file changed after the build."""
     from builder.files import sha256_file
@@ -157,7 +157,7 @@ def step_file_hashes(name: str, model: ModelConfig, pipeline: TextPipeline) -> d
             for config in step_configs(name, model, pipeline) for file_name, source in _step_files(config, pipeline).items()}
 
 
-def publish_pipeline(repository: Path, name: str, version: int, model: ModelConfig, pipeline: TextPipeline) -> dict:
+def publish_pipeline(repository: Path, name: str, version: int, model: ModelConfig, pipeline: HuggingFacePipeline) -> dict:
     """After ``<name>__model`` version ``version`` is published: each step's version ``version``, then the
     ensemble, each atomically. A build killed between them leaves ``<name>__model`` served under its own name
     (and the previous steps with the ensemble) until the next build."""

@@ -182,7 +182,7 @@ class BuildContext:
     # table lists them and --strict fails on the failed ones (stages.common.not_made records them)
     not_made: dict[str, tuple[str, str]] = field(default_factory=dict)
     source_hashes: dict[str, str] = field(default_factory=dict)
-    pipeline: Any = None  # a Hugging Face text source: builder/repository/pipeline.py TextPipeline (stage load)
+    pipeline: Any = None  # a Hugging Face source: builder/repository/pipeline.py HuggingFacePipeline (stage load)
     user_steps: Any = None  # spec preprocess/postprocess: builder/user_steps.py UserSteps (stage load)
     results: list[StageResult] = field(default_factory=list)
 

@@ -19,7 +19,7 @@ from builder.huggingface.reference import compare_pipeline
 from builder.huggingface.texts import encoder_for, generated_texts, read_texts, text_steps, tokenized
 from builder.repository.config import DynamicBatching, InstanceGroup, ModelConfig, TensorConfig, parse_config, render_config
 from builder.repository.monitored import render_ensemble
-from builder.repository.pipeline import TextPipeline, ensemble_config, step_configs
+from builder.repository.pipeline import HuggingFacePipeline, ensemble_config, step_configs
 from builder.spec import parse_spec
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
@@ -208,8 +208,8 @@ def _model() -> ModelConfig:
                        instance_groups=[InstanceGroup("KIND_CPU", 2)])
 
 
-def _pipeline(labels=("NEGATIVE", "POSITIVE")) -> TextPipeline:
-    return TextPipeline(task="text-classification", tokenizer_file=Path("tokenizer.json"), max_length=128,
+def _pipeline(labels=("NEGATIVE", "POSITIVE")) -> HuggingFacePipeline:
+    return HuggingFacePipeline(task="text-classification", tokenizer_file=Path("tokenizer.json"), max_length=128,
                         truncation=False, labels=list(labels))
 
 
@@ -237,7 +237,7 @@ def test_the_steps_match_their_golden_files_one_cpu_instance_per_model_instance(
 def test_token_classification_fans_the_text_ids_and_offsets_out_to_its_post_processing():
     model = _model()
     model.outputs = [TensorConfig("logits", "TYPE_FP32", [-1, 3])]
-    pipeline = TextPipeline(task="token-classification", tokenizer_file=Path("tokenizer.json"), max_length=128,
+    pipeline = HuggingFacePipeline(task="token-classification", tokenizer_file=Path("tokenizer.json"), max_length=128,
                             truncation=False, labels=["O", "B-X", "I-X"])
     text = render_ensemble(ensemble_config("tagger", model, pipeline))
     assert text == (GOLDEN / "pipeline_tagger_ensemble.pbtxt").read_text()
@@ -251,7 +251,7 @@ def test_token_classification_fans_the_text_ids_and_offsets_out_to_its_post_proc
 def test_feature_extraction_has_no_post_processing_step_the_model_pools():
     model = _model()
     model.outputs = [TensorConfig("embedding", "TYPE_FP32", [384])]
-    pipeline = TextPipeline(task="feature-extraction", tokenizer_file=Path("tokenizer.json"), max_length=256,
+    pipeline = HuggingFacePipeline(task="feature-extraction", tokenizer_file=Path("tokenizer.json"), max_length=256,
                             truncation=True)
     assert [c.name for c in step_configs("emb", model, pipeline)] == ["emb__preprocess"]
     parsed = parse_config(render_ensemble(ensemble_config("emb", model, pipeline)))
