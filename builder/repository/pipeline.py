@@ -1,11 +1,13 @@
-"""A Hugging Face text pipeline served by Triton: text in, labels (or embeddings) out, as an ensemble.
+"""A Hugging Face pipeline served by Triton: text (or an encoded image) in, labels (or embeddings) out, as an ensemble.
 
 A build of ``source: {huggingface: DIR, task: ...}`` publishes ordinary Triton models:
 
-- ``<name>``: ``platform: "ensemble"``, the name clients call: ``text`` (TYPE_STRING, one per sample) in;
+- ``<name>``: ``platform: "ensemble"``, the name clients call: ``text`` (``image`` for image-classification:
+  the encoded file) (TYPE_STRING, one per sample) in;
   ``label`` (TYPE_STRING), ``score`` and ``scores`` (FP32) out for text-classification, ``embedding`` for
   feature-extraction;
-- ``<name>__preprocess``: the tokenizer (templates/pipeline/preprocess.py + text_steps.py + tokenizer.json);
+- ``<name>__preprocess``: the tokenizer (templates/pipeline/preprocess.py + text_steps.py + tokenizer.json), or
+  the image step (preprocess_image.py + image_steps.py + preprocessor_config.json);
 - ``<name>__model``: the standard model folder with its versions, callable directly with ids;
 - ``<name>__postprocess``: classification only: softmax/sigmoid and id2label (templates/pipeline/postprocess.py);
   token-classification: ``entities``, a JSON list per text of its tagged tokens with their character offsets.
