@@ -29,6 +29,8 @@ EXTRA_OF: dict[str, tuple[str, str]] = {
     "tensorrt": ("tensorrt", "gpu"),
     "model_signing": ("model-signing", "signing"),
     "OpenSSL": ("pyopenssl", "signing"),
+    "transformers": ("transformers", "examples"),
+    "tokenizers": ("tokenizers", "examples"),
 }
 
 

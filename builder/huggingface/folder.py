@@ -14,6 +14,7 @@ unknown task lists the supported ones and where to add one.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,8 +141,13 @@ def _pooling(path: Path, where: str) -> tuple[str | None, bool, bool]:
 def read_folder(path: Path, task: Any, origin: str, truncation: bool | None = None) -> Folder:
     """The folder's facts for ``task``; ``truncation`` None: as the folder's users run it (sentence-transformers
     folders truncate at max_seq_length; other folders refuse longer texts, as transformers' pipeline does)."""
+    from builder.extras import require
+
     where = f"{origin}: field 'source.huggingface'"
     chosen = task_named(task, f"{origin}: field 'source.task'")
+    for module in ("transformers",) + (("tokenizers",) if chosen.modality == "text" else ()):
+        if importlib.util.find_spec(module) is None:
+            require(module, "a Hugging Face source (source.huggingface)")
     if not path.is_dir():
         raise UserInputError(f"{where}: {path} is not a folder; give the folder save_pretrained wrote (config.json, "
                              "weights, tokenizer files)")

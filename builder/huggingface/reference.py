@@ -14,6 +14,7 @@ through the served ensemble.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from importlib.metadata import version
 from typing import Any
@@ -37,7 +38,8 @@ def pipeline_reference(folder: Folder, texts: list) -> dict[str, Any]:
     if folder.task.modality == "image":
         return _image_reference(folder, texts)
     record: dict[str, Any] = {"task": folder.task.name, "texts": list(texts)}
-    if folder.task.outputs == "embedding" and folder.sentence_transformers:
+    if folder.task.outputs == "embedding" and folder.sentence_transformers and importlib.util.find_spec(
+            "sentence_transformers") is not None:  # else: transformers' pipeline, pooled as the folder says
         from sentence_transformers import SentenceTransformer
 
         model = SentenceTransformer(str(folder.path), device="cpu", local_files_only=True)

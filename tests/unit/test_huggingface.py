@@ -341,3 +341,16 @@ def test_image_statistics_count_the_servable_images_their_size_and_brightness(tm
     _, problems = processor.process(images)
     count, pixels, brightness = processor.statistics(images, problems)
     assert (count, pixels) == (2, 10 * 20 + 30 * 10) and 2 * 100 < brightness < 2 * 155  # uniform noise: ~127 each
+
+
+def test_a_huggingface_source_without_transformers_says_which_extra_to_install(folder, monkeypatch):
+    import builder.extras
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a))
+    monkeypatch.setattr(builder.extras.importlib, "import_module",
+                        lambda name: (_ for _ in ()).throw(ModuleNotFoundError(name=name)))
+    with pytest.raises(UserInputError, match=r"a Hugging Face source \(source.huggingface\) needs transformers: "
+                                             r"pip install 'triton-builder\[examples\]'"):
+        read_folder(folder, "text-classification", "spec.yaml")
