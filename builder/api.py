@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
+from builder.api_errors import names_parameters
 from builder.errors import UserInputError
 
 if TYPE_CHECKING:
@@ -192,6 +193,7 @@ def _local_repository(name: str, repository: str | Path | None, required: bool =
     return path
 
 
+@names_parameters
 def build(spec: str | Path | ModelSpec, repository: str | Path = DEFAULT_REPOSITORY, *,
           variants: list[str] | None = None, target: str | None = None, strict: bool = False,
           publish_variants: bool | None = None, benchmark_seconds: float | None = None,
@@ -217,6 +219,7 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = DEFAULT_REPOSIT
                   triton_release=triton_release)
 
 
+@names_parameters
 def validate(name: str, repository: str | Path = DEFAULT_REPOSITORY, *, version: int | None = None,
              gpu: str | None = None, tensorrt_version: str | None = None, public_key: str | Path | None = None,
              require_signature: bool = False, triton_release: str | None = None, progress: Progress | None = None,
@@ -252,6 +255,7 @@ def validate(name: str, repository: str | Path = DEFAULT_REPOSITORY, *, version:
                           regression_seconds=regression_seconds, current_host=current_host)
 
 
+@names_parameters
 def check(name: str, repository: str | Path = DEFAULT_REPOSITORY, *, url: str = "127.0.0.1:8000",
           grpc_url: str | None = None, protocol: str = "both", version: int | None = None, timeout: float = 30.0,
           current_host: dict | None = None) -> CheckReport:
@@ -277,6 +281,7 @@ def check(name: str, repository: str | Path = DEFAULT_REPOSITORY, *, url: str = 
                            timeout=timeout, current_host=current_host)
 
 
+@names_parameters
 def select(name: str, repository: str | Path = DEFAULT_REPOSITORY, *, seconds: float = 2.0, dry_run: bool = False,
            signing_key: str | Path | None = None, public_key: str | Path | None = None,
            measure: Measure | None = None, current_host: dict | None = None,
@@ -301,6 +306,7 @@ def select(name: str, repository: str | Path = DEFAULT_REPOSITORY, *, seconds: f
                            progress=progress or (lambda message: None))
 
 
+@names_parameters
 def rollback(name: str, repository: str | Path = DEFAULT_REPOSITORY, *, to: int | None = None,
              signing_key: str | Path | None = None, public_key: str | Path | None = None,
              progress: Progress | None = None) -> RollbackReport:
@@ -386,6 +392,7 @@ def serving_context(repository: str | Path = DEFAULT_REPOSITORY, *, load_models:
         raise ServerDiedError(server.stop_failure)
 
 
+@names_parameters
 def loadtest(name: str, repository: str | Path | None = DEFAULT_REPOSITORY, *, url: str | None = None,
              protocol: str = "http", users: int = 8, run_time_s: float = 30.0, spawn_rate: float | None = None,
              shape: str = "constant", slo_p99_ms: float | None = None, slo_max_failure_ratio: float | None = None,
@@ -417,6 +424,7 @@ def loadtest(name: str, repository: str | Path | None = DEFAULT_REPOSITORY, *, u
     return LoadTestResult.from_summary(summary)
 
 
+@names_parameters
 def sweep(name: str, repository: str | Path | None = DEFAULT_REPOSITORY, *, url: str | None = None,
           protocol: str = "grpc", max_concurrency: int = 16, levels: list[int] | None = None,
           window_s: float = 0.5, max_seconds_per_level: float = 8.0, batch_size: int = 1, engine: str = "auto",
@@ -444,6 +452,7 @@ def sweep(name: str, repository: str | Path | None = DEFAULT_REPOSITORY, *, url:
     return SweepResult.from_result(result)
 
 
+@names_parameters
 def tune(name: str, repository: str | Path = DEFAULT_REPOSITORY, *, p99_budget_ms: float, url: str | None = None,
          protocol: str = "grpc", seconds_per_candidate: float = 10.0, write: bool = False, publish: bool = False,
          delays: Sequence[int] | None = None, instance_counts: Sequence[int] | None = None,
