@@ -25,10 +25,18 @@ F = TypeVar("F", bound=Callable)
 _FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]*)")
 
 
+#: CLI flags spelt unlike the API parameter they set (flag -> parameter); a flag not here maps by its own name
+ALIASES = {"model-version": "version", "run-time": "run_time_s", "timeout": "timeout_s", "out": "out_dir",
+           "window": "window_s", "seconds-per-level": "max_seconds_per_level", "server-cores": "usable_cores",
+           "instances": "instance_counts", "threads": "thread_counts", "load-seconds": "run_time_s"}
+
+
 def as_parameters(message: str, parameters: set[str]) -> str:
-    """``message`` with every ``--flag`` that names one of ``parameters`` written as that parameter."""
+    """``message`` with every ``--flag`` that sets one of ``parameters`` written as that parameter."""
     def swap(match: re.Match) -> str:
-        name = match.group(1).replace("-", "_")
+        name = ALIASES.get(match.group(1), match.group(1).replace("-", "_"))
+        if name not in parameters and match.group(1).replace("-", "_") in parameters:
+            name = match.group(1).replace("-", "_")
         return name if name in parameters else match.group(0)
 
     return _FLAG.sub(swap, message)
