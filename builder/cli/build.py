@@ -100,10 +100,18 @@ def cmd_select(args: argparse.Namespace, reporter: Reporter) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace, reporter: Reporter) -> int:
-    from builder.api import rollback
+    from builder.storage.s3_location import is_s3_url
 
-    report = rollback(args.name, args.repository, to=args.to, signing_key=args.signing_key,
-                      public_key=args.public_key, progress=reporter)
+    if is_s3_url(args.repository):  # the library directly (builder.api.rollback's errors name its parameters)
+        if args.signing_key or args.public_key:
+            raise UserInputError("--signing-key/--public-key: signing is not supported on an s3:// repository; "
+                                 "roll back the local repository, then `publish --to` it")
+        from builder.storage.s3_rollback import rollback_s3
+        report = rollback_s3(args.repository, args.name, args.to, progress=reporter)
+    else:
+        from builder.repository.rollback import rollback_model
+        report = rollback_model(args.repository, args.name, args.to, signing_key=args.signing_key,
+                                public_key=args.public_key, progress=reporter)
     emit(args, report, report.lines())
     return 0
 
