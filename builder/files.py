@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
+from types import ModuleType
 from pathlib import Path
 
 from builder.errors import UserInputError
@@ -34,3 +36,12 @@ def output_folder(path: str | Path, option: str = "--out") -> Path:
         reason = "not writable"
     raise UserInputError(f"{option} {folder}: cannot write the output folder there ({reason}); pass {option} "
                          "with a writable folder")
+
+
+def module_from_file(path: Path, name: str) -> ModuleType:
+    """The Python file ``path`` executed as a fresh module ``name`` (never registered in sys.modules): the
+    pipeline steps' shared code (templates/pipeline/*_steps.py) and the spec's own step functions."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

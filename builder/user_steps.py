@@ -14,7 +14,6 @@ The functions run exactly as the published python steps run them (templates/pipe
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import zipfile
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from builder.errors import UserInputError
+from builder.files import module_from_file
 from builder.spec_steps import StepSpec
 
 REFERENCE_FILE = "user_steps_reference.npz"
@@ -31,10 +31,8 @@ REFERENCE_FILE = "user_steps_reference.npz"
 
 def load_function(step: StepSpec) -> Callable[[dict], dict]:
     name = f"triton_builder_user_step_{step.kind}_{abs(hash(str(step.module_file)))}"
-    module_spec = importlib.util.spec_from_file_location(name, step.module_file)
-    module = importlib.util.module_from_spec(module_spec)
     try:
-        module_spec.loader.exec_module(module)
+        module = module_from_file(step.module_file, name)
     except BaseException as exc:  # noqa: BLE001 - the user's code: whatever it raises is theirs
         raise UserInputError(f"{step.kind}.function: importing {step.module_file.name} raised {type(exc).__name__}: "
                              f"{' '.join(str(exc).split())[:300]}; fix the module (numpy and the standard library "

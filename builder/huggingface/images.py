@@ -11,7 +11,6 @@ The processor is the served step's own (templates/pipeline/image_steps.py ImageP
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 from pathlib import Path
@@ -20,13 +19,11 @@ import numpy as np
 
 from builder import assets
 from builder.errors import UserInputError
+from builder.files import module_from_file
 
 
 def processor_for(config_file: Path):
-    path = assets.pipeline_step("image_steps.py")
-    spec = importlib.util.spec_from_file_location("triton_builder_image_steps", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = module_from_file(assets.pipeline_step("image_steps.py"), "triton_builder_image_steps")
     return module.ImageProcessor(json.loads(config_file.read_text(encoding="utf-8")))
 
 

@@ -91,6 +91,19 @@ def _classes(record: dict[str, Any], answers: list, labels: list[str]) -> None:
     record["scores"] = scores
 
 
+FP32_SCORE_TOLERANCE = 1e-4  # relative to the largest score: what an FP32 model's scores may differ by
+FP32_COSINE_MINIMUM = 0.9999
+REDUCED_COSINE_MINIMUM = 0.99  # fp16/int8 versions: the embedding task's own bar (builder/task_metrics.py)
+
+
+def pipeline_limits(precision: str, rel_l2: float) -> tuple[float, float]:
+    """(score tolerance, embedding cosine minimum) for a version of ``precision`` verified within ``rel_l2``:
+    what `check` and `validate` hold a pipeline's answers to."""
+    if precision == "fp32":
+        return FP32_SCORE_TOLERANCE, FP32_COSINE_MINIMUM
+    return max(FP32_SCORE_TOLERANCE, rel_l2), REDUCED_COSINE_MINIMUM
+
+
 def compare_pipeline(record: dict[str, Any], served: dict[str, np.ndarray], rel_tolerance: float = 1e-4,
                      cosine_minimum: float = 0.999) -> tuple[list[str], dict[str, float]]:
     """(what differs, the figures): labels must be identical on every text; scores within ``rel_tolerance``

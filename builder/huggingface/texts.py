@@ -12,7 +12,7 @@ from the product's assets: the build tokenizes with the code it publishes.
 
 from __future__ import annotations
 
-import importlib.util
+import functools
 import json
 from pathlib import Path
 
@@ -20,17 +20,15 @@ import numpy as np
 
 from builder import assets
 from builder.errors import UserInputError
+from builder.files import module_from_file
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".json")
 
 
+@functools.cache  # one file, loaded once per process (encoder_for and the activation both need it)
 def text_steps():
     """templates/pipeline/text_steps.py as a module (the file the steps are published with)."""
-    path = assets.pipeline_step("text_steps.py")
-    spec = importlib.util.spec_from_file_location("triton_builder_text_steps", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return module_from_file(assets.pipeline_step("text_steps.py"), "triton_builder_text_steps")
 
 
 def encoder_for(tokenizer_file: Path, max_length: int, truncation: bool):

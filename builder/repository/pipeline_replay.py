@@ -13,27 +13,23 @@ Usage::
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from builder.huggingface.reference import compare_pipeline
+from builder.files import module_from_file
+from builder.huggingface.reference import compare_pipeline, pipeline_limits
 from builder.repository.config import parse_config
 from builder.repository.layout import existing_versions
 from builder.repository.pipeline import REFERENCE_FILE, pipeline_names
 
-FP32_SCORE_TOLERANCE = 1e-4
 
 
-def _step_module(version_folder: Path):
-    spec = importlib.util.spec_from_file_location(f"triton_builder_replay_{abs(hash(str(version_folder)))}",
-                                                  version_folder / "text_steps.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _step_module(version_folder: Path, file_name: str = "text_steps.py"):
+    """A published step's own shared code (text_steps.py / image_steps.py), as Triton will run it."""
+    return module_from_file(version_folder / file_name, f"triton_builder_replay_{abs(hash(str(version_folder)))}")
 
 
 def _parameters(model_folder: Path) -> dict[str, str]:
@@ -66,11 +62,7 @@ def _replay_images(reference: dict, pre: Path, post: Path, post_params: dict[str
                    precision: str, rel_l2: float) -> tuple[list[str], dict[str, float]]:
     import base64
 
-    spec = importlib.util.spec_from_file_location(f"triton_builder_replay_image_{abs(hash(str(pre)))}",
-                                                  pre / "image_steps.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    processor = module.ImageProcessor(json.loads((pre / "preprocessor_config.json").read_text(encoding="utf-8")))
+    processor = _step_module(pre, "image_steps.py").ImageProcessor(json.loads((pre / "preprocessor_config.json").read_text(encoding="utf-8")))
     pixels, problems = processor.process([base64.b64decode(item) for item in reference["images"]])
     if problems:
         return [f"the published image step refuses {len(problems)} reference image(s): {problems[min(problems)]}"], {}
@@ -78,8 +70,7 @@ def _replay_images(reference: dict, pre: Path, post: Path, post_params: dict[str
     served: dict[str, np.ndarray] = {}
     served["label"], _, served["scores"] = _step_module(post).classify(logits, json.loads(post_params["labels"]),
                                                                        post_params.get("activation", "softmax"))
-    tolerance = FP32_SCORE_TOLERANCE if precision == "fp32" else max(FP32_SCORE_TOLERANCE, rel_l2)
-    return compare_pipeline(reference, served, tolerance)
+    return compare_pipeline(reference, served, *pipeline_limits(precision, rel_l2))
 
 
 def replay_pipeline(root: Path, name: str, version: int, run: Callable[[dict], dict], precision: str = "fp32",
@@ -129,5 +120,4 @@ def replay_pipeline(root: Path, name: str, version: int, run: Callable[[dict], d
                                            for row, text in enumerate(reference["texts"])], dtype=np.object_)
         else:
             served["label"], _, served["scores"] = steps.classify(logits, labels, post_params.get("activation", "softmax"))
-    tolerance = FP32_SCORE_TOLERANCE if precision == "fp32" else max(FP32_SCORE_TOLERANCE, rel_l2)
-    return compare_pipeline(reference, served, tolerance, 0.9999 if precision == "fp32" else 0.99)
+    return compare_pipeline(reference, served, *pipeline_limits(precision, rel_l2))

@@ -19,12 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from builder.huggingface.reference import compare_pipeline
+from builder.huggingface.reference import compare_pipeline, pipeline_limits
 from builder.serving.client import TritonClient, TritonError
 
-FP32_SCORE_TOLERANCE = 1e-4  # relative to the largest score: what an FP32 model's scores may differ by
-FP32_COSINE_MINIMUM = 0.9999
-REDUCED_COSINE_MINIMUM = 0.99  # fp16/int8 versions: the embedding task's own bar (builder/task_metrics.py)
 
 
 def read_pipeline_reference(version_folder: Path) -> dict[str, Any] | None:
@@ -110,7 +107,4 @@ def check_pipeline(client: TritonClient, name: str, reference: dict[str, Any], m
     except TritonError as exc:
         return [f"pipeline: request failed: {' '.join(exc.reason.split())[:300]}"], {}
     served = {key: np.concatenate(parts) for key, parts in answers.items()}
-    if precision == "fp32":
-        return compare_pipeline(reference, served, FP32_SCORE_TOLERANCE, FP32_COSINE_MINIMUM)
-    return compare_pipeline(reference, served, max(FP32_SCORE_TOLERANCE, float(tolerance.get("rel_l2", 0.0))),
-                            REDUCED_COSINE_MINIMUM)
+    return compare_pipeline(reference, served, *pipeline_limits(precision, float(tolerance.get("rel_l2", 0.0))))

@@ -55,8 +55,7 @@ class TextEncoder:
 
     @property
     def unknown_id(self):
-        unk_token = getattr(self.tokenizer.model, "unk_token", None)
-        return self.tokenizer.token_to_id(unk_token) if unk_token else None
+        return unknown_token_id(self.tokenizer)
 
     def statistics(self, encoded, rows=None):
         """(texts, tokens, unknown tokens) of the servable rows: what the text drift counters add."""
@@ -116,6 +115,12 @@ def classify(logits, labels, function):
     return names, scores[np.arange(len(best)), best].astype(np.float32), scores.astype(np.float32)
 
 
+def unknown_token_id(tokenizer):
+    """The id of the tokenizer's unknown token ([UNK]), or None for a tokenizer without one (byte-level BPE)."""
+    unk_token = getattr(tokenizer.model, "unk_token", None)
+    return tokenizer.token_to_id(unk_token) if unk_token else None
+
+
 def special_token_ids(tokenizer_file):
     """The ids of the tokenizer's special tokens ([CLS], [SEP], [PAD], ...): never tagged."""
     with open(tokenizer_file, encoding="utf-8") as handle:
@@ -130,8 +135,7 @@ def token_entities(text, logits, ids, offsets, labels, tokenizer, special_ids, i
     logits = np.asarray(logits, dtype=np.float64)
     shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
     scores = shifted / shifted.sum(axis=-1, keepdims=True)
-    unk_token = getattr(tokenizer.model, "unk_token", None)
-    unknown = tokenizer.token_to_id(unk_token) if unk_token else None
+    unknown = unknown_token_id(tokenizer)
     entities = []
     for index, token in enumerate(int(i) for i in ids):
         if token in special_ids:
