@@ -49,19 +49,28 @@ def make_sentiment(target: Path, train: Path = HERE / "data" / "train.jsonl", st
     labels = torch.tensor([LABELS.index(r["label"]) for r in rows])
     with torch.no_grad():
         pooled = model.bert(**batch).pooler_output
+    accuracy, loss = _fit_head(model, tokenizer, pooled, labels, steps, target)
+    print(f"sentiment head: training accuracy {accuracy:.2f}, loss {loss:.3f} -> {target}")
+    return target
+
+
+def _fit_head(model, tokenizer, features, labels, steps: int, target: Path) -> tuple[float, float]:
+    """Fit the model's classifier layer on frozen encoder features, save model and tokenizer to ``target``:
+    (training accuracy, last loss)."""
+    import torch
+
     optimizer = torch.optim.Adam(model.classifier.parameters(), lr=0.05)
     for _ in range(steps):
         optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model.classifier(pooled), labels)
+        loss = torch.nn.functional.cross_entropy(model.classifier(features), labels)
         loss.backward()
         optimizer.step()
-    accuracy = float((model.classifier(pooled).argmax(-1) == labels).float().mean())
+    accuracy = float((model.classifier(features).argmax(-1) == labels).float().mean())
     if target.exists():
         shutil.rmtree(target)
     model.save_pretrained(str(target))
     tokenizer.save_pretrained(str(target))
-    print(f"sentiment head: training accuracy {accuracy:.2f}, loss {float(loss.detach()):.3f} -> {target}")
-    return target
+    return accuracy, float(loss.detach())
 
 
 TAGS = ["O", "NUM"]
@@ -95,17 +104,7 @@ def make_numbers(target: Path, steps: int = 300, train: Path = HERE / "data" / "
     keep = batch["attention_mask"].bool()
     with torch.no_grad():
         hidden = model.bert(**batch).last_hidden_state[keep]
-    optimizer = torch.optim.Adam(model.classifier.parameters(), lr=0.05)
-    for _ in range(steps):
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model.classifier(hidden), tags[keep])
-        loss.backward()
-        optimizer.step()
-    accuracy = float((model.classifier(hidden).argmax(-1) == tags[keep]).float().mean())
-    if target.exists():
-        shutil.rmtree(target)
-    model.save_pretrained(str(target))
-    tokenizer.save_pretrained(str(target))
+    accuracy, _ = _fit_head(model, tokenizer, hidden, tags[keep], steps, target)
     print(f"number tagger: training token accuracy {accuracy:.3f} -> {target}")
     return target
 
