@@ -185,8 +185,12 @@ def test_tune_writes_the_winner_and_the_server_serves_it(own_server, tmp_path):
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
+    from builder.repository.config import thread_parameter
+
     repo = own_server.repository
     version_before = _tree_hashes(repo / MODEL / "1")
+    built = model_config_pb2.ModelConfig()
+    text_format.Parse((repo / MODEL / "config.pbtxt").read_text(), built)
     budget = 50.0
     built_instances = int(re.search(r"count: (\d+)", (repo / MODEL / "config.pbtxt").read_text()).group(1))
     proc = run_cli("tune", MODEL, "--repository", str(repo), "--url", own_server.grpc_url, "--p99-budget-ms",
@@ -219,7 +223,10 @@ def test_tune_writes_the_winner_and_the_server_serves_it(own_server, tmp_path):
     assert "tuning.json" in text
     config = model_config_pb2.ModelConfig()
     text_format.Parse(text, config)  # Triton's own schema
-    assert config.name == MODEL and config.backend == "python"
+    # the standard folder stays standard: tune changes sizing and batching, never what runs the model
+    assert (config.name, config.backend, config.platform) == (MODEL, built.backend, built.platform)
+    threads_key = thread_parameter(config.parameters)
+    assert threads_key and threads_key == thread_parameter(built.parameters)
     assert config.instance_group[0].count == winner["instances"]
     assert config.HasField("dynamic_batching") == winner["dynamic_batching"]
     assert _tree_hashes(repo / MODEL / "1") == version_before, "the version folder must not change"
@@ -230,7 +237,8 @@ def test_tune_writes_the_winner_and_the_server_serves_it(own_server, tmp_path):
     assert served["instance_group"][0]["count"] == winner["instances"]
     assert ("dynamic_batching" in served) == winner["dynamic_batching"]
     assert served["max_batch_size"] == winner["max_batch_size"]
-    assert served["parameters"]["intra_op_threads"]["string_value"] == str(winner["intra_op_threads"] or 1)
+    threads = str(winner["intra_op_threads"] or built.parameters[threads_key].string_value)  # none tried: as built
+    assert served["parameters"][threads_key]["string_value"] == threads
     assert own_server.model_ready(MODEL)
 
 
@@ -297,6 +305,40 @@ def test_tune_publish_serves_a_winning_change_as_a_new_version_and_nothing_when_
         assert server.model_ready(MODEL)
         with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{MODEL}/versions/2/ready", timeout=10):
             pass  # 200: the new version is served
+
+
+def test_tune_write_rewrites_the_config_in_place_with_an_injected_winner(built_repository, tmp_path, monkeypatch):
+    """The --write branch every run (the CLI test above reaches it only when a change measures best)."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from builder.repository.config import thread_parameter
+    from builder.tuning import tune
+
+    monkeypatch.setattr(tune, "_choose", lambda candidates, default, margin: next(
+        c for c in candidates if c is not default and c.best is not None and not c.error and c.threads))
+    repo = _copy_repository(built_repository, tmp_path / "repo")
+    built = model_config_pb2.ModelConfig()
+    text_format.Parse((repo / MODEL / "config.pbtxt").read_text(), built)
+    version_before = _tree_hashes(repo / MODEL / "1")
+    with EmbeddedServer(repo, load_models=[MODEL], ready_timeout=90) as server:
+        record = tune.run_tune(MODEL, repo, server.grpc_url, p99_budget_ms=200, seconds_per_candidate=2,
+                               delays=[0], instance_counts=[1], thread_counts=[2], max_batch_sizes=[8], levels=[1],
+                               confirm=False, out_dir=tmp_path / "tune", write=True)
+        winner = record["winner"]
+        assert winner["label"] != "default" and winner["intra_op_threads"] == 2 and record["written"]
+        written = model_config_pb2.ModelConfig()
+        text = (repo / MODEL / "config.pbtxt").read_text()
+        text_format.Parse(text, written)  # Triton's own schema
+        assert "# Tuned by triton-builder tune" in text
+        assert (written.backend, written.platform) == (built.backend, built.platform)  # still the standard folder
+        key = thread_parameter(written.parameters)
+        assert key == thread_parameter(built.parameters) and written.parameters[key].string_value == "2"
+        assert _tree_hashes(repo / MODEL / "1") == version_before, "the version folder must not change"
+        with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{MODEL}/config", timeout=10) as response:
+            served = json.load(response)
+        assert served["parameters"][key]["string_value"] == "2"
+        assert served["instance_group"][0]["count"] == winner["instances"] and server.model_ready(MODEL)
 
 
 def test_tune_refuses_a_budget_nothing_meets(own_server, tmp_path):
