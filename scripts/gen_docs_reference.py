@@ -217,7 +217,8 @@ DESCRIPTIONS = {
     "source.huggingface": "A Hugging Face `save_pretrained` folder (offline). The spec then lists no inputs or "
                           "outputs (the folder says them) and `max_batch_size` defaults to 16; the build publishes "
                           "an ensemble `<name>` (text in) over `<name>__preprocess` (the tokenizer), `<name>__model` "
-                          "and, for classification, `<name>__postprocess` (labels and scores). `data.validation` may "
+                          "(an ONNX classifier answers `label`, `score`, `scores` from its graph; other formats and token "
+                          "tags add `<name>__postprocess`). `data.validation` may "
                           "be texts (.txt, .jsonl, .json).",
     "source.task": "With `source.huggingface`: `text-classification`, `token-classification`, `feature-extraction` "
                    "(pooled as the folder's sentence-transformers modules say, else mean) or `image-classification` "

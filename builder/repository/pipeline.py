@@ -11,6 +11,8 @@ A build of ``source: {huggingface: DIR, task: ...}`` publishes ordinary Triton m
 - ``<name>__model``: the standard model folder with its versions, callable directly with ids;
 - ``<name>__postprocess``: classification only: softmax/sigmoid and id2label (templates/pipeline/postprocess.py);
   token-classification: ``entities``, a JSON list per text of its tagged tokens with their character offsets.
+  A classifier whose model step is an ONNX graph has no such step: the build folded the same arithmetic into the
+  graph (builder/huggingface/label_head.py), whose ``label``, ``score`` and ``scores`` the ensemble answers.
 
 The steps' version N goes with the model's version N (the tokenizer the version was verified with).
 Ensembles carry no files: the ensemble's version 1 folder stays empty.
@@ -74,6 +76,17 @@ def pipeline_names(name: str) -> tuple[str, str, str]:
     return name + PREPROCESS_SUFFIX, name + MODEL_SUFFIX, name + POSTPROCESS_SUFFIX
 
 
+def head_folded(model: ModelConfig) -> bool:
+    """The model step answers the labels itself (builder/huggingface/label_head.py): no post-processing step."""
+    return any(o.name == "label" for o in model.outputs)
+
+
+def pipeline_steps(name: str, model: ModelConfig, pipeline: HuggingFacePipeline) -> list[str]:
+    """The models ensemble ``name`` runs, in order."""
+    pre, model_step, post = pipeline_names(name)
+    return [pre, model_step] + ([post] if pipeline.classifies and not head_folded(model) else [])
+
+
 def step_config(name: str, model: ModelConfig, inputs: list[TensorConfig], outputs: list[TensorConfig],
                  parameters: dict[str, str]) -> ModelConfig:
     """A python step sized like the model: one CPU instance per model instance, requests gathered without
@@ -104,7 +117,7 @@ def step_configs(name: str, model: ModelConfig, pipeline: HuggingFacePipeline) -
         "max_length": str(pipeline.max_length), "truncation": "true" if pipeline.truncation else "false",
         "served_as": name, **profile}
     configs = [step_config(pre, model, [text], ids + offsets, parameters)]
-    if pipeline.classifies:
+    if post in pipeline_steps(name, model, pipeline):
         logits = model.outputs[0]
         inputs = [TensorConfig(logits.name, logits.data_type, list(logits.dims))]
         if pipeline.tags_tokens:  # the tags name their tokens: the text, the ids and where each token is in the text
@@ -126,6 +139,9 @@ def ensemble_config(name: str, model: ModelConfig, pipeline: HuggingFacePipeline
                  EnsembleStep(model_step, ids, {logits: logits}),
                  EnsembleStep(post, {TEXT_INPUT: TEXT_INPUT, logits: logits, "input_ids": "input_ids", OFFSETS: OFFSETS},
                               {o.name: o.name for o in outputs})]
+    elif pipeline.classifies and head_folded(model):
+        steps = [EnsembleStep(pre, {raw: raw}, ids),
+                 EnsembleStep(model_step, ids, {o.name: o.name for o in outputs})]
     elif pipeline.classifies:
         logits = model.outputs[0].name
         steps = [EnsembleStep(pre, {raw: raw}, ids),

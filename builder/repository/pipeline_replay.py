@@ -4,7 +4,8 @@ The version's pipeline_reference.json holds the texts and what transformers' pip
 sentence-transformers) answered at build time. Here they go through the files Triton will run: the
 tokenizer step's own text_steps.py and tokenizer.json (``<name>__preprocess`` version N), the model file
 (``<name>__model`` version N, in-process), and the post-processing step's text_steps.py
-(``<name>__postprocess`` version N) - and the answers are held to the record as `check` holds the server's.
+(``<name>__postprocess`` version N; a classifier whose graph carries the label head answers its labels
+itself) - and the answers are held to the record as `check` holds the server's.
 
 Usage::
 
@@ -44,6 +45,14 @@ def step_version(folder: Path, version: int) -> int:
     return max(older) if older else version
 
 
+def _folded_labels(outputs: dict) -> dict[str, np.ndarray] | None:
+    """label and scores as the model answered them where its graph carries the label head, else None."""
+    if "label" not in outputs or "scores" not in outputs:
+        return None
+    labels = [v if isinstance(v, bytes) else str(v).encode("utf-8") for v in np.asarray(outputs["label"]).reshape(-1)]
+    return {"label": np.array(labels, dtype=np.object_), "scores": np.asarray(outputs["scores"], dtype=np.float32)}
+
+
 def changed_step_files(root: Path, version: int, recorded: dict[str, str]) -> list[str]:
     """The step files beside model version ``version`` whose sha256 differs from its record (or that are gone)."""
     from builder.files import sha256_file
@@ -66,10 +75,12 @@ def _replay_images(reference: dict, pre: Path, post: Path, post_params: dict[str
     pixels, problems = processor.process([base64.b64decode(item) for item in reference["images"]])
     if problems:
         return [f"the published image step refuses {len(problems)} reference image(s): {problems[min(problems)]}"], {}
-    logits = next(iter(run({"pixel_values": pixels}).values()))
-    served: dict[str, np.ndarray] = {}
-    served["label"], _, served["scores"] = _step_module(post).classify(logits, json.loads(post_params["labels"]),
-                                                                       post_params.get("activation", "softmax"))
+    outputs = run({"pixel_values": pixels})
+    served = _folded_labels(outputs)
+    if served is None:
+        served = {}
+        served["label"], _, served["scores"] = _step_module(post).classify(
+            next(iter(outputs.values())), json.loads(post_params["labels"]), post_params.get("activation", "softmax"))
     return compare_pipeline(reference, served, *pipeline_limits(precision, rel_l2))
 
 
@@ -84,7 +95,8 @@ def replay_pipeline(root: Path, name: str, version: int, run: Callable[[dict], d
     reference_file = model / str(version) / REFERENCE_FILE
     if not reference_file.is_file():
         return [f"{model.name} version {version} has no {REFERENCE_FILE}: rebuild the version"], {}
-    needed = [pre] + ([post] if (post / "config.pbtxt").is_file() else [])
+    folded = any(o.name == "label" for o in parse_config((model / "config.pbtxt").read_text()).output)
+    needed = [pre] + ([post] if (post / "config.pbtxt").is_file() and not folded else [])
     pre_version, post_version = step_version(pre, version), step_version(post, version)
     missing = [f"{folder.name}/{number}/" for folder, number in zip(needed, (pre_version, post_version))
                if not (folder / str(number) / "model.py").is_file()]
@@ -93,8 +105,8 @@ def replay_pipeline(root: Path, name: str, version: int, run: Callable[[dict], d
                 "model version with another version's pre/post-processing; rebuild the version"], {}
     reference = json.loads(reference_file.read_text(encoding="utf-8"))
     if "images" in reference:
-        return _replay_images(reference, pre / str(pre_version), post / str(post_version), _parameters(post), run,
-                              precision, rel_l2)
+        return _replay_images(reference, pre / str(pre_version), post / str(post_version),
+                              {} if folded else _parameters(post), run, precision, rel_l2)
     params = _parameters(pre)
     encoder = _step_module(pre / str(pre_version)).TextEncoder(pre / str(pre_version) / "tokenizer.json",
                                                            int(params["max_length"]), params.get("truncation") == "true")
@@ -107,6 +119,8 @@ def replay_pipeline(root: Path, name: str, version: int, run: Callable[[dict], d
     served: dict[str, np.ndarray] = {}
     if "embeddings" in reference:
         served["embedding"] = next(iter(outputs.values()))
+    elif _folded_labels(outputs) is not None and "entities" not in reference:
+        served = _folded_labels(outputs)
     else:
         steps, post_params = _step_module(post / str(post_version)), _parameters(post)
         labels, logits = json.loads(post_params["labels"]), next(iter(outputs.values()))

@@ -6,18 +6,21 @@ writes into the repository."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from pathlib import Path
 
 from builder.host import host_profile, serving_size, size_queue_delay
 from builder.monitoring.drift_profile import build_profile, profile_text
-from builder.repository.config import backend_for, render_config, thread_parameter
+from builder.huggingface.label_head import fold_label_head
+from builder.repository.config import TensorConfig, backend_for, render_config, thread_parameter
 from builder.repository.description import VersionDescription
 from builder.repository.interface import InterfaceChange, interface_change
 from builder.repository.layout import check_version_free, reserve_version
 from builder.repository.metadata import library_versions, reference_bytes
 from builder.repository.monitored import monitored_names, publish_monitor, refuse_mixed
-from builder.repository.pipeline import REFERENCE_FILE, pipeline_names, publish_pipeline, step_file_hashes
+from builder.repository.pipeline import (REFERENCE_FILE, head_folded, pipeline_names, pipeline_steps, publish_pipeline,
+                                        step_file_hashes)
 from builder.repository.user_pipeline import REFERENCE_FILE as STEPS_REFERENCE_FILE
 from builder.repository.user_pipeline import publish_user_pipeline
 from builder.repository.publish import MODEL_FILES, config_for, publish_model, python_backend_files
@@ -87,7 +90,8 @@ def _profile_data(ctx: BuildContext, variant: Variant):
 
 
 def _serving_config(ctx: BuildContext, variant: Variant, name: str):
-    """The version's config, and the serving size and batching delay it was sized with."""
+    """The version's config, the serving size and batching delay it was sized with, and the model files (a
+    classifier's model step behind its pipeline: the variant's graph with the label head folded in)."""
     signature = ctx.reference.output_signature()
     profile = host_profile(with_gpu=False)
     sizing = serving_size(variant.benchmark, profile["usable_cores"])
@@ -96,14 +100,32 @@ def _serving_config(ctx: BuildContext, variant: Variant, name: str):
     delay = size_queue_delay(p50 / 1000.0 if p50 else None, bench.get("throughput_by_batch"))
     config = config_for(ctx.spec, variant.format, ctx.target, name, signature,
                         sizing=sizing[:2] if sizing else None, queue_delay_us=delay[0] if p50 else None)
-    return config, sizing, delay
+    files = list(variant.files)
+    if ctx.pipeline is not None and name == pipeline_names(ctx.spec.name)[1]:
+        config, files = _with_label_head(ctx, variant, config, files)
+    return config, sizing, delay, files
+
+
+def _with_label_head(ctx: BuildContext, variant: Variant, config, files: list[Path]):
+    """A classifier's post-processing folded into its ONNX graph (builder/huggingface/label_head.py): the ensemble
+    then runs one python step (the tokenizer), not two. Other formats keep the python post-processing step."""
+    pipeline = ctx.pipeline
+    if not (pipeline.classifies and not pipeline.tags_tokens and variant.format == "onnx" and len(files) == 1
+            and config.max_batch_size > 0 and len(config.outputs) == 1):
+        return config, files
+    headed = ctx.workdir / "label_head" / variant.name / "model.onnx"
+    if not fold_label_head(files[0], headed, config.outputs[0].name, pipeline.labels, pipeline.activation):
+        return config, files
+    outputs = [TensorConfig("label", "TYPE_STRING", [1]), TensorConfig("score", "TYPE_FP32", [1]),
+               TensorConfig("scores", "TYPE_FP32", [len(pipeline.labels)])]
+    return dataclasses.replace(config, outputs=list(config.outputs) + outputs), [headed]
 
 
 def _describe(ctx: BuildContext, variant: Variant, name: str, version: int,
               serving) -> tuple[VersionDescription, str]:
     """The version's description (``serving``: ``_serving_config``'s), and a progress line for what it
     carries beyond the model ("" if nothing)."""
-    config, sizing, delay = serving
+    config, sizing, delay, model_files = serving
     # a variant verified by task accuracy serves its own function: check compares with its own outputs
     outputs = variant.own_outputs if variant.own_outputs is not None else ctx.reference.outputs
     extra: dict[str, bytes] = {"reference.npz": reference_bytes(ctx.reference.cases, outputs)}
@@ -113,6 +135,9 @@ def _describe(ctx: BuildContext, variant: Variant, name: str, version: int,
     if profiled is not None:
         extra["drift_profile.json"] = profile_text(build_profile(*profiled)).encode()
     record = _metadata(ctx, variant, name, version, None, config.backend)  # version + files_sha256: on publish
+    if ctx.pipeline is not None and head_folded(config):  # the label head's outputs are this version's interface too
+        record["spec"]["outputs"] += [{"name": o.name, "dtype": "string" if o.data_type == "TYPE_STRING" else "float32",
+                                       "shape": list(o.dims)} for o in config.outputs[len(ctx.spec.outputs):]]
     if name != ctx.spec.name and name == monitored_names(ctx.spec.name)[0] and ctx.pipeline is None:
         record["monitor"] = {"served_as": ctx.spec.name, "step": monitored_names(ctx.spec.name)[1]}
     if ctx.user_steps is not None and name == pipeline_names(ctx.spec.name)[1]:
@@ -123,7 +148,9 @@ def _describe(ctx: BuildContext, variant: Variant, name: str, version: int,
     if ctx.pipeline is not None and name == pipeline_names(ctx.spec.name)[1]:
         extra[REFERENCE_FILE] = ctx.pipeline.reference
         record["pipeline"] = {"served_as": ctx.spec.name, "task": ctx.pipeline.task,
-                              "steps": list(pipeline_names(ctx.spec.name)),
+                              "steps": pipeline_steps(ctx.spec.name, config, ctx.pipeline),
+                              **({"label_head": "folded into the graph (builder/huggingface/label_head.py)"}
+                                 if head_folded(config) else {}),
                               "max_length": ctx.pipeline.max_length, "truncation": ctx.pipeline.truncation,
                               "steps_sha256": step_file_hashes(ctx.spec.name, config, ctx.pipeline)}
     said = ""
@@ -153,7 +180,7 @@ def _describe(ctx: BuildContext, variant: Variant, name: str, version: int,
                                             f"built on the GPU host: {BUILD_PLANS})")
     extra.update(report_files(ctx))
     return VersionDescription(name=name, version=version, config=config, model_format=variant.format,
-                              model_files=variant.files, runtime_files=python_backend_files(config),
+                              model_files=model_files, runtime_files=python_backend_files(config),
                               extra_files=extra, metadata=record, signing_key=ctx.options.signing_key), said
 
 

@@ -3,7 +3,7 @@
   <name>/               platform "ensemble", the name clients call: text in (TYPE_STRING), labels out
   <name>__preprocess/   this step: text -> input_ids, attention_mask (the folder's tokenizer.json)
   <name>__model/        the standard model folder (onnxruntime_onnx, openvino, ...), callable with ids too
-  <name>__postprocess/  scores -> labels (text-classification, token-classification)
+  <name>__postprocess/  scores -> labels (token tags; a classifier whose model is not an ONNX graph)
 
 Requests gathered by the dynamic batcher are tokenized together and padded to the longest text among
 them, so the model step receives requests of one sequence length, which its own batcher can merge.

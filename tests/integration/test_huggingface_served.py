@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from builder.pipeline import build
+from builder.repository.config import parse_config
 from builder.repository.validate import validate_model
 from builder.serving.check import check_served
 from builder.serving.client import TritonClient, TritonError
@@ -93,6 +94,14 @@ def test_the_repository_is_standard_folders_and_the_reference_is_the_pipeline_on
     assert reference["library"].startswith("transformers ") and set(reference["labels"]) <= {"NEGATIVE", "POSITIVE"}
     assert 'platform: "onnxruntime_onnx"' in (hf_repository / "minilm_sentiment__model" / "config.pbtxt").read_text()
     assert (hf_repository / "minilm_sentiment__preprocess" / "1" / "tokenizer.json").is_file()
+    # an ONNX classifier answers its labels from the graph (the folded label head): one python step, not two
+    ensemble = parse_config((hf_repository / "minilm_sentiment" / "config.pbtxt").read_text())
+    assert [s.model_name for s in ensemble.ensemble_scheduling.step] == ["minilm_sentiment__preprocess",
+                                                                         "minilm_sentiment__model"]
+    assert not (hf_repository / "minilm_sentiment__postprocess").exists()
+    model = parse_config((hf_repository / "minilm_sentiment__model" / "config.pbtxt").read_text())
+    assert [o.name for o in model.output] == ["logits", "label", "score", "scores"]
+    assert (hf_repository / "minilm_numbers__postprocess").is_dir()  # token tags need the text: a python step
     embeddings = json.loads((hf_repository / "minilm_embeddings__model" / "1" / "pipeline_reference.json").read_text())
     assert embeddings["library"].startswith("sentence-transformers ")
 
@@ -124,7 +133,8 @@ def test_labels_come_back_as_strings_and_the_bare_model_takes_ids(hf_served):
         assert got["scores"].shape == (2, 2) and np.allclose(got["scores"].sum(axis=1), 1.0, atol=1e-5)
         ids = {"input_ids": np.array([[101, 2307, 102]], dtype=np.int64),
                "attention_mask": np.ones((1, 3), dtype=np.int64)}
-        assert client.infer("minilm_sentiment__model", ids)["logits"].shape == (1, 2)
+        bare = client.infer("minilm_sentiment__model", ids)
+        assert bare["logits"].shape == (1, 2) and bare["label"].dtype == np.object_ and bare["scores"].shape == (1, 2)
 
 
 def test_tagged_tokens_come_back_as_json_with_their_place_in_the_text(hf_served):

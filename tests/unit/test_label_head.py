@@ -1,0 +1,97 @@
+"""The classification post-processing folded into the ONNX graph (builder/huggingface/label_head.py): the same
+labels and scores as the python step's arithmetic (templates/pipeline/text_steps.py classify), the ensemble then
+one python step shorter (golden file, Triton's schema), and graphs it cannot take left to the python step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from builder import assets
+from builder.files import module_from_file
+from builder.huggingface.label_head import fold_label_head, head_refusal
+from builder.repository.config import (DynamicBatching, InstanceGroup, ModelConfig, TensorConfig, parse_config,
+                                       render_config)
+from builder.repository.monitored import render_ensemble
+from builder.repository.pipeline import HuggingFacePipeline, ensemble_config, pipeline_steps, step_configs
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+LABELS = ["NEGATIVE", "NEUTRAL", "POSITIVE"]
+
+
+def _classifier(path: Path, half: bool = False, output: str = "logits", extra_output: str | None = None) -> Path:
+    weights = np.random.default_rng(0).normal(size=(4, len(LABELS))).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["raw" if half else output])]
+    if half:  # an FP16 variant answers FP16 logits: the head computes its scores in FP32
+        nodes.append(helper.make_node("Cast", ["raw"], [output], to=TensorProto.FLOAT16))
+    outputs = [helper.make_tensor_value_info(output, TensorProto.FLOAT16 if half else TensorProto.FLOAT,
+                                             ["batch", len(LABELS)])]
+    if extra_output:
+        nodes.append(helper.make_node("Identity", ["x"], [extra_output]))
+        outputs.append(helper.make_tensor_value_info(extra_output, TensorProto.FLOAT, ["batch", 4]))
+    graph = helper.make_graph(nodes, "classifier", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                              outputs, [onnx.numpy_helper.from_array(weights, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    return path
+
+
+def _run(path: Path, x: np.ndarray) -> dict[str, np.ndarray]:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, {"x": x})))
+
+
+@pytest.mark.parametrize("activation", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("half", [False, True], ids=["fp32 logits", "fp16 logits"])
+def test_the_folded_head_answers_what_the_python_step_answers(tmp_path, activation, half):
+    steps = module_from_file(assets.pipeline_step("text_steps.py"), "text_steps_for_head_test")
+    headed = tmp_path / "headed.onnx"
+    assert fold_label_head(_classifier(tmp_path / "model.onnx", half), headed, "logits", LABELS, activation)
+    x = np.random.default_rng(1).normal(size=(5, 4)).astype(np.float32)
+    got = _run(headed, x)
+    assert list(got) == ["logits", "label", "score", "scores"]  # the logits stay: the bare model still answers them
+    names, best, scores = steps.classify(got["logits"], LABELS, activation)
+    assert got["label"].shape == (5, 1) and got["score"].shape == (5, 1) and got["scores"].shape == (5, 3)
+    assert [str(v) for v in got["label"].reshape(-1)] == [n.decode() for n in names]
+    np.testing.assert_allclose(got["scores"], scores, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["score"].reshape(-1), best, rtol=1e-5, atol=1e-6)
+
+
+def test_a_graph_the_head_cannot_take_is_left_to_the_python_step(tmp_path):
+    model = _classifier(tmp_path / "model.onnx")
+    assert head_refusal(model, "scores_out") == "the graph has no output 'scores_out' (outputs: logits)"
+    clash = _classifier(tmp_path / "clash.onnx", extra_output="label")
+    assert head_refusal(clash, "logits") == "the graph already names a tensor label"
+    assert not fold_label_head(clash, tmp_path / "out.onnx", "logits", LABELS, "softmax")
+    assert not (tmp_path / "out.onnx").exists()
+    assert not fold_label_head(model, tmp_path / "out.onnx", "logits", [], "softmax")  # no labels: nothing to name
+
+
+def _headed_model() -> ModelConfig:
+    return ModelConfig(name="sentiment__model", backend="onnxruntime_onnx", max_batch_size=16,
+                       inputs=[TensorConfig("input_ids", "TYPE_INT64", [-1]),
+                               TensorConfig("attention_mask", "TYPE_INT64", [-1])],
+                       outputs=[TensorConfig("logits", "TYPE_FP32", [2]), TensorConfig("label", "TYPE_STRING", [1]),
+                                TensorConfig("score", "TYPE_FP32", [1]), TensorConfig("scores", "TYPE_FP32", [2])],
+                       dynamic_batching=DynamicBatching(0), instance_groups=[InstanceGroup("KIND_CPU", 2)])
+
+
+def test_a_folded_classifier_is_served_by_the_tokenizer_and_the_model_alone():
+    pipeline = HuggingFacePipeline(task="text-classification", tokenizer_file=Path("tokenizer.json"), max_length=128,
+                                   truncation=False, labels=["NEGATIVE", "POSITIVE"])
+    model = _headed_model()
+    text = render_ensemble(ensemble_config("sentiment", model, pipeline))
+    assert text == (GOLDEN / "pipeline_headed_ensemble.pbtxt").read_text()
+    parsed = parse_config(text)
+    assert [s.model_name for s in parsed.ensemble_scheduling.step] == ["sentiment__preprocess", "sentiment__model"]
+    assert dict(parsed.ensemble_scheduling.step[1].output_map) == {"label": "label", "score": "score", "scores": "scores"}
+    assert [(o.name, o.data_type) for o in parsed.output] == [("label", 13), ("score", 11), ("scores", 11)]
+    assert [c.name for c in step_configs("sentiment", model, pipeline)] == ["sentiment__preprocess"]
+    assert pipeline_steps("sentiment", model, pipeline) == ["sentiment__preprocess", "sentiment__model"]
+    model_config = parse_config(render_config(model))  # the model step's config: Triton's schema takes it
+    assert [(o.name, o.data_type) for o in model_config.output] == [("logits", 11), ("label", 13), ("score", 11),
+                                                                    ("scores", 11)]
