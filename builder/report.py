@@ -109,6 +109,7 @@ def report_dict(ctx) -> dict[str, Any]:
         "stages": [r.to_dict() for r in ctx.results],
         "variants": variant_rows(ctx),
         "notes": list(ctx.notes),
+        **({"steps": step_rows(ctx)} if step_rows(ctx) else {}),
     }
 
 
@@ -131,7 +132,8 @@ def report_files(ctx) -> dict[str, bytes]:
         lines.extend(f"  - {n}" for n in row["notes"] if "\n" not in n)  # tables get their own section
         if "\n" in row["rejected"]:  # a one-line reason is already in `why`
             lines.extend(f"  {line}" for line in row["rejected"].splitlines())
-    lines += _measurement_lines(ctx) + _tradeoff_lines(data["variants"]) + _search_lines(data["variants"])
+    lines += _measurement_lines(ctx) + step_lines(ctx) + _tradeoff_lines(data["variants"])
+    lines += _search_lines(data["variants"])
     lines += compression_lines(data["variants"])
     if data["notes"]:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in data["notes"]]
@@ -195,6 +197,40 @@ def _measurement_lines(ctx) -> list[str]:
                  _fmt(bench.get("peak_memory_mb"), ".1f"),
                  "yes" if not unstable else f"no at b={','.join(unstable)} (fastest 3 windows)"]
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def step_rows(ctx) -> list[dict[str, Any]]:
+    """A Hugging Face pipeline's request split between its steps, in-process at batch 1 (stage benchmark timed the
+    steps' own code; the model's figure is the selected variant's p50): [] for other models or unmeasured builds."""
+    timings, selected = ctx.step_timings, ctx.selected
+    lat = ((selected.benchmark or {}).get("latency_ms_b1") or {}) if selected is not None else {}
+    if ctx.pipeline is None or "preprocess_us" not in timings or lat.get("p50") is None:
+        return []
+    name = ctx.spec.name
+    rows = [{"step": f"{'image step' if ctx.pipeline.images else 'tokenizer'} ({name}__preprocess, python)",
+             "us": timings["preprocess_us"]},
+            {"step": f"model ({name}__model, {selected.name})", "us": lat["p50"] * 1000.0}]
+    if timings.get("labels_in_graph"):
+        rows.append({"step": f"post-processing (in {name}__model's graph: the folded label head)", "us": None})
+    elif "postprocess_us" in timings:
+        rows.append({"step": f"post-processing ({name}__postprocess, python)", "us": timings["postprocess_us"]})
+    return rows
+
+
+def step_lines(ctx) -> list[str]:
+    rows = step_rows(ctx)
+    if not rows:
+        return []
+    total = sum(r["us"] for r in rows if r["us"] is not None)
+    lines = ["", "## Where a request's time goes (in-process, one request at a time)", "",
+             "| step | us per request | share |", "|---|---|---|"]
+    lines += [f"| {r['step']} | {_fmt(r['us'], ',.0f')} | "
+              f"{'-' if r['us'] is None else format(r['us'] / total, '.0%')} |" for r in rows]
+    python_steps = sum(1 for r in rows if r["step"].endswith("python)"))
+    lines += ["", f"Served, each python step is also one python-backend call ({python_steps} here: about 0.3-1 ms "
+              "each on 2 cores) and the ensemble hands tensors between steps: `triton-builder sweep "
+              f"{ctx.spec.name}` prints the served split from Triton's statistics of each step."]
     return lines
 
 

@@ -184,6 +184,9 @@ class BuildContext:
     source_hashes: dict[str, str] = field(default_factory=dict)
     pipeline: Any = None  # a Hugging Face source: builder/repository/pipeline.py HuggingFacePipeline (stage load)
     user_steps: Any = None  # spec preprocess/postprocess: builder/user_steps.py UserSteps (stage load)
+    # a pipeline's steps timed in-process (stage benchmark: builder/huggingface/step_timing.py); stage publish adds
+    # labels_in_graph where it folded a classifier's post-processing into the model (builder/huggingface/label_head.py)
+    step_timings: dict[str, Any] = field(default_factory=dict)
     results: list[StageResult] = field(default_factory=list)
 
     @property

@@ -33,6 +33,7 @@ from typing import Callable
 
 import numpy as np
 
+from builder.huggingface.step_timing import time_steps
 from builder.measure import (STABLE_TOLERANCE, STABLE_WINDOWS, batch_sizes, cpu_cores, human, load_average,
                              measure_round_robin, rss_mb, warm_up)
 from builder.runtime import open_runner
@@ -358,6 +359,8 @@ def run(ctx: BuildContext) -> StageResult:
                                  f"{human(bench['best_throughput'])} inf/s at b={bench['best_batch']}")
         ctx.progress(f"  {variant.name}: {summary[variant.name]}"
                      + (f" (not stable within the cap at batch {', '.join(unstable)})" if unstable else ""))
+    if ctx.pipeline is not None and summary:  # the build report's split of a request's time between the steps
+        ctx.step_timings.update(time_steps(ctx.pipeline, seconds=min(1.0, cap / 4)))
     text = "; ".join([f"{k}: {v}" for k, v in summary.items()] + [f"{k} FAILED: {v}" for k, v in failed.items()])
     outputs = {"threads": threads, "cap_seconds": cap, "measured": summary, "failed": failed,
                "interleaved": together}

