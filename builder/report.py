@@ -226,7 +226,7 @@ def step_lines(ctx) -> list[str]:
     lines = ["", "## Where a request's time goes (in-process, one request at a time)", "",
              "| step | us per request | share |", "|---|---|---|"]
     lines += [f"| {r['step']} | {_fmt(r['us'], ',.0f')} | "
-              f"{'-' if r['us'] is None else format(r['us'] / total, '.0%')} |" for r in rows]
+              f"{'-' if r['us'] is None else format(r['us'] / total, '.1%')} |" for r in rows]
     python_steps = sum(1 for r in rows if r["step"].endswith("python)"))
     lines += ["", f"Served, each python step is also one python-backend call ({python_steps} here: about 0.3-1 ms "
               "each on 2 cores) and the ensemble hands tensors between steps: `triton-builder sweep "
