@@ -22,6 +22,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 EXTERNAL_DATA_THRESHOLD = 1 << 30  # bytes of weights above which they go to <file>.data beside the model
 ORT_LEVELS = ("basic", "extended", "all")
 # onnxoptimizer passes that only fold or remove (never change numerics beyond float rounding)
@@ -99,6 +101,35 @@ def copy_with_external_data(src: Path, dst: Path) -> None:
 
 def op_types(model) -> set[str]:
     return {node.op_type for node in model.graph.node}
+
+
+def macs_by_op(model, op_types) -> dict[str, int]:
+    """Multiply-adds per sample of each of ``op_types``, summed per op type: a node's weight elements (its
+    initializers) times the positions it applies them at (a Conv's output pixels, a MatMul's tokens), from the
+    graph's inferred shapes; a position count the shapes leave open counts 1 (the weights alone)."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - a graph shape inference cannot take: weights alone
+        inferred = model
+    shapes = {}
+    for info in list(inferred.graph.value_info) + list(inferred.graph.output):
+        dims = info.type.tensor_type.shape.dim
+        shapes[info.name] = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+    sizes = {t.name: int(np.prod(t.dims)) if t.dims else 1 for t in model.graph.initializer}
+    counts = {op: 0 for op in op_types}
+    for node in model.graph.node:
+        if node.op_type not in counts:
+            continue
+        weights = sum(sizes.get(name, 0) for name in node.input)
+        out = shapes.get(node.output[0]) or []
+        # per sample: a Conv's [N, C, *spatial] applies its kernel at every output pixel; a MatMul's [N, *rows, cols]
+        # its weight at every row (token)
+        between = out[2:] if node.op_type.startswith("Conv") else out[1:-1]
+        positions = int(np.prod([d for d in between if d])) if between else 1
+        counts[node.op_type] += weights * max(positions, 1)
+    return counts
 
 
 def clean_value_info(model):

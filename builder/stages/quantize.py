@@ -37,11 +37,40 @@ from builder.variants import CPU_TARGETS, register_variant
 STAGE = "quantize"
 CALIBRATION_BATCH = 16
 DYNAMIC_OPS = ("MatMul", "Gemm")
+CONV_OPS = ("Conv", "ConvTranspose")
 FUSED_OPS = ("Attention",)  # onnxruntime's fused attention (stage optimize): quantize_dynamic makes it QAttention
+
+
+# dynamic INT8 quantizes MatMul/Gemm (nn.Linear) only: where they hold less than this share of a convolutional
+# graph's weights, the variant is the FP32 graph with an INT8 head - it cannot win, yet its search, verification and
+# measurement cost about a minute of a 2-core build (ResNet-18: ~50-60 s; docs/benchmarks.md)
+MIN_DYNAMIC_SHARE = 0.10
 
 
 class NotApplicable(Exception):
     """The variant makes no sense for this model (recorded as skipped, not as a failure)."""
+
+
+def small_dynamic_share(ctx: BuildContext, variant: str, layers: str, weights: tuple[int, int] = (0, 0)) -> NotApplicable | None:
+    """Why a dynamic INT8 variant is skipped on a convolutional model (None: it is made): ``layers`` (what its
+    quantizer takes) hold under MIN_DYNAMIC_SHARE of the multiply-adds of the ONNX export (builder/onnx_tools.py
+    macs_by_op), or without one, of the ``weights`` (dynamic, convolution) elements. A variant the spec or --variants
+    names is always made."""
+    named = ctx.options.variants or ctx.spec.variants or []
+    base = ctx.variant("onnx")
+    if base is not None and base.path.exists():
+        macs = onnx_tools.macs_by_op(onnx_tools.load(base.path), DYNAMIC_OPS + FUSED_OPS + CONV_OPS)
+        (dynamic, conv), measure = (sum(macs[op] for op in DYNAMIC_OPS + FUSED_OPS),
+                                    sum(macs[op] for op in CONV_OPS)), "multiply-adds"
+    else:
+        (dynamic, conv), measure = weights, "weights"
+    total = dynamic + conv
+    if variant in named or conv == 0 or total == 0 or dynamic / total >= MIN_DYNAMIC_SHARE:
+        return None
+    return NotApplicable(f"{layers} hold {dynamic / total:.1%} of the {measure}, the convolutions {conv / total:.1%}: "
+                         "dynamic INT8 quantizes only the former, so this would be the FP32 graph with an INT8 head "
+                         "(no faster than onnx); onnx_int8_static and openvino_int8 quantize the convolutions. Name "
+                         f"{variant} in variants (or --variants) to make it anyway")
 
 
 def _dynamic_base(ctx: BuildContext) -> Variant:
@@ -297,6 +326,9 @@ def make_int8_dynamic(ctx: BuildContext) -> str:
     targets = sorted(onnx_tools.op_types(model) & set(DYNAMIC_OPS + FUSED_OPS))
     if not targets:
         raise NotApplicable("the graph has no MatMul/Gemm for dynamic INT8 to quantize (it would equal onnx)")
+    skip = small_dynamic_share(ctx, "onnx_int8_dynamic", "MatMul/Gemm")
+    if skip is not None:
+        raise skip
     out_dir = ctx.workdir / "onnx_int8_dynamic"
     out_dir.mkdir(parents=True, exist_ok=True)
     large = onnx_tools.weight_bytes(model) > onnx_tools.EXTERNAL_DATA_THRESHOLD
@@ -359,6 +391,13 @@ def make_torchscript_int8_dynamic(ctx: BuildContext) -> str:
         kinds = ", ".join(sorted({str(d).removeprefix("torch.") for d in layers.values()}))
         raise NotApplicable(f"the model's nn.Linear layers are {kinds}, not float32: torch dynamic INT8 quantizes "
                             "float32 nn.Linear only (it would fail on the first call)")
+    convs = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvTranspose1d, torch.nn.ConvTranspose2d,
+             torch.nn.ConvTranspose3d)
+    skip = small_dynamic_share(ctx, "torchscript_int8_dynamic", "nn.Linear layers", (
+        sum(m.weight.numel() for n, m in ctx.model.named_modules() if n in names),
+        sum(m.weight.numel() for m in ctx.model.modules() if isinstance(m, convs))))
+    if skip is not None:
+        raise skip
     linears, which = len(names), {torch.nn.Linear} if len(names) == len(layers) else names
     base = ctx.variant("torchscript")
     order = ["trace", "script"] if base is None or base.exporter != "torch.jit.script" else ["script"]

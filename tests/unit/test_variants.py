@@ -33,7 +33,10 @@ DEFAULTS = ["onnx", "torchscript", "openvino", "openvino_int8", "onnx_opt", "onn
 @pytest.fixture(scope="module")
 def digits_build(tmp_path_factory):
     repo = tmp_path_factory.mktemp("variants") / "repo"
-    return build(EXAMPLES / "digits" / "spec.yaml", repo, benchmark_seconds=CAP, progress=lambda m: None)
+    # named, so that the dynamic INT8 variants are made too: unnamed, a CNN skips them (its dense layers are 0.4 %
+    # of the multiply-adds; test_a_default_build_of_a_cnn_skips_dynamic_int8 below)
+    return build(EXAMPLES / "digits" / "spec.yaml", repo, variants=DEFAULTS, benchmark_seconds=CAP,
+                 progress=lambda m: None)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -48,6 +51,26 @@ def test_default_variants_on_cpu_targets(digits_build):
                                               "onnx_int8_dynamic", "torchscript_int8_dynamic", "openvino",
                                               "openvino_int8"]
     assert ctx.base_only == {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["onnx_int8_dynamic", "torchscript_int8_dynamic"])
+def test_a_default_build_of_a_cnn_skips_dynamic_int8(digits_build, variant, tmp_path):
+    import copy
+
+    import torch
+
+    from builder.stages import quantize
+
+    ctx = copy.deepcopy(digits_build.context)
+    ctx.options.variants = None  # the default variants: nothing named
+    onnx_variant = ctx.variant("onnx")  # the build's work folder is gone: the same export again
+    onnx_variant.path = tmp_path / "model.onnx"
+    torch.onnx.export(ctx.model.eval(), torch.zeros(1, 1, 8, 8), str(onnx_variant.path), dynamo=False,
+                      input_names=["image"], dynamic_axes={"image": {0: "batch"}})
+    with pytest.raises(quantize.NotApplicable, match=r"hold 0\.4% of the multiply-adds, the convolutions 99\.6%: "
+                                                     r"dynamic INT8 quantizes only the former"):
+        quantize.MAKERS[variant](ctx)
 
 
 @pytest.mark.slow
