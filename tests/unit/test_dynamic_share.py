@@ -1,6 +1,6 @@
 """Dynamic INT8 on a convolutional model: skipped where MatMul/Gemm (nn.Linear) hold a small share of the
 multiply-adds (it would be the FP32 graph with an INT8 head), made where they carry the model, and always made when
-the spec or --variants names it."""
+the spec or --variants names it; static INT8 on a transformer encoder skipped where openvino_int8 covers it."""
 
 from __future__ import annotations
 
@@ -68,3 +68,39 @@ def test_without_an_onnx_export_the_weights_decide(linear, conv, skipped):
     assert (skip is not None) == skipped
     if skipped:
         assert str(skip).startswith("nn.Linear layers hold 5.0% of the weights, the convolutions 95.0%")
+
+
+# -- static INT8 on a transformer encoder ---------------------------------------------------------------------------
+
+def _encoder_ctx(tmp_path: Path, named=None, search="auto", wants_openvino=True, fused=True):
+    fused_graph = tmp_path / "onnx_opt.onnx"
+    fused_graph.write_bytes(b"")
+    onnx_opt = SimpleNamespace(name="onnx_opt", path=fused_graph,
+                               passes=["onnxruntime transformer optimizer (bert)"] if fused else ["extended"])
+    onnx_base = SimpleNamespace(name="onnx", path=fused_graph)
+    return SimpleNamespace(options=SimpleNamespace(variants=named),
+                           spec=SimpleNamespace(variants=None, quantization=SimpleNamespace(search=search)),
+                           wants=lambda name: wants_openvino or name != "openvino_int8",
+                           variant=lambda name: {"onnx_opt": onnx_opt, "onnx": onnx_base}.get(name))
+
+
+@pytest.mark.parametrize("case, kwargs, plugin, skipped", [
+    ("a fused encoder, openvino_int8 made here", {}, None, True),
+    ("the OpenVINO CPU plugin does not run here", {}, "OpenVINO's CPU plugin does not run on this host", False),
+    ("openvino_int8 not asked for", {"wants_openvino": False}, None, False),
+    ("onnx_int8_static named", {"named": ["onnx_int8_static", "openvino_int8"]}, None, False),
+    ("quantization.search on", {"search": "on"}, None, False),
+    ("not an encoder (no transformer fusion)", {"fused": False}, None, False),
+])
+def test_static_int8_on_an_encoder_is_skipped_only_where_openvino_int8_covers_it(tmp_path, monkeypatch, case, kwargs,
+                                                                                  plugin, skipped):
+    from builder import openvino_tools
+    from builder.stages.quantize import static_on_an_encoder
+
+    monkeypatch.setattr(openvino_tools, "cpu_plugin_problem", lambda: plugin)
+    skip = static_on_an_encoder(_encoder_ctx(tmp_path, **kwargs))
+    assert (skip is not None) == skipped, case
+    if skipped:
+        assert str(skip).startswith("a transformer encoder (its graph fused as onnx_opt): static activation scales "
+                                    "lost the task")
+        assert "Name onnx_int8_static in variants (or --variants) to search it anyway" in str(skip)
