@@ -110,6 +110,7 @@ def report_dict(ctx) -> dict[str, Any]:
         "variants": variant_rows(ctx),
         "notes": list(ctx.notes),
         **({"steps": step_rows(ctx)} if step_rows(ctx) else {}),
+        "variant_seconds": dict(ctx.variant_seconds),
     }
 
 
@@ -140,6 +141,9 @@ def report_files(ctx) -> dict[str, bytes]:
     lines += ["", "## Stages", "", "| stage | status | seconds | reason |", "|---|---|---|---|"]
     lines += [f"| {r.stage} | {r.status.value} | {r.seconds:.2f} | {r.reason.splitlines()[0] if r.reason else ''} |"
               for r in ctx.results]
+    if data["variant_seconds"]:  # where a stage's time went: the variants it made, one by one
+        lines += ["", "Variants made (seconds, within their stage): "
+                  + ", ".join(f"{name} {seconds:.1f}" for name, seconds in data["variant_seconds"].items()) + "."]
     for name in sorted(n for n in files if n.endswith(".png")):
         lines += ["", f"![{Path(name).stem}]({name})"]
     files["build_report.md"] = ("\n".join(lines) + "\n").encode()

@@ -187,6 +187,8 @@ class BuildContext:
     # a pipeline's steps timed in-process (stage benchmark: builder/huggingface/step_timing.py); stage publish adds
     # labels_in_graph where it folded a classifier's post-processing into the model (builder/huggingface/label_head.py)
     step_timings: dict[str, Any] = field(default_factory=dict)
+    # seconds each variant took to make, within the stage that made it (the build report's "where the time goes")
+    variant_seconds: dict[str, float] = field(default_factory=dict)
     results: list[StageResult] = field(default_factory=list)
 
     @property

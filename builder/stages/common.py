@@ -16,6 +16,7 @@ import io
 import os
 import re
 import shutil
+import time
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -57,6 +58,7 @@ def make_each(ctx: "BuildContext", wanted: list[str], make: Callable[[str], str]
     made, failed = {}, {}
     for name in wanted:
         ctx.progress(f"  making {name} ...")
+        started = time.perf_counter()
         try:
             made[name] = make(name)
         except UserInputError:
@@ -66,6 +68,8 @@ def make_each(ctx: "BuildContext", wanted: list[str], make: Callable[[str], str]
             failed[name] = onnx_tools.short_error(exc)
             not_made(ctx, name, failed[name])
             shutil.rmtree(ctx.workdir / name, ignore_errors=True)
+        finally:
+            ctx.variant_seconds[name] = round(time.perf_counter() - started, 2)
     text = "; ".join([f"{k}: {v}" for k, v in made.items()] + [f"{k} FAILED: {v}" for k, v in failed.items()])
     return made, failed, text
 

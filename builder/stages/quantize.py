@@ -466,6 +466,7 @@ def run(ctx: BuildContext) -> StageResult:
     made, skipped, failed = {}, {}, {}
     for name in wanted:
         ctx.progress(f"  making {name} ...")
+        started = time.perf_counter()
         try:
             made[name] = MAKERS[name](ctx)
         except NotApplicable as exc:
@@ -476,6 +477,7 @@ def run(ctx: BuildContext) -> StageResult:
             not_made(ctx, name, failed[name])
         if name not in made:
             shutil.rmtree(ctx.workdir / name, ignore_errors=True)
+        ctx.variant_seconds[name] = round(time.perf_counter() - started, 2)
     text = "; ".join([f"{k}: {v}" for k, v in made.items()] + [f"{k} skipped: {v}" for k, v in skipped.items()]
                      + [f"{k} FAILED: {v}" for k, v in failed.items()])
     outputs = {"made": made, "skipped": skipped, "failed": failed}

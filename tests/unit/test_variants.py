@@ -233,6 +233,11 @@ def test_report_table_json_and_plot(digits_build):
     assert "## Measurements" in markdown and "b=64 inf/s" in markdown
     data = json.loads((folder / "build_report.json").read_text())
     assert data["variants"][0]["throughput_by_batch"]
+    # where the build's time went, variant by variant (the stages that make several: optimize, quantize, openvino)
+    made = data["variant_seconds"]
+    assert {"onnx_opt", "onnx_int8_static", "onnx_int8_dynamic", "openvino", "openvino_int8"} <= set(made), made
+    assert all(seconds >= 0 for seconds in made.values())
+    assert "Variants made (seconds, within their stage): " in markdown and f"onnx_int8_static {made['onnx_int8_static']:.1f}" in markdown
 
 
 # ------------------------------------------------------------------------------------------------
