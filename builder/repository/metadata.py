@@ -83,6 +83,12 @@ def read_reference(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, np.
                              "the file from where the version was published)") from None
 
 
+def numeric_output_names(meta: dict[str, Any]) -> list[str]:
+    """The version's outputs that hold numbers, in order: what replays and version-to-version comparisons run and
+    compare (a classifier's folded label head also answers ``label``, a string: builder/huggingface/label_head.py)."""
+    return [o["name"] for o in meta["spec"]["outputs"] if o.get("dtype") != "string"]
+
+
 def write_metadata(path: Path, record: dict[str, Any]) -> None:
     import yaml
     path.write_text(yaml.safe_dump(_plain(record), sort_keys=False, width=120))

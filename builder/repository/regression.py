@@ -100,7 +100,7 @@ def compare_with_previous(model_folder: Path, version: int, limits: dict[str, fl
     times the latency windows (injectable: tests)."""
     from builder.measure import AFTER_SLOW_START, measure_round_robin, warm_up
     from builder.repository.layout import existing_versions
-    from builder.repository.metadata import read_metadata, read_reference
+    from builder.repository.metadata import numeric_output_names, read_metadata, read_reference
     from builder.runtime import open_runner
     from builder.tensors import compare_outputs, merge_case_metrics
 
@@ -116,9 +116,8 @@ def compare_with_previous(model_folder: Path, version: int, limits: dict[str, fl
         check.skipped = "a TensorRT plan: compare on the GPU host"
         return check
     inputs = [i["name"] for i in new_meta["spec"]["inputs"]]
-    outputs = [o["name"] for o in new_meta["spec"]["outputs"]]
-    if inputs != [i["name"] for i in old_meta["spec"]["inputs"]] or \
-            outputs != [o["name"] for o in old_meta["spec"]["outputs"]]:
+    outputs = numeric_output_names(new_meta)  # compared as numbers (a folded label head's strings follow them)
+    if inputs != [i["name"] for i in old_meta["spec"]["inputs"]] or outputs != numeric_output_names(old_meta):
         check.skipped = "the inputs or outputs changed between the versions"
         return check
     new_run = open_runner(new_meta["artifact"]["format"], new_dir / new_meta["artifact"]["file"], outputs, inputs, 1)

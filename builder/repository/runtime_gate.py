@@ -150,9 +150,10 @@ def _replay(python: Path, script_name: str, model: Path, folder: Path, meta: dic
     """(load error or None, the outputs per reference case) of ``model`` run by ``script_name`` (a standalone
     replay script of this package) under the side environment's ``python``."""
     from builder.processes import run_command
+    from builder.repository.metadata import numeric_output_names
 
     script = files("builder.repository").joinpath(script_name)
-    output_names = [o["name"] for o in meta["spec"]["outputs"]]
+    output_names = numeric_output_names(meta)  # np.load without pickle: numbers only
     input_names = [i["name"] for i in meta["spec"]["inputs"]]
     with tempfile.TemporaryDirectory(prefix="triton-builder-replay-") as work:
         out = Path(work) / "out.npz"

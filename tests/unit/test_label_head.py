@@ -140,3 +140,12 @@ def test_the_build_report_splits_a_request_between_the_steps(folded):
     assert "`triton-builder sweep sentiment`" in text
     ctx.step_timings = {}  # not measured (--benchmark-seconds 0): no section rather than a made-up one
     assert step_rows(ctx) == [] and step_lines(ctx) == []
+
+
+def test_replays_and_version_comparisons_take_the_numeric_outputs_only():
+    from builder.repository.metadata import numeric_output_names
+
+    meta = {"spec": {"outputs": [{"name": "logits", "dtype": "float32", "shape": [2]},
+                                 {"name": "label", "dtype": "string", "shape": [1]},
+                                 {"name": "score", "dtype": "float32", "shape": [1]}]}}
+    assert numeric_output_names(meta) == ["logits", "score"]  # np.load without pickle cannot read strings
