@@ -97,12 +97,17 @@ def step_config(name: str, model: ModelConfig, inputs: list[TensorConfig], outpu
                        instance_groups=[InstanceGroup("KIND_CPU", cpu_instances)], parameters=parameters)
 
 
+def classification_outputs(labels: list[str]) -> list[TensorConfig]:
+    """What a classifier answers: the post-processing step, or the model whose graph carries the label head."""
+    return [TensorConfig("label", "TYPE_STRING", [1]), TensorConfig("score", "TYPE_FP32", [1]),
+            TensorConfig("scores", "TYPE_FP32", [len(labels)])]
+
+
 def _outputs(pipeline: HuggingFacePipeline, model: ModelConfig) -> list[TensorConfig]:
     if pipeline.tags_tokens:
         return [TensorConfig("entities", "TYPE_STRING", [1])]
     if pipeline.classifies:
-        return [TensorConfig("label", "TYPE_STRING", [1]), TensorConfig("score", "TYPE_FP32", [1]),
-                TensorConfig("scores", "TYPE_FP32", [len(pipeline.labels)])]
+        return classification_outputs(pipeline.labels)
     return [TensorConfig(o.name, o.data_type, list(o.dims)) for o in model.outputs]
 
 

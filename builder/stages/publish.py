@@ -13,14 +13,14 @@ from pathlib import Path
 from builder.host import host_profile, serving_size, size_queue_delay
 from builder.monitoring.drift_profile import build_profile, profile_text
 from builder.huggingface.label_head import fold_label_head
-from builder.repository.config import TensorConfig, backend_for, render_config, thread_parameter
+from builder.repository.config import backend_for, render_config, thread_parameter
 from builder.repository.description import VersionDescription
 from builder.repository.interface import InterfaceChange, interface_change
 from builder.repository.layout import check_version_free, reserve_version
 from builder.repository.metadata import library_versions, reference_bytes
 from builder.repository.monitored import monitored_names, publish_monitor, refuse_mixed
-from builder.repository.pipeline import (REFERENCE_FILE, head_folded, pipeline_names, pipeline_steps, publish_pipeline,
-                                        step_file_hashes)
+from builder.repository.pipeline import (REFERENCE_FILE, classification_outputs, head_folded, pipeline_names,
+                                        pipeline_steps, publish_pipeline, step_file_hashes)
 from builder.repository.user_pipeline import REFERENCE_FILE as STEPS_REFERENCE_FILE
 from builder.repository.user_pipeline import publish_user_pipeline
 from builder.repository.publish import MODEL_FILES, config_for, publish_model, python_backend_files
@@ -117,9 +117,7 @@ def _with_label_head(ctx: BuildContext, variant: Variant, config, files: list[Pa
     if not fold_label_head(files[0], headed, config.outputs[0].name, pipeline.labels, pipeline.activation):
         return config, files
     ctx.step_timings["labels_in_graph"] = True
-    outputs = [TensorConfig("label", "TYPE_STRING", [1]), TensorConfig("score", "TYPE_FP32", [1]),
-               TensorConfig("scores", "TYPE_FP32", [len(pipeline.labels)])]
-    return dataclasses.replace(config, outputs=list(config.outputs) + outputs), [headed]
+    return dataclasses.replace(config, outputs=list(config.outputs) + classification_outputs(pipeline.labels)), [headed]
 
 
 def _describe(ctx: BuildContext, variant: Variant, name: str, version: int,
