@@ -309,19 +309,22 @@ def select(name: str, repository: str | Path = DEFAULT_REPOSITORY, *, seconds: f
 @names_parameters
 def rollback(name: str, repository: str | Path = DEFAULT_REPOSITORY, *, to: int | None = None,
              signing_key: str | Path | None = None, public_key: str | Path | None = None,
-             progress: Progress | None = None) -> RollbackReport:
+             progress: Progress | None = None, server_timeout: float = 30.0) -> RollbackReport:
     """Serve an earlier verified version of model ``name`` again, as ``triton-builder rollback``: one atomic
     rewrite of config.pbtxt with ``version_policy { specific { versions: [to] } }`` (version ``to``'s own
     config where it kept a signed copy), recorded in ``<model>/rollout.yaml`` with the history of which
     version served when. ``repository``: a folder or an ``s3://`` URL; ``to``: the version (default: the
     one before the served one); ``signing_key``: signs the record (required where the model is signed;
-    default $TRITON_BUILDER_SIGNING_KEY); ``public_key``: checks the version's signature first.
+    default $TRITON_BUILDER_SIGNING_KEY); ``public_key``: checks the version's signature first. A running
+    ``triton-builder serve`` of the repository loads the change by itself; this waits up to ``server_timeout``
+    s until it answers with version ``to`` and says so in ``served`` (or that no server was found).
 
-    Returns a ``RollbackReport`` (``from_version``, ``to_version``, ``history``, ``lines()``). Raises
+    Returns a ``RollbackReport`` (``from_version``, ``to_version``, ``history``, ``served``, ``lines()``). Raises
     ``VerificationError`` (nothing written) when the version fails ``validate`` against that config, and
     ``UserInputError`` for an unknown model or version, or a signed model without a key.
     """
     from builder.repository.rollback import rollback_model
+    from builder.serving.running import served_after_rollback
     from builder.storage.s3_location import is_s3_url
 
     if to is not None and (isinstance(to, bool) or not isinstance(to, int) or to < 0):
@@ -333,7 +336,9 @@ def rollback(name: str, repository: str | Path = DEFAULT_REPOSITORY, *, to: int 
                                  "roll back the local repository, then `publish --to` it")
         from builder.storage.s3_rollback import rollback_s3
         return rollback_s3(str(repository), name, to, progress=say)
-    return rollback_model(repository, name, to, signing_key=signing_key, public_key=public_key, progress=say)
+    report = rollback_model(repository, name, to, signing_key=signing_key, public_key=public_key, progress=say)
+    report.served = served_after_rollback(Path(repository), name, report.to_version, server_timeout, say)
+    return report
 
 
 def serve(repository: str | Path = DEFAULT_REPOSITORY, *, load_models: Sequence[str] | None = None,
@@ -341,7 +346,7 @@ def serve(repository: str | Path = DEFAULT_REPOSITORY, *, load_models: Sequence[
           host: str = "127.0.0.1", log_path: str | Path | None = None, model_control: str = "explicit",
           extra_args: Sequence[str] = (), ready_timeout: float = 60.0, public_key: str | Path | None = None,
           require_signature: bool = False, announce: Progress | None = None,
-          current_host: dict | None = None) -> int:
+          current_host: dict | None = None, watch: bool = True) -> int:
     """Serve ``repository`` on the embedded tritonserver and block until SIGINT/SIGTERM, as
     ``triton-builder serve``; returns its exit code (0 after a clean stop). For a server that runs while
     your code does, use ``serving_context``.
@@ -349,7 +354,8 @@ def serve(repository: str | Path = DEFAULT_REPOSITORY, *, load_models: Sequence[
     ``load_models``: the models to load (default: all; one that fails to load is announced and the
     others served); ports: default free ones; ``log_path``: keep the server's log there (default: a
     temp file, removed at a clean stop); ``public_key``/``require_signature``: verify signatures
-    before anything loads; ``announce``: one line at a time (default: printed).
+    before anything loads; ``announce``: one line at a time (default: printed); ``watch``: load a model
+    folder again when it changes while serving (a new version, a rollback, a tuned config; explicit mode).
     """
     from builder.serving.serve import serve_forever
 
@@ -357,7 +363,7 @@ def serve(repository: str | Path = DEFAULT_REPOSITORY, *, load_models: Sequence[
     return serve_forever(repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, host=host,
                          log_path=log_path, model_control=model_control, load_models=load_models,
                          extra_args=extra_args, ready_timeout=ready_timeout, public_key=public_key,
-                         require_signature=require_signature, current_host=current_host, **kwargs)
+                         require_signature=require_signature, current_host=current_host, watch=watch, **kwargs)
 
 
 @contextlib.contextmanager

@@ -110,8 +110,10 @@ def cmd_rollback(args: argparse.Namespace, reporter: Reporter) -> int:
         report = rollback_s3(args.repository, args.name, args.to, progress=reporter)
     else:
         from builder.repository.rollback import rollback_model
+        from builder.serving.running import served_after_rollback
         report = rollback_model(args.repository, args.name, args.to, signing_key=args.signing_key,
                                 public_key=args.public_key, progress=reporter)
+        report.served = served_after_rollback(Path(args.repository), args.name, report.to_version, progress=reporter)
     emit(args, report, report.lines())
     return 0
 

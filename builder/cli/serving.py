@@ -14,7 +14,7 @@ from builder.progress import Reporter
 # what `serve -q` / `replicas -q` still print: where to connect, and what failed or stopped
 RESULT_LINES = ("  HTTP", "  gRPC", "  metrics", "  log", "  serving", "  replica", "  Prometheus", "  FAILED",
                 "  left out", "  warning", "received ", "tritonserver ", "nginx ", "replica ", "every replica",
-                "rollout stopped")
+                "rollout stopped", "  watch")
 
 
 def quiet_announce(reporter: Reporter):
@@ -90,7 +90,7 @@ def cmd_serve(args: argparse.Namespace, reporter: Reporter) -> int:
     return serve(args.repository, http_port=ports["http"], grpc_port=ports["grpc"],
                  metrics_port=ports["metrics"], host=args.host, extra_args=extra,
                  public_key=args.public_key, require_signature=args.require_signature,
-                 announce=quiet_announce(reporter))
+                 announce=quiet_announce(reporter), watch=not args.no_watch)
 
 
 def cmd_check(args: argparse.Namespace, reporter: Reporter) -> int:
@@ -120,6 +120,9 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--latency-summaries", action="store_true",
                    help="publish p50/p95/p99 latency summaries (the dashboards' percentile panels need them; "
                         "they cost throughput)")
+    p.add_argument("--no-watch", action="store_true",
+                   help="do not load a model again when its folder changes while serving (by default a new version, "
+                        "a rollback or a tuned config reaches this server within seconds, without a restart)")
     add_signature_arguments(p)
     p.add_argument("--registry", help="MLflow server URL when --repository is models:/NAME/VERSION or "
                    "models:/NAME@ALIAS (default: $MLFLOW_TRACKING_URI)")

@@ -239,6 +239,24 @@ def atomic_write(root: Path, target: Path, content: str | bytes) -> None:
 
 
 @contextlib.contextmanager
+def reading_lock(root: Path) -> Iterator[None]:
+    """Shared hold of the repository's lock while a reader (``serve``'s watch) reads and loads a consistent
+    state: a publish, a rollback or a tune holds it exclusively while it writes. Nothing to hold (no lock
+    file yet, or one this user cannot open) reads as it is: publishing is atomic without it."""
+    try:
+        handle = open(Path(root) / LOCK_FILE)
+    except OSError:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
 def _repository_lock(root: Path) -> Iterator[None]:
     lock_path = root / LOCK_FILE
     try:

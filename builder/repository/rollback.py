@@ -58,6 +58,8 @@ class RollbackReport:
     signed: bool
     history: list[dict[str, Any]] = field(default_factory=list)  #: which version served when, oldest first
     notes: list[str] = field(default_factory=list)
+    #: what the running servers of this repository answer with afterwards (builder.api.rollback fills it)
+    served: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -67,6 +69,7 @@ class RollbackReport:
         out = [f"{self.model}: now serving version {self.to_version} (was {self.from_version}); config.pbtxt "
                f"version_policy specific [{self.to_version}], {self.config_source}"
                + ("; the rollout record is signed" if self.signed else "")]
+        out += [f"served: {line}" for line in self.served]
         out += [f"note: {n}" for n in self.notes]
         out.append("served versions (UTC):")
         out += [f"  {h['at']}  version {h['version']}  {h['event']}" for h in self.history[-10:]]
@@ -252,13 +255,7 @@ def rollback_model(repository: str | Path, name: str, to: int | None = None, *, 
         atomic_write(root.resolve(), folder / "config.pbtxt", text)  # last: the switch Triton sees
     progress(f"{name}: config.pbtxt now serves version {number}")
     return RollbackReport(model=name, repository=str(root.resolve()), from_version=current, to_version=number,
-                          config_source=source, signed=key is not None, history=rollout_history(folder, record),
-                          notes=_explicit_mode_note(name))
-
-
-def _explicit_mode_note(name: str) -> list[str]:
-    return [f"a server in poll mode switches by itself; in explicit mode load the model again (`load` of '{name}' "
-            "over the model-control API, with the control key): Triton loads the new version before it unloads the old"]
+                          config_source=source, signed=key is not None, history=rollout_history(folder, record))
 
 
 def _public_half(key) -> Path | None:

@@ -21,7 +21,9 @@ from builder.serving import control_key
 from builder.serving.backends import EMBEDDED_BACKENDS, STANDIN_BACKENDS
 from builder.serving.embedded import EmbeddedServer
 from builder.serving.hang_watch import HANG_PROBE_INTERVAL_S, HANG_PROBE_MISSES, HangWatch
+from builder.serving.running import announced
 from builder.serving.server_log import describe_exit as _describe_exit
+from builder.serving.watch import WATCH_INTERVAL_S, RepositoryWatch
 
 __all__ = ["checked_server", "serve_forever"]
 
@@ -48,6 +50,8 @@ def serve_forever(
     current_host: dict | None = None,
     hang_probe_interval: float = HANG_PROBE_INTERVAL_S,
     hang_probe_misses: int = HANG_PROBE_MISSES,
+    watch: bool = True,
+    watch_interval: float = WATCH_INTERVAL_S,
 ) -> int:
     """Start an ``EmbeddedServer``, announce it, block until SIGINT/SIGTERM, stop it; return an exit code.
 
@@ -63,7 +67,11 @@ def serve_forever(
     line at a time (the default prints and flushes). Signal handlers are installed only when
     called from the main thread, and the previous ones are restored on return. Each served model
     whose build measured on a different host (ISA class, usable cores, GPU; builder/host.py) gets a
-    warning line saying what to run (``current_host`` injects this host's profile).
+    warning line saying what to run (``current_host`` injects this host's profile). With ``watch`` (the
+    default; explicit model control on a local repository), a model folder that changes while it serves - a
+    new version, a rollback, a tuned config - is loaded again with the server's own key, without a restart or
+    a dropped request (builder/serving/watch.py); ``rollback`` finds the server through its record
+    (builder/serving/running.py) and says which version it answers with.
     """
     server = checked_server(repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
                             host=host, log_path=log_path, model_control=model_control, load_models=load_models,
@@ -76,9 +84,14 @@ def serve_forever(
             warnings = served_host_warnings(repository, server.models, current_host, metas) + \
                 served_release_warnings(repository, server.models, metas) + \
                 python_backend_notes(repository, server.models, metas)
-            _announce_started(server, announce, warnings, temporary_log=log_path is None)
-            with HangWatch(server, announce, hang_probe_interval, hang_probe_misses):
+            follows = watch and model_control == "explicit" and server.remote is None
+            _announce_started(server, announce, warnings, temporary_log=log_path is None, follows=follows)
+            watcher = RepositoryWatch(server, announce, watch_interval, whole_repository=load_models is None) \
+                if follows else None
+            with HangWatch(server, announce, hang_probe_interval, hang_probe_misses), announced(server, repository):
                 while not received:
+                    if watcher is not None:
+                        watcher.poll()
                     if not server.is_running():
                         announce(
                             f"tritonserver {_describe_exit(server.returncode)} on its own; last log lines:\n"
@@ -216,7 +229,7 @@ def python_backend_notes(repository: Path | str, models: Sequence[str],
 
 
 def _announce_started(server: EmbeddedServer, announce: Callable[[str], object], warnings: Sequence[str] = (),
-                      temporary_log: bool = False) -> None:
+                      temporary_log: bool = False, follows: bool = False) -> None:
     from builder.repository.triton_releases import EMBEDDED_RELEASE, triton_release
 
     announce(f"Triton server (embedded: Triton {triton_release(EMBEDDED_RELEASE).triton} = NGC {EMBEDDED_RELEASE}, "
@@ -237,4 +250,7 @@ def _announce_started(server: EmbeddedServer, announce: Callable[[str], object],
                  + reason.replace("\n", "\n           "))
     for line in warnings:
         announce(f"  warning  {line}")
+    if follows:
+        announce("  watch    a new version, a rollback or a tuned config written into the repository is loaded "
+                 "by this server within seconds (no restart)")
     announce("Stop with Ctrl-C (SIGINT) or SIGTERM.")
