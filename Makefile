@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps perf-analyzer test test-unit test-fast demo demo-hf docs wheel-smoke bench bench-tuning bench-serving bench-drift bench-replicas bench-faults bench-zoo bench-compression bench-peers bench-anchors bench-vs-ma bench-releases bench-standin bench-monitor bench-rollouts bench-soak bench-hf clean
+.PHONY: setup system-deps perf-analyzer backends test test-unit test-fast demo demo-hf docs wheel-smoke bench bench-tuning bench-serving bench-drift bench-replicas bench-faults bench-zoo bench-compression bench-peers bench-anchors bench-vs-ma bench-releases bench-standin bench-monitor bench-rollouts bench-soak bench-hf clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	bash scripts/make-venv.sh "$(PYTHON)" $(VENV)
@@ -18,10 +18,17 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 	$(BIN)/python -m pip install -q -c requirements/constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
-setup: $(STAMP) system-deps perf-analyzer
+setup: $(STAMP) system-deps perf-analyzer backends
 
 system-deps:
 	bash scripts/install-system-deps.sh
+
+# Triton's own C++ backends (onnxruntime, r24.10) for the embedded server, built once into ~/.cache/triton-builder:
+# the sources from $(TRITON_SOURCES_DIR) (../shared/third_party on these machines), else GitHub. A backend that
+# cannot be built leaves its Python stand-in serving: setup goes on, and says so
+export TRITON_SOURCES_DIR ?= $(wildcard $(abspath ../shared/third_party))
+backends: $(STAMP) system-deps
+	$(BIN)/triton-builder install-backends || echo "setup: Triton's C++ backends not built (see above): the embedded server serves through its Python stand-ins"
 
 # Triton's perf_analyzer 2.51 (the binary only, into ~/.cache/triton-builder): sweep/tune measure with it
 perf-analyzer: $(STAMP)

@@ -15,11 +15,11 @@ its ``name`` first, then the ``repository`` it lives in (default ``"model_reposi
 
 from __future__ import annotations
 
-from builder.api import (LoadTestResult, SweepResult, TuneResult, build, check, loadtest, rollback, select,
-                         serve, serving_context, sweep, tune, validate)
+from builder.api import (LoadTestResult, SweepResult, TuneResult, build, check, install_backends, loadtest, rollback,
+                         select, serve, serving_context, sweep, tune, validate)
 from builder.errors import BuilderError, ServerError, UserInputError, VerificationError
 
 __all__ = ["build", "validate", "check", "select", "rollback", "serve", "serving_context", "loadtest", "sweep",
-           "tune",
+           "tune", "install_backends",
            "LoadTestResult", "SweepResult", "TuneResult",
            "BuilderError", "UserInputError", "VerificationError", "ServerError"]

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from builder.repository.rollback import RollbackReport
     from builder.repository.validate import ValidationReport
     from builder.serving.check import CheckReport
+    from builder.serving.native_backends import InstallReport
     from builder.serving.embedded import EmbeddedServer
     from builder.spec import ModelSpec
 
@@ -364,6 +365,24 @@ def serve(repository: str | Path = DEFAULT_REPOSITORY, *, load_models: Sequence[
                          log_path=log_path, model_control=model_control, load_models=load_models,
                          extra_args=extra_args, ready_timeout=ready_timeout, public_key=public_key,
                          require_signature=require_signature, current_host=current_host, watch=watch, **kwargs)
+
+
+def install_backends(backends: Sequence[str] | None = None, *, force: bool = False,
+                     progress: Progress | None = None) -> InstallReport:
+    """Build Triton's own C++ backends (r24.10 sources; the embedded server's release) for the embedded server,
+    as ``triton-builder install-backends``: each against the runtime its NGC image ships (onnxruntime 1.19.2),
+    into a per-user cache keyed by versions, so a second call costs nothing (``force``: build again).
+    ``backends``: which ones (default: every one triton-builder builds). Sources come from
+    ``$TRITON_SOURCES_DIR`` when set, else GitHub. ``serve`` and everything that starts the embedded server
+    use a built backend from then on; the Python stand-in stays for one that is not built.
+
+    Returns an ``InstallReport``: one row per backend (``built``, ``cached`` or ``failed`` with a one-line
+    reason naming the missing piece), ``ok`` and ``lines()``. A failed backend never stops the others.
+    """
+    from builder.serving.native_backends import install_backends as _install
+
+    return _install(list(backends) if backends is not None else None, force=force,
+                    progress=progress or (lambda message: None))
 
 
 @contextlib.contextmanager

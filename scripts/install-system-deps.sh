@@ -5,6 +5,8 @@
 #   - nginx           (Debian package: the local balancer in front of Triton replicas, HTTP + gRPC)
 #   - prometheus-alertmanager (Debian package: /usr/bin/prometheus-alertmanager and amtool; the
 #                     alerting test routes a real alert to a local webhook)
+#   - cmake, ninja-build, g++, patchelf, rapidjson-dev, googletest: `triton-builder install-backends` builds
+#                     Triton's own C++ backends (r24.10 sources) for the embedded server with them
 #
 # Idempotent: packages whose command is already on PATH are left alone and the
 # script exits 0.  Installs with `apt-get install -y --no-install-recommends`;
@@ -18,13 +20,23 @@ set -euo pipefail
 log() { printf 'install-system-deps: %s\n' "$*"; }
 
 # command-on-PATH -> Debian package
-declare -a WANT_CMDS=(promtool prometheus docker-compose nginx prometheus-alertmanager amtool)
+# (an absolute path: a file the package installs, for packages of headers or sources)
+declare -a WANT_CMDS=(promtool prometheus docker-compose nginx prometheus-alertmanager amtool cmake ninja g++ patchelf
+                      /usr/include/rapidjson/document.h /usr/src/googletest/CMakeLists.txt)
 declare -A PKG_OF=([promtool]=prometheus [prometheus]=prometheus [docker-compose]=docker-compose [nginx]=nginx
-                   [prometheus-alertmanager]=prometheus-alertmanager [amtool]=prometheus-alertmanager)
+                   [prometheus-alertmanager]=prometheus-alertmanager [amtool]=prometheus-alertmanager
+                   [cmake]=cmake [ninja]=ninja-build [g++]=g++ [patchelf]=patchelf
+                   [/usr/include/rapidjson/document.h]=rapidjson-dev [/usr/src/googletest/CMakeLists.txt]=googletest)
 
-# on PATH, or in an sbin folder a non-root PATH may leave out (nginx lives in /usr/sbin)
-have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]; }
-where() { command -v "$1" 2>/dev/null || { [ -x "/usr/sbin/$1" ] && echo "/usr/sbin/$1"; } || echo "/sbin/$1"; }
+# on PATH, or in an sbin folder a non-root PATH may leave out (nginx lives in /usr/sbin); a path: that file
+have() {
+    case "$1" in /*) [ -f "$1" ]; return ;; esac
+    command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]
+}
+where() {
+    case "$1" in /*) echo "$1"; return ;; esac
+    command -v "$1" 2>/dev/null || { [ -x "/usr/sbin/$1" ] && echo "/usr/sbin/$1"; } || echo "/sbin/$1"
+}
 
 missing_pkgs=()
 for cmd in "${WANT_CMDS[@]}"; do

@@ -1,4 +1,4 @@
-"""CLI verbs ``serve`` and ``check``; builder/cli/__init__.py adds them with ``register(subparsers)``.
+"""CLI verbs ``serve``, ``check`` and ``install-backends``; builder/cli/__init__.py adds them with ``register(subparsers)``.
 Each forwards to one library function."""
 
 from __future__ import annotations
@@ -109,6 +109,14 @@ def cmd_check(args: argparse.Namespace, reporter: Reporter) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_install_backends(args: argparse.Namespace, reporter: Reporter) -> int:
+    from builder.serving.native_backends import install_backends
+
+    report = install_backends(args.backend, force=args.force, progress=reporter)
+    emit(args, report, report.lines())
+    return 0 if report.ok else 1
+
+
 def register(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("serve", parents=[common], help="serve a repository on the embedded tritonserver until Ctrl-C")
     add_repository(p, "model repository folder, s3:// URL or models:/NAME/VERSION")
@@ -140,3 +148,11 @@ def register(sub, common: argparse.ArgumentParser) -> None:
                    "models:/NAME@ALIAS (default: $MLFLOW_TRACKING_URI)")
     add_output(p)
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("install-backends", parents=[common],
+                       help="build Triton's own C++ backends (r24.10) for the embedded server, once (cached)")
+    p.add_argument("--backend", action="append", metavar="NAME",
+                   help="a backend to build (repeatable; default: every one triton-builder builds: onnxruntime)")
+    p.add_argument("--force", action="store_true", help="build again even where the cache holds a build")
+    add_output(p)
+    p.set_defaults(func=cmd_install_backends)

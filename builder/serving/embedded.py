@@ -61,10 +61,12 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from builder.errors import ServerDiedError, ServerError, UserInputError
 from builder.processes import LocalService, client_host, free_ports, http_get
 from builder.serving import control_key as control
-from builder.serving.backends import EMBEDDED_BACKENDS, PLATFORM_BACKENDS, model_dirs, unsupported_models
+from builder.serving.backends import EMBEDDED_BACKENDS, PLATFORM_BACKENDS, STANDIN_BACKENDS, model_dirs, \
+    unsupported_models
 from builder.serving.install import TritonInstall, build_backend_dir, find_tritonserver, make_workdir, \
     server_environment, stub_safe_repository
 from builder.serving.model_control import ModelControl
+from builder.serving.native_backends import built_backend
 from builder.serving.server_log import describe_exit as _describe_exit
 from builder.serving import server_log, startup
 
@@ -159,6 +161,7 @@ class EmbeddedServer(ModelControl, LocalService):
         self.control_key: str | None = None  # set by start(): the key model control needs
         self.server_id = startup.new_server_id()  # --id: the readiness probe accepts only this server
         self.models: list[str] = []
+        self.native_backends: list[str] = []  #: backends served by Triton's own C++ library (set at start)
         self.stop_failure: str | None = None
         self.install: TritonInstall | None = None
         self._requested_ports = (http_port, grpc_port, metrics_port)
@@ -259,7 +262,9 @@ class EmbeddedServer(ModelControl, LocalService):
             with open(self.log_path, "a") as log:  # so the log's paths are not a mystery
                 log.write(f"# triton-builder: model repository {self.repository} is served as {self._link} "
                           "(the python backend's stub command line cannot take its path)\n")
-        self._backend_dir = build_backend_dir(self.install, self._workdir / "backends")
+        native = {name: home for name in STANDIN_BACKENDS if (home := built_backend(name)) is not None}
+        self.native_backends = sorted(native)
+        self._backend_dir = build_backend_dir(self.install, self._workdir / "backends", native)
         self._environ = {**server_environment(self.install), **startup.SERVER_ENVIRONMENT}
         self._environ.pop(control.ENV, None)  # the models' own code (python stubs) need not see it
 

@@ -113,10 +113,12 @@ def find_tritonserver() -> TritonInstall:
     return TritonInstall(binary, backend, stub, libs, python_libdir)
 
 
-def build_backend_dir(install: TritonInstall, backends: Path) -> Path:
+def build_backend_dir(install: TritonInstall, backends: Path, native: dict[str, Path] | None = None) -> Path:
     """``<backends>/python/`` linking (or copying) the backend library, its utils and the stub; and
-    ``<backends>/{onnxruntime,pytorch,openvino}/`` holding the stand-in ``model.py`` (a Python-based backend:
-    Triton runs it with the python backend's library) and ``served_model.py`` beside it."""
+    ``<backends>/{onnxruntime,pytorch,openvino}/``: for a backend in ``native`` (name -> the folder of Triton's
+    C++ backend built by builder/serving/native_backends.py), links to that folder's files; for the others the
+    stand-in ``model.py`` (a Python-based backend: Triton runs it with the python backend's library) and
+    ``served_model.py`` beside it."""
     from builder import assets
     from builder.serving.backends import STANDIN_BACKENDS
 
@@ -131,6 +133,11 @@ def build_backend_dir(install: TritonInstall, backends: Path) -> Path:
     for backend in STANDIN_BACKENDS:
         folder = backends / backend
         folder.mkdir(parents=True, exist_ok=True)
+        if native and backend in native:
+            for item in sorted(native[backend].iterdir()):
+                if item.name.startswith("lib"):
+                    _link(item, folder / item.name)
+            continue
         _link(assets.standin_backend_model(), folder / "model.py")
         _link(assets.python_backend_model(), folder / "served_model.py")
     return backends

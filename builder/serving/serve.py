@@ -21,6 +21,7 @@ from builder.serving import control_key
 from builder.serving.backends import EMBEDDED_BACKENDS, STANDIN_BACKENDS
 from builder.serving.embedded import EmbeddedServer
 from builder.serving.hang_watch import HANG_PROBE_INTERVAL_S, HANG_PROBE_MISSES, HangWatch
+from builder.serving.native_backends import served_kinds
 from builder.serving.running import announced
 from builder.serving.server_log import describe_exit as _describe_exit
 from builder.serving.watch import WATCH_INTERVAL_S, RepositoryWatch
@@ -234,8 +235,10 @@ def _announce_started(server: EmbeddedServer, announce: Callable[[str], object],
 
     announce(f"Triton server (embedded: Triton {triton_release(EMBEDDED_RELEASE).triton} = NGC {EMBEDDED_RELEASE}, "
              f"backends: {', '.join(EMBEDDED_BACKENDS)}) is ready, pid {server.pid}")
-    announce(f"  note     {', '.join(STANDIN_BACKENDS)} here are Python-based stand-ins for the NGC image's C++ backends: "
-             "they load the same standard folders with this environment's runtimes")
+    for backend, how in served_kinds(STANDIN_BACKENDS, server.native_backends).items():  # which are Triton's own, which stand-ins
+        if backend not in server.native_backends:
+            how += ": it loads the same standard folders with this environment's runtime"
+        announce(f"  backend  {backend}: {how}")
     announce(f"  HTTP     {server.http_url}   (http://{server.http_url}/v2/health/ready)")
     announce(f"  gRPC     {server.grpc_url}")
     announce(f"  metrics  {server.metrics_url}")

@@ -223,7 +223,9 @@ def test_serve_serves_standard_and_python_folders_and_leaves_out_a_plan(tmp_path
         text = "".join(lines)
         assert re.search(r"serving\s+digits_cnn, digits_py", text), text
         assert re.search(r"left out plan_model: .*tensorrt", text), text
-        assert "here are Python-based stand-ins for the NGC image's C++ backends" in text
+        assert re.search(r"backend  onnxruntime: (Triton's C\+\+ backend \(r24\.10, onnxruntime 1\.19\.2\)|Python stand-in)",
+                         text), text
+        assert re.search(r"backend  openvino: Python stand-in .*: it loads the same standard folders", text), text
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)

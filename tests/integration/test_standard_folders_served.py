@@ -1,6 +1,7 @@
 """Triton's STANDARD model folders (onnxruntime_onnx + model.onnx, pytorch_libtorch + model.pt, openvino +
-model.xml/.bin: what the NGC image's C++ backends load) served by the embedded tritonserver through its
-Python-based stand-ins, and checked against the reference over HTTP and gRPC."""
+model.xml/.bin: what the NGC image's C++ backends load) served by the embedded tritonserver - through Triton's
+own C++ backend where `install-backends` built it (onnxruntime), else its Python-based stand-in - and checked
+against the reference over HTTP and gRPC."""
 
 from __future__ import annotations
 
@@ -57,7 +58,9 @@ def test_the_embedded_server_serves_each_standard_folder_and_check_passes(standa
         with TritonClient(f"http://{server.http_url}") as client:
             for model, fmt in formats.items():
                 loaded = client.model_config(model)
-                assert (loaded["backend"], loaded["runtime"]) == (STANDARD[fmt][1], "model.py"), loaded
+                backend = STANDARD[fmt][1]
+                runtime = "" if backend in server.native_backends else "model.py"  # "": Triton's own library
+                assert (loaded["backend"], loaded["runtime"]) == (backend, runtime), loaded
         for model in formats:
             report = check_served(model, repository=standard_repository, url=server.http_url,
                                   grpc_url=server.grpc_url, protocol="both")
@@ -65,7 +68,8 @@ def test_the_embedded_server_serves_each_standard_folder_and_check_passes(standa
             assert set(report.metrics) == {"http", "grpc"}, report.metrics
 
 
-def test_a_tensorrt_accelerator_is_refused_with_the_stand_ins_reason(standard_repository, tmp_path):
+def test_a_tensorrt_accelerator_is_refused_with_the_stand_ins_reason(standard_repository, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_BUILDER_BACKENDS", "standin")  # the stand-in's own refusal
     repo = tmp_path / "repo"
     onnx_model = next(m for m, f in _formats(standard_repository).items() if f == "onnx")
     shutil.copytree(standard_repository / onnx_model, repo / "trt_accelerated")

@@ -12,7 +12,7 @@ from builder.progress import Reporter, bar, report
 from tests.conftest import EXAMPLES, run_cli
 
 VERBS = {"init", "build", "validate", "select", "clean", "releases", "run", "serve", "check", "loadtest", "sweep", "tune", "publish", "replicas", "k8s",
-         "register", "rollback"}
+         "register", "rollback", "install-backends"}
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -16,7 +16,7 @@ from builder.cli.arguments import duration
 from tests.conftest import ROOT
 
 REPORTING = {"init", "build", "validate", "select", "rollback", "clean", "releases", "check", "loadtest", "sweep", "tune",
-             "register", "publish", "k8s"}
+             "register", "publish", "k8s", "install-backends"}
 RUN_UNTIL_STOPPED = {"serve", "replicas", "run"}  # no result document: they serve, or run the main job
 MODEL_NAMING = {"validate", "select", "rollback", "check", "loadtest", "sweep", "tune", "register", "publish", "k8s"}
 REPOSITORY_ONLY = {"build", "serve", "replicas", "clean"}

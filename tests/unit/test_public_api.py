@@ -18,7 +18,8 @@ import builder
 from builder.errors import UserInputError
 
 ROOT = Path(__file__).resolve().parents[2]
-FUNCTIONS = ("build", "validate", "check", "select", "rollback", "serve", "serving_context", "loadtest", "sweep", "tune")
+FUNCTIONS = ("build", "validate", "check", "select", "rollback", "serve", "serving_context", "loadtest", "sweep", "tune",
+             "install_backends")
 #: parameters each must name (beyond the first two)
 NAMED = {
     "build": ("spec", "repository", "variants", "target", "benchmark_seconds", "progress", "signing_key"),
@@ -31,6 +32,7 @@ NAMED = {
     "loadtest": ("name", "repository", "url", "protocol", "users", "run_time_s", "slo_p99_ms", "out_dir"),
     "sweep": ("name", "repository", "url", "protocol", "max_concurrency", "levels", "window_s", "engine"),
     "tune": ("name", "repository", "p99_budget_ms", "url", "protocol", "write", "publish", "engine"),
+    "install_backends": ("backends", "force", "progress"),
 }
 
 

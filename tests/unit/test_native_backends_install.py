@@ -1,0 +1,85 @@
+"""`install-backends` (builder/serving/native_backends.py) without compiling: the cache key and reuse, the
+one-line reasons a build fails with (missing tools, sources), and the registry's error. The real build and the
+server that loads it: tests/integration/test_native_backends.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from builder.errors import UserInputError
+from builder.serving import native_backends as nb
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_BUILDER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(nb.MODE_ENV, raising=False)
+    return tmp_path / "cache"
+
+
+def test_an_unknown_backend_lists_the_supported_ones_and_how_to_add_one(cache):
+    with pytest.raises(UserInputError, match=r"backend 'tensorflow' is not one triton-builder builds; supported: "
+                                             r"onnxruntime \(add one with a Recipe in builder/serving/native_backends\.py\)"):
+        nb.install_backends(["tensorflow"])
+
+
+def test_the_cache_is_keyed_by_release_runtime_and_server_and_a_built_one_is_reused(cache):
+    recipe = nb.RECIPES["onnxruntime"]
+    home = nb.backend_home(recipe)
+    assert home.parent == cache / "backends"
+    assert home.name.startswith("onnxruntime-r24.10-onnxruntime1.19.2-cpu-")
+    assert nb.built_backend("onnxruntime") is None
+    home.mkdir(parents=True)
+    (home / recipe.library).write_bytes(b"")
+    (home / "ready").write_text("r24.10 onnxruntime 1.19.2\n")
+    assert nb.built_backend("onnxruntime") == home
+    report = nb.install_backends()
+    assert [(r.backend, r.status) for r in report.rows] == [("onnxruntime", "cached")] and report.ok
+    assert report.lines()[0].startswith("onnxruntime  cached  Triton r24.10 backend against onnxruntime 1.19.2, "
+                                        "already built (cached): ")
+
+
+def test_standin_mode_hides_a_built_backend_and_a_bad_mode_is_refused(cache, monkeypatch):
+    home = nb.backend_home(nb.RECIPES["onnxruntime"])
+    home.mkdir(parents=True)
+    (home / "libtriton_onnxruntime.so").write_bytes(b"")
+    (home / "ready").write_text("x\n")
+    monkeypatch.setenv(nb.MODE_ENV, "standin")
+    assert nb.built_backend("onnxruntime") is None
+    monkeypatch.setenv(nb.MODE_ENV, "fast")
+    with pytest.raises(UserInputError, match=r"\$TRITON_BUILDER_BACKENDS='fast': use native .* or standin"):
+        nb.install_backends()
+
+
+def test_missing_tools_fail_the_backend_in_one_line_naming_the_packages_and_leave_nothing(cache, monkeypatch):
+    real_which = nb.shutil.which
+    monkeypatch.setattr(nb.shutil, "which", lambda tool: None if tool in ("cmake", "patchelf") else real_which(tool))
+    report = nb.install_backends(["onnxruntime"])
+    row = report.rows[0]
+    assert not report.ok and row.status == "failed"
+    assert row.reason.startswith("missing cmake (apt-get install cmake); patchelf (apt-get install patchelf)")
+    assert row.reason.endswith("(scripts/install-system-deps.sh installs them all)") and "\n" not in row.reason
+    assert report.lines()[0].startswith("onnxruntime  FAILED  missing cmake") and \
+        report.lines()[0].endswith("(served through the Python stand-in)")
+    assert nb.built_backend("onnxruntime") is None
+    assert [p.name for p in (cache / "backends").iterdir()] == []  # no half-built folder
+
+
+def test_a_sources_folder_without_the_archive_names_the_file_it_wants(cache, monkeypatch, tmp_path):
+    monkeypatch.setattr(nb, "_missing_tools", lambda: [])
+    monkeypatch.setenv(nb.SOURCES_ENV, str(tmp_path / "empty"))
+    row = nb.install_backends(["onnxruntime"]).rows[0]
+    assert row.status == "failed"
+    assert row.reason == (f"$TRITON_SOURCES_DIR={tmp_path / 'empty'}: no triton-r24.10/onnxruntime_backend.tar.gz "
+                          "there (lay it out as ../shared/third_party is: triton-r24.10/<repo>.tar.gz)")
+
+
+def test_the_runtime_library_gets_its_soname_and_link_name():
+    assert nb._aliases("libonnxruntime.so.1.19.2") == ["libonnxruntime.so.1", "libonnxruntime.so"]
+    assert nb._aliases("libfoo.so") == []
+
+
+def test_served_kinds_says_which_backends_are_tritons_own():
+    kinds = nb.served_kinds(("onnxruntime", "openvino"), ["onnxruntime"])
+    assert kinds["onnxruntime"] == "Triton's C++ backend (r24.10, onnxruntime 1.19.2)"
+    assert kinds["openvino"].startswith("Python stand-in")
