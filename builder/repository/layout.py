@@ -248,12 +248,8 @@ def reading_lock(root: Path) -> Iterator[None]:
     except OSError:
         yield
         return
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with _held(handle, fcntl.LOCK_SH):
+        yield
 
 
 @contextlib.contextmanager
@@ -263,8 +259,14 @@ def _repository_lock(root: Path) -> Iterator[None]:
         handle = open(lock_path, "w")
     except OSError as exc:  # checked up front by require_writable; this is the mount changing since
         raise not_writable(root, exc.strerror or str(exc)) from None
+    with _held(handle, fcntl.LOCK_EX):
+        yield
+
+
+@contextlib.contextmanager
+def _held(handle, mode: int) -> Iterator[None]:
     with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        fcntl.flock(handle, mode)
         try:
             yield
         finally:

@@ -24,7 +24,6 @@ import importlib.metadata
 import importlib.util
 import os
 import shutil
-import sys
 import sysconfig
 import urllib.request
 import zipfile
@@ -32,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from builder.processes import CommandError, run_command
+from builder.side_env import WheelDownloadError, download_wheel
 
 __all__ = ["Recipe", "BuildPlan", "RECIPES", "BackendBuildError", "SOURCES_ENV", "torch_version", "torch_libraries"]
 
@@ -85,19 +84,11 @@ class Recipe:
 
 
 def _pip_download(package: str, version: str, work: Path, platform: str, progress: Progress) -> Path:
-    download = work / f"wheel-{package}"
     progress(f"  fetching the {package} {version} wheel for its C++ libraries (pip download, not installed) ...")
     try:
-        run_command([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
-                     "--only-binary=:all:", "--platform", platform, "--python-version", "3.11",
-                     f"{package}=={version}", "-d", download], DOWNLOAD_TIMEOUT_S, check=True)
-    except CommandError as err:
-        raise BackendBuildError(f"`pip download {package}=={version}` failed (is PyPI reachable?): "
-                                f"{' '.join(err.output.split())[-200:]}") from None
-    wheels = sorted(download.glob("*.whl"))
-    if not wheels:
-        raise BackendBuildError(f"pip download left no {package} wheel in {download}")
-    return wheels[0]
+        return download_wheel(f"{package}=={version}", work / f"wheel-{package}", platform, DOWNLOAD_TIMEOUT_S)
+    except WheelDownloadError as err:
+        raise BackendBuildError(str(err)) from None
 
 
 def _extract(wheel: Path, suffixes: list[str], target: Path) -> list[Path]:

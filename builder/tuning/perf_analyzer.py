@@ -26,14 +26,13 @@ import glob
 import hashlib
 import os
 import shutil
-import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from builder.errors import BuilderError
-from builder.side_env import cache_root, install_atomically
+from builder.side_env import WheelDownloadError, cache_root, download_wheel, install_atomically
 
 VERSION = "2.51.0"
 BINARY_ENV = "TRITON_BUILDER_PERF_ANALYZER"
@@ -164,18 +163,12 @@ def install_perf_analyzer(progress: Callable[[str], object] = lambda m: None) ->
         staging.chmod(0o755)
         download = staging / "download"
         try:
-            run_command([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-                         "--no-deps", "--only-binary=:all:", "--platform", "manylinux1_x86_64", "--python-version",
-                         "3.11", f"tritonclient=={VERSION}", "-d", download], INSTALL_TIMEOUT_S, check=True)
-        except CommandError as err:
-            raise PerfAnalyzerMissing(f"`pip download tritonclient=={VERSION}` failed (is PyPI reachable?): "
-                                      f"{' '.join(err.output.split())[-300:]}") from None
-        wheels = sorted(download.glob("tritonclient-*.whl"))
-        if not wheels:
-            raise PerfAnalyzerMissing(f"pip download left no tritonclient wheel in {download}")
+            found = download_wheel(f"tritonclient=={VERSION}", download, "manylinux1_x86_64", INSTALL_TIMEOUT_S)
+        except WheelDownloadError as err:
+            raise PerfAnalyzerMissing(str(err)) from None
         (staging / "bin").mkdir()
         binary = staging / "bin" / "perf_analyzer"
-        with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(WHEEL_MEMBER) as src, open(binary, "wb") as dst:
+        with zipfile.ZipFile(found) as wheel, wheel.open(WHEEL_MEMBER) as src, open(binary, "wb") as dst:
             shutil.copyfileobj(src, dst)
         binary.chmod(0o755)
         shutil.rmtree(download)

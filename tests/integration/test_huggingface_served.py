@@ -211,3 +211,42 @@ def test_invalid_utf8_is_refused_over_grpc_as_an_invalid_argument(hf_served):
             client.infer("minilm_sentiment", _texts(b"fine", b"\xff\xfe broken"))
         assert client.server_live()
         assert client.infer("minilm_sentiment", _texts(b"fine"))["label"].shape == (1, 1)
+
+
+def test_texts_of_different_lengths_batch_in_the_model_step_and_keep_the_pipelines_labels(hf_served, hf_repository):
+    """Issue 51: the tokenizer pads to length buckets, so concurrent requests of different lengths reach the
+    model step with few shapes and Triton's batcher merges them: fewer executions than requests there, and
+    every label the pipeline's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from builder.tuning.stats import StatsReader
+
+    name, model_step = "minilm_sentiment", "minilm_sentiment__model"
+    pre = parse_config((hf_repository / f"{name}__preprocess" / "config.pbtxt").read_text())
+    buckets = [int(b) for b in pre.parameters["length_buckets"].string_value.split(",")]
+    assert buckets == sorted(buckets) and len(buckets) >= 2
+    reference = json.loads((hf_repository / model_step / "1" / "pipeline_reference.json").read_text())
+    texts, labels = reference["texts"], reference["labels"]
+    lengths = {len(t.split()) for t in texts}
+    assert len(lengths) > 3  # the texts really differ in length
+    url = f"127.0.0.1:{hf_served.grpc_port}"
+
+    def ask(index: int) -> tuple[int, str]:
+        with TritonClient(url, "grpc") as client:
+            got = client.infer(name, _texts(texts[index % len(texts)].encode()))["label"].reshape(-1)[0]
+        return index % len(texts), got.decode() if isinstance(got, bytes) else str(got)
+
+    reader = StatsReader(url, "grpc")
+    try:
+        before = reader.snapshot(model_step)
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            answers = list(pool.map(ask, range(8 * len(texts))))
+        after = reader.snapshot(model_step)
+    finally:
+        reader.close()
+    assert all(label == labels[index] for index, label in answers), \
+        [(texts[i], got, labels[i]) for i, got in answers if got != labels[i]][:3]
+    requests = after.success - before.success
+    executions = after.executions - before.executions
+    assert requests == len(answers) and executions < requests, (requests, executions, after.batches)
+    assert max(after.batches) > 1
