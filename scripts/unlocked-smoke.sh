@@ -27,8 +27,9 @@ tar -C "$ROOT" --exclude=__pycache__ -cf - pyproject.toml README.md builder temp
 wheel=$(ls "$WORK"/dist/triton_builder-*.whl)
 "$BASE_PY" -m venv "$WORK/venv"
 started=$(date +%s)
+# (a machine's pip config may name local indexes that do not exist: pip warns once per package; not news here)
 (cd "$WORK/outside" && "$WORK/venv/bin/python" -m pip install -q torch==2.13.0 \
-    && "$WORK/venv/bin/python" -m pip install -q "$wheel[examples]")
+    && "$WORK/venv/bin/python" -m pip install -q "$wheel[examples]") 2> >(grep -v "^WARNING: Location '" >&2)
 log "fresh venv, the wheel without the lock: $(( $(date +%s) - started )) s"
 "$WORK/venv/bin/python" -m pip list --format=freeze 2>/dev/null \
     | grep -iE '^(torch|onnx|onnxruntime|onnxscript|onnxslim|onnxoptimizer|openvino|nncf|transformers|tokenizers|numpy|protobuf|tritonclient|nvidia-pytriton)==' \
