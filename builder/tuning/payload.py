@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from builder.errors import ServerError, UserInputError
+from builder.tuning.text_payload import model_step_samples
 
 #: Triton datatype (metadata spelling) -> numpy dtype.
 DATATYPES = {"FP32": np.float32, "FP16": np.float16, "FP64": np.float64, "INT64": np.int64, "INT32": np.int32,
@@ -307,6 +308,9 @@ def load_samples(model: ModelInterface, payload: str | Path | None = None,
     texts = _pipeline_texts(repository, model.name) if payload is None else None
     if texts is not None:
         return _text_samples(model, texts[0]), f"the {len(texts[0])} texts of {texts[1]}"
+    tokenized = model_step_samples(repository, model.name, names) if payload is None else None
+    if tokenized is not None:  # a text pipeline's model step: the shapes the tokenizer step really sends
+        return tokenized
     path = Path(payload) if payload is not None else reference_payload(repository, model.name)
     if path is not None:
         from builder.tensors import to_wire

@@ -9,10 +9,15 @@
   ``is_pipeline``): the texts the build checked the pipeline on, the default payload of such an ensemble.
 - ``texts_npz``: those texts written as a payload .npz Locust reads by itself: the input's name keys a numpy
   unicode array of shape [texts, 1] (``np.savez``, never an object array: payloads are read without pickle).
+- ``model_step_samples``: for the model step of such a pipeline (``<name>__model``), those texts tokenized by the
+  published tokenizer step (its tokenizer.json, limit and length buckets), one request per text: what the step
+  receives when the ensemble is served - realistic lengths, not one fixed shape - so sweep and tune measure
+  (and tune sizes its queue delay and batch sizes for) the shapes that really arrive.
 
 Usage::
 
     texts, source = pipeline_texts(repository, "minilm_sentiment")   # None when it is no pipeline
+    samples, said = model_step_samples(repository, "minilm_sentiment__model", ["input_ids", "attention_mask"])
     write_texts_npz(path, "text", texts)
     request = {"text": as_bytes(np.array([["a short text"]]), "text")}
 """
@@ -25,6 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from builder.errors import UserInputError
+from builder.files import module_from_file
+from builder.repository.config import parse_config
+from builder.repository.layout import MODEL_SUFFIX, PREPROCESS_SUFFIX, latest_version
 
 BYTES = "BYTES"
 REFERENCE_FILE = "pipeline_reference.json"  # builder/repository/pipeline.py writes it into the model step's version
@@ -106,3 +114,35 @@ def write_texts_npz(path: Path, name: str, texts: list[str]) -> Path:
         np.savez(out, **{name: np.array(texts, dtype=str).reshape(-1, 1)})
     os.replace(tmp, path)
     return path
+
+
+def model_step_samples(repository: str | Path | None, model: str,
+                       inputs: list[str]) -> tuple[list[dict[str, np.ndarray]], str] | None:
+    """One request per reference text for ``model`` when it is the model step of a text pipeline in
+    ``repository`` (``<name>__model`` beside ``<name>__preprocess``): the texts tokenized as the served tokenizer
+    step does, each [1, its length bucket]. None when ``model`` is no such step."""
+    if repository is None or not model.endswith(MODEL_SUFFIX):
+        return None
+    name = model[: -len(MODEL_SUFFIX)]
+    found = pipeline_texts(repository, name)
+    pre = Path(repository) / (name + PREPROCESS_SUFFIX)
+    version = latest_version(pre) if pre.is_dir() else None
+    if found is None or version is None or not (pre / str(version) / "text_steps.py").is_file():
+        return None
+    params = {k: v.string_value for k, v in parse_config((pre / "config.pbtxt").read_text()).parameters.items()}
+    steps = module_from_file(pre / str(version) / "text_steps.py", "triton_builder_served_text_steps")
+    buckets = [int(b) for b in params.get("length_buckets", "").split(",") if b.strip()]
+    encoder = steps.TextEncoder(pre / str(version) / "tokenizer.json", int(params["max_length"]),
+                                params.get("truncation") == "true", buckets)
+    samples = []
+    for text in found[0]:
+        ids, mask, _, problems = encoder.encode([text])
+        if problems:
+            continue
+        arrays = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+        samples.append({n: arrays[n] for n in inputs if n in arrays})
+    if not samples or any(len(s) != len(inputs) for s in samples):
+        return None
+    lengths = sorted({s["input_ids"].shape[1] for s in samples}) if "input_ids" in inputs else []
+    return samples, (f"the {len(samples)} texts of {found[1]}, tokenized by {pre.name} "
+                     f"(lengths {', '.join(map(str, lengths))})")

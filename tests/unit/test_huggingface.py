@@ -378,3 +378,29 @@ def test_a_huggingface_source_without_transformers_says_which_extra_to_install(f
     with pytest.raises(UserInputError, match=r"a Hugging Face source \(source.huggingface\) needs transformers: "
                                              r"pip install 'triton-builder\[examples\]'"):
         read_folder(folder, "text-classification", "spec.yaml")
+
+
+def test_sweep_and_tune_send_a_text_pipelines_model_step_its_texts_at_their_bucket_lengths(tmp_path, folder):
+    """Issue 51: without --payload, a pipeline's model step is measured (and tuned) with the reference texts
+    tokenized as its tokenizer step does - several lengths, each a bucket - not one fixed shape."""
+    from builder import assets
+    from builder.tuning.payload import ModelInterface, load_samples
+
+    repo = tmp_path / "repo"
+    pre, post = step_configs("sentiment", _model(), _pipeline())
+    for config in (pre, post, _model()):
+        (repo / config.name / "1").mkdir(parents=True)
+        (repo / config.name / "config.pbtxt").write_text(render_config(config))
+    (repo / "sentiment").mkdir()
+    (repo / "sentiment" / "config.pbtxt").write_text(render_ensemble(ensemble_config("sentiment", _model(), _pipeline())))
+    shutil.copy(assets.pipeline_step("text_steps.py"), repo / "sentiment__preprocess" / "1" / "text_steps.py")
+    shutil.copy(folder / "tokenizer.json", repo / "sentiment__preprocess" / "1" / "tokenizer.json")
+    texts = ["short", "a little longer, with five words", "one two three four five six seven eight nine ten " * 3]
+    (repo / "sentiment__model" / "1" / "pipeline_reference.json").write_text(json.dumps({"texts": texts}))
+    interface = ModelInterface(name="sentiment__model", inputs=[("input_ids", "INT64", [-1]),
+                                                               ("attention_mask", "INT64", [-1])],
+                               outputs=["logits"], max_batch_size=16, config={})
+    samples, source = load_samples(interface, None, repo)
+    assert [s["input_ids"].shape for s in samples] == [(1, 16), (1, 16), (1, 32)]  # 3, 9 and 32 tokens
+    assert all(s["attention_mask"][0, 0] == 1 and s["input_ids"].dtype == np.int64 for s in samples)
+    assert source.startswith("the 3 texts of ") and source.endswith("tokenized by sentiment__preprocess (lengths 16, 32)")
