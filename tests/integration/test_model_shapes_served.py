@@ -147,5 +147,10 @@ def test_an_error_the_model_answers_is_counted_where_the_failure_alert_reads_it(
     def value(pattern):
         return sum(float(v) for v in re.findall(pattern, text, flags=re.M))
 
-    assert value(r'^triton_builder_request_errors_total{(?=[^}]*model="embed")(?=[^}]*reason="model_error")[^}]*} (\S+)$') == 1
-    assert value(r'^nv_inference_request_failure{(?=[^}]*model="embed")[^}]*} (\S+)$') == 0  # Triton: a success
+    ours = value(r'^triton_builder_request_errors_total{(?=[^}]*model="embed")(?=[^}]*reason="model_error")[^}]*} (\S+)$')
+    tritons = value(r'^nv_inference_request_failure{(?=[^}]*model="embed")(?=[^}]*reason="BACKEND")[^}]*} (\S+)$')
+    # the recording rule the failure alert reads takes either (monitoring/prometheus/rules/recording.yml)
+    if "onnxruntime" in server.native_backends:  # Triton's own backend: Triton counts the failed request
+        assert (tritons, ours) == (1, 0)
+    else:  # the python stand-in answers the error in its response (a success to Triton) and counts it itself
+        assert (ours, value(r'^nv_inference_request_failure{(?=[^}]*model="embed")[^}]*} (\S+)$')) == (1, 0)
