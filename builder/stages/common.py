@@ -50,7 +50,8 @@ def check_base(ctx: "BuildContext", bases: list["Variant | None"]) -> None:
         if base.verified is None:
             verify_one(ctx, base)
         if base.verified is False:
-            lines = [line.removeprefix("- ") for line in base.rejected.splitlines()[1:]] or [base.rejected]
+            lines = [line.removeprefix("- ") for line in base.rejected.splitlines()[1:]
+                     if not line.startswith("- cases: ")] or [base.rejected]  # which cases: in the base's own row
             first = lines[0] + (f" (and {len(lines) - 1} more)" if len(lines) > 1 else "")
             raise BaseFailed(f"its base {base.name} failed verification ({first}); a variant made from it would "
                              "inherit that error, so it is not made")
@@ -378,8 +379,8 @@ def calibration_samples(ctx: BuildContext) -> tuple[dict[str, np.ndarray] | list
         return {n: np.ascontiguousarray(v[:count]) for n, v in data.items()}, f"{where}, {count} samples"
     rng = np.random.default_rng(spec.verify.seed + 7)
     dyn = "opt" if spec.has_dynamic_dims else 0
-    where = (f"{wanted} generated samples (no data.calibration or data.validation: random inputs within each "
-             "input's value_range; real data calibrates better)")
+    where = (f"{wanted} generated samples (no data.calibration or data.validation: random inputs by each input's "
+             "rule, see the build report's Generated inputs; real data calibrates better)")
     if spec.batching:
         return generated_inputs(spec, wanted, dyn, rng), where
     return [generated_inputs(spec, None, dyn, rng) for _ in range(wanted)], where

@@ -99,7 +99,8 @@ def test_int8_from_a_passing_export_is_made_and_records_its_error_vs_that_base(t
 
 def test_a_failed_base_of_any_kind_names_itself_and_its_first_failure(tmp_path):
     failed = Variant("torchscript", "torchscript", "fp32", tmp_path / "m.pt", verified=False,
-                     rejected="failed verification:\n- y: rel L2 2.0e-02 > 1e-05 (max abs 1e-01)\n- z: missing")
+                     rejected="failed verification:\n- y: rel L2 2.0e-02 > 1e-05 (max abs 1e-01)\n- z: missing\n"
+                              "- cases: fails on gen_b1 (x [1, 4])")  # the cases are the base's own row's to say
     with pytest.raises(BaseFailed, match=r"^its base torchscript failed verification \(y: rel L2 2\.0e-02 > 1e-05 "
                                          r"\(max abs 1e-01\) \(and 1 more\)\); a variant made from it would inherit "
                                          r"that error, so it is not made$"):
