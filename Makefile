@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps perf-analyzer backends test test-unit test-fast demo demo-hf docs wheel-smoke bench bench-tuning bench-serving bench-drift bench-replicas bench-faults bench-zoo bench-compression bench-peers bench-anchors bench-vs-ma bench-releases bench-standin bench-monitor bench-rollouts bench-soak bench-hf clean
+.PHONY: setup system-deps perf-analyzer backends test test-unit test-fast demo demo-hf docs wheel-smoke bench bench-tuning bench-serving bench-drift bench-replicas bench-faults bench-zoo bench-compression bench-peers bench-anchors bench-vs-ma bench-releases bench-standin bench-native bench-text-batching bench-monitor bench-rollouts bench-soak bench-hf clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	bash scripts/make-venv.sh "$(PYTHON)" $(VENV)
@@ -109,6 +109,14 @@ bench-releases: setup
 # a standard onnxruntime_onnx folder through the embedded server's stand-in vs the python-backend model (issue 34)
 bench-standin: setup
 	$(BIN)/python benchmarks/served_side_by_side.py standin
+
+# issue 51: a text ensemble's model step batches (length buckets vs pad-to-longest), vs the model in-process
+bench-text-batching: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/text_batching.py
+
+# issue 48: the same standard folder served through the Python stand-in and through Triton's own C++ backend
+bench-native: setup
+	$(BIN)/python benchmarks/served_side_by_side.py native
 
 bench-monitor: setup
 	$(BIN)/python benchmarks/served_side_by_side.py monitor

@@ -20,4 +20,8 @@ pin() { grep -E "^$1==" requirements/constraints.txt | head -1 | cut -d' ' -f1 |
     --exclude='python_backend_stubs/3.[0-9]' --exclude='python_backend_stubs/3.1[013]' \
     pytriton/__init__.py pytriton/tritonserver nvidia_pytriton.libs tritonclient)
 tar -cJf "$carry/perf_analyzer.tar.xz" -C ~/.cache/triton-builder perf_analyzer
+# Triton's own C++ onnxruntime backend (`triton-builder install-backends`, CPU build against onnxruntime 1.19.2):
+# the GPU host's embedded server then serves onnxruntime_onnx folders through it, as it does here
+.venv/bin/triton-builder install-backends -q
+tar -cJf "$carry/backends.tar.xz" -C ~/.cache/triton-builder backends
 du -sh "$carry"

@@ -20,6 +20,9 @@ setup() {
         "$CARRY"/whl/*.whl || return 1
     tar -xJf "$CARRY/site.tar.xz" -C "$SITE" || return 1
     mkdir -p ~/.cache/triton-builder && tar -xJf "$CARRY/perf_analyzer.tar.xz" -C ~/.cache/triton-builder || return 1
+    if [ -f "$CARRY/backends.tar.xz" ]; then  # Triton's C++ onnxruntime backend (CPU build), made by gpu_carry.sh
+        tar -xJf "$CARRY/backends.tar.xz" -C ~/.cache/triton-builder || return 1
+    fi
     touch "$SITE/.ready"
 }
 setup || { echo "setup failed: is .gpu_carry/ there (bash benchmarks/gpu_carry.sh)?"; exit 99; }
@@ -66,6 +69,7 @@ step_serve() {
     done
     curl -s 127.0.0.1:18002/metrics | grep -E "^nv_gpu_(utilization|memory_used)|^nv_inference_count" | head -20
     kill "$pid"; wait "$pid"
+    grep -E "^  backend " "$OUT/serve.log"   # which backends were Triton's own C++ ones, which stand-ins
     tail -3 "$OUT/serve.log"
     return $rc
 }

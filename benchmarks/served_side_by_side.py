@@ -16,8 +16,11 @@ standin (`make bench-standin`, issue 34's no-regression target): ``--target pyth
 monitor (`make bench-monitor`, issue 34: what deploy.monitor costs): the standard folder alone vs behind the
   monitor ensemble (<name> -> <name>__model -> <name>__monitor, the python step counting NaN/Inf and
   feeding the drift window; 1 monitor instance).
+native (`make bench-native`, issue 48): the same standard folder served through the Python stand-in
+  ($TRITON_BUILDER_BACKENDS=standin) vs Triton's own C++ onnxruntime backend (`install-backends`; the
+  benchmark builds it first if needed).
 
-Usage: python benchmarks/served_side_by_side.py standin|monitor [--models digits,convnet64] [--rounds 3]
+Usage: python benchmarks/served_side_by_side.py standin|monitor|native [--models digits,convnet64] [--rounds 3]
        [--levels 1,8,16] [--seconds 6]
 """
 
@@ -34,9 +37,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-#: comparison -> {label: (target, deploy.monitor)}, two layouts; the second is the ratio's numerator
-COMPARISONS = {"standin": {"python": ("python", None), "standard": ("cpu", None)},
-               "monitor": {"plain": ("cpu", None), "monitored": ("cpu", True)}}
+#: comparison -> {label: (target, deploy.monitor, backends)}, two layouts; the second is the ratio's numerator;
+#: backends: $TRITON_BUILDER_BACKENDS while that layout's server starts (native: Triton's C++ backends where built)
+COMPARISONS = {"standin": {"python": ("python", None, "standin"), "standard": ("cpu", None, "standin")},
+               "monitor": {"plain": ("cpu", None, "native"), "monitored": ("cpu", True, "native")},
+               "native": {"standin": ("cpu", None, "standin"), "native": ("cpu", None, "native")}}
 
 
 def main(argv=None) -> int:
@@ -48,9 +53,12 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=6.0, help="time cap per measured level")
     args = ap.parse_args(argv)
     layouts = COMPARISONS[args.comparison]
+    import os
+
     from builder.host import host_profile
     from builder.pipeline import build
     from builder.serving.embedded import EmbeddedServer
+    from builder.serving.native_backends import install_backends
     from builder.spec import load_spec
     from builder.tuning.sweep import run_sweep
 
@@ -59,11 +67,14 @@ def main(argv=None) -> int:
           flush=True)
     levels = [int(x) for x in args.levels.split(",")]
     first, second = list(layouts)
+    if any(backends == "native" for *_, backends in layouts.values()):
+        built = install_backends(progress=lambda m: print(m, flush=True))
+        print("\n".join(built.lines()), flush=True)
     table = []
     with tempfile.TemporaryDirectory(prefix="side-by-side-") as work:
         for example in args.models.split(","):
             repos, names = {}, {}
-            for layout, (target, monitor) in layouts.items():
+            for layout, (target, monitor, _) in layouts.items():
                 spec = load_spec(ROOT / "examples" / example / "spec.yaml")
                 spec.deploy.monitor = monitor
                 repos[layout] = Path(work) / example / layout
@@ -74,8 +85,10 @@ def main(argv=None) -> int:
             figures: dict[tuple[str, int], list[tuple[float, float]]] = {}
             servers = {layout: EmbeddedServer(repos[layout], ready_timeout=120) for layout in layouts}
             try:
-                for server in servers.values():
+                for layout, server in servers.items():
+                    os.environ["TRITON_BUILDER_BACKENDS"] = layouts[layout][2]  # read as the server starts
                     server.start()
+                    print(f"{example}: {layout} served with C++ backends {server.native_backends or 'none'}", flush=True)
                 for round_number in range(args.rounds):
                     for layout, server in servers.items():
                         swept = run_sweep(names[layout], server.grpc_url, "grpc", levels=levels,

@@ -275,8 +275,9 @@ def serve(repository: str | Path = DEFAULT_REPOSITORY, *, load_models: Sequence[
 def install_backends(backends: Sequence[str] | None = None, *, force: bool = False,
                      progress: Progress | None = None) -> InstallReport:
     """Build Triton's own C++ backends (r24.10 sources; the embedded server's release) for the embedded server,
-    as ``triton-builder install-backends``: each against the runtime its NGC image ships (onnxruntime 1.19.2),
-    into a per-user cache keyed by versions, so a second call costs nothing (``force``: build again).
+    as ``triton-builder install-backends``: onnxruntime against 1.19.2 and openvino against 2024.4.0 (what NGC
+    24.10 ships), pytorch against this environment's torch, into a per-user cache keyed by versions, so a
+    second call costs nothing (``force``: build again).
     ``backends``: which ones (default: every one triton-builder builds). Sources come from
     ``$TRITON_SOURCES_DIR`` when set, else GitHub. ``serve`` and everything that starts the embedded server
     use a built backend from then on; the Python stand-in stays for one that is not built.

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from builder.errors import BuilderError, UserInputError
+from builder.tuning.stats import format_batch_sizes
 
 JOB_LOCK = ".main-job.lock"  # suffix of ``.<repository name>.main-job.lock`` beside the job's repository
 
@@ -411,6 +412,10 @@ def _format_load(summary: dict, served_rps: float | None = None) -> str:
         client += f" = {(summary.get('rps') or 0) / served_rps:.2f} x perf_analyzer's"
     parts.append(f"{client}, p50 {ms('p50_ms')}, p99 {ms('p99_ms')}")
     server_side = summary.get("server") or {}
-    if server_side.get("average_batch_size"):
+    step = summary.get("model_step") or {}
+    if step.get("average_batch_size"):  # an ensemble: the batches its model step formed
+        parts.append(f"model step's avg formed batch {step['average_batch_size']:.2f} "
+                     f"({format_batch_sizes(step.get('batch_sizes') or {}, 4)})")
+    elif server_side.get("average_batch_size"):
         parts.append(f"avg formed batch {server_side['average_batch_size']:.2f}")
     return ", ".join(parts)

@@ -52,7 +52,7 @@ def time_steps(pipeline, seconds: float = 0.5) -> dict[str, Any]:
             timings["preprocess_us"] = _per_call_us(lambda image: processor.process([image]), images, seconds)
             timings["inputs"] = len(images)
     else:
-        encoder = encoder_for(pipeline.tokenizer_file, pipeline.max_length, pipeline.truncation)
+        encoder = encoder_for(pipeline.tokenizer_file, pipeline.max_length, pipeline.truncation, pipeline.length_buckets)
         texts = list(reference.get("texts") or [])
         if texts:
             timings["preprocess_us"] = _per_call_us(lambda text: encoder.encode([text]), texts, seconds)

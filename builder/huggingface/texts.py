@@ -31,8 +31,8 @@ def text_steps():
     return module_from_file(assets.pipeline_step("text_steps.py"), "triton_builder_text_steps")
 
 
-def encoder_for(tokenizer_file: Path, max_length: int, truncation: bool):
-    return text_steps().TextEncoder(tokenizer_file, max_length, truncation)
+def encoder_for(tokenizer_file: Path, max_length: int, truncation: bool, buckets: list[int] | None = None):
+    return text_steps().TextEncoder(tokenizer_file, max_length, truncation, buckets)
 
 
 def read_texts(path: Path, field: str) -> list[str]:

@@ -53,6 +53,8 @@ class HuggingFacePipeline:
     # the validation texts' tokens_per_text and unknown_rate (the tokenizer step's drift profile); {} without them
     profile: dict[str, float] = field(default_factory=dict)
     processor_file: Path | None = None  # image-classification: preprocessor_config.json (no tokenizer)
+    #: text: the sequence lengths the tokenizer step pads to (text_steps.length_buckets); [] pads to the longest
+    length_buckets: list[int] = field(default_factory=list)
 
     @property
     def images(self) -> bool:
@@ -120,7 +122,8 @@ def step_configs(name: str, model: ModelConfig, pipeline: HuggingFacePipeline) -
     profile = {f"profile_{k}": f"{v:.6g}" for k, v in pipeline.profile.items()}
     parameters = {"served_as": name, **profile} if pipeline.images else {
         "max_length": str(pipeline.max_length), "truncation": "true" if pipeline.truncation else "false",
-        "served_as": name, **profile}
+        "served_as": name, **profile,
+        **({"length_buckets": ",".join(map(str, pipeline.length_buckets))} if pipeline.length_buckets else {})}
     configs = [step_config(pre, model, [text], ids + offsets, parameters)]
     if post in pipeline_steps(name, model, pipeline):
         logits = model.outputs[0]

@@ -69,6 +69,8 @@ def config_for(spec: ModelSpec, variant_format: str, target: str, name: str,
                       **({"drift": "off"} if spec.deploy.monitor is False else {})}
     elif backend == "openvino":  # Triton's openvino backend: one synchronous request per instance
         parameters = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1", "INFERENCE_NUM_THREADS": str(threads)}
+        if spec.max_batch_size:  # r24.10 reshapes the model to max_batch_size: without padding a smaller batch fails
+            parameters["ENABLE_BATCH_PADDING"] = "YES"
     elif backend == "onnxruntime_onnx":  # the C++ onnxruntime backend's keys (sequential execution: one pool)
         parameters = {"intra_op_thread_count": str(threads), "inter_op_thread_count": "1"}
     elif backend == "pytorch_libtorch":  # libtorch: inference mode, intra-op threads (inter-op is process-wide)

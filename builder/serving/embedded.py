@@ -66,7 +66,7 @@ from builder.serving.backends import EMBEDDED_BACKENDS, PLATFORM_BACKENDS, STAND
 from builder.serving.install import TritonInstall, build_backend_dir, find_tritonserver, make_workdir, \
     server_environment, stub_safe_repository
 from builder.serving.model_control import ModelControl
-from builder.serving.native_backends import built_backend
+from builder.serving.native_backends import backend_files
 from builder.serving.server_log import describe_exit as _describe_exit
 from builder.serving import server_log, startup
 
@@ -262,7 +262,7 @@ class EmbeddedServer(ModelControl, LocalService):
             with open(self.log_path, "a") as log:  # so the log's paths are not a mystery
                 log.write(f"# triton-builder: model repository {self.repository} is served as {self._link} "
                           "(the python backend's stub command line cannot take its path)\n")
-        native = {name: home for name in STANDIN_BACKENDS if (home := built_backend(name)) is not None}
+        native = {name: files for name in STANDIN_BACKENDS if (files := backend_files(name)) is not None}
         self.native_backends = sorted(native)
         self._backend_dir = build_backend_dir(self.install, self._workdir / "backends", native)
         self._environ = {**server_environment(self.install), **startup.SERVER_ENVIRONMENT}

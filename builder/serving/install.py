@@ -113,10 +113,10 @@ def find_tritonserver() -> TritonInstall:
     return TritonInstall(binary, backend, stub, libs, python_libdir)
 
 
-def build_backend_dir(install: TritonInstall, backends: Path, native: dict[str, Path] | None = None) -> Path:
+def build_backend_dir(install: TritonInstall, backends: Path, native: dict[str, list[Path]] | None = None) -> Path:
     """``<backends>/python/`` linking (or copying) the backend library, its utils and the stub; and
-    ``<backends>/{onnxruntime,pytorch,openvino}/``: for a backend in ``native`` (name -> the folder of Triton's
-    C++ backend built by builder/serving/native_backends.py), links to that folder's files; for the others the
+    ``<backends>/{onnxruntime,pytorch,openvino}/``: for a backend in ``native`` (name -> the files of Triton's
+    C++ backend built by builder/serving/native_backends.py, its library first), links to them; for the others the
     stand-in ``model.py`` (a Python-based backend: Triton runs it with the python backend's library) and
     ``served_model.py`` beside it."""
     from builder import assets
@@ -134,9 +134,8 @@ def build_backend_dir(install: TritonInstall, backends: Path, native: dict[str, 
         folder = backends / backend
         folder.mkdir(parents=True, exist_ok=True)
         if native and backend in native:
-            for item in sorted(native[backend].iterdir()):
-                if item.name.startswith("lib"):
-                    _link(item, folder / item.name)
+            for item in native[backend]:
+                _link(item, folder / item.name)
             continue
         _link(assets.standin_backend_model(), folder / "model.py")
         _link(assets.python_backend_model(), folder / "served_model.py")

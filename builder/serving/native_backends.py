@@ -1,5 +1,6 @@
-"""Triton's own C++ backends for the embedded server, built here from their r24.10 sources against the runtime
-each NGC 24.10 image ships (``triton-builder install-backends``; ``make setup`` runs it).
+"""Triton's own C++ backends for the embedded server (onnxruntime, openvino, pytorch), built here from their r24.10
+sources against the runtime each NGC 24.10 image ships where a wheel of it exists (``triton-builder
+install-backends``; ``make setup`` runs it; the recipes: builder/serving/native_recipes.py).
 
 The nvidia-pytriton wheel's ``tritonserver`` 2.51 (= NGC 24.10) carries only the python backend. Without more,
 standard folders (``onnxruntime_onnx``, ``openvino``, ``pytorch_libtorch``) are served through Python stand-ins
@@ -29,12 +30,9 @@ import json
 import os
 import re
 import shutil
-import sys
 import tarfile
 import tempfile
 import time
-import urllib.request
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -42,45 +40,18 @@ from typing import Callable
 from builder.errors import UserInputError
 from builder.processes import CommandError, TimeoutExpired, run_command
 from builder.serving.install import find_tritonserver
+from builder.serving.native_recipes import RECIPES, SOURCES_ENV, BackendBuildError, Recipe, download
 from builder.side_env import cache_root, install_atomically
 
 __all__ = ["RELEASE", "SOURCES_ENV", "MODE_ENV", "RECIPES", "BackendRow", "InstallReport", "install_backends",
-           "built_backend", "served_kinds", "backend_home"]
+           "built_backend", "served_kinds", "backend_home", "backend_files"]
 
 RELEASE = "r24.10"
-SOURCES_ENV = "TRITON_SOURCES_DIR"
 MODE_ENV = "TRITON_BUILDER_BACKENDS"
 ARCHIVE_URL = "https://github.com/triton-inference-server/{repo}/archive/refs/heads/" + RELEASE + ".tar.gz"
-ORT_HEADER_URL = ("https://raw.githubusercontent.com/microsoft/onnxruntime/v{version}/include/onnxruntime/core/"
-                  "session/onnxruntime_c_api.h")
 CONFIGURE_TIMEOUT_S = 600
 BUILD_TIMEOUT_S = 1800
-DOWNLOAD_TIMEOUT_S = 600
 Progress = Callable[[str], object]
-
-
-class BackendBuildError(Exception):
-    """One backend could not be built: the message is one line naming the missing piece or the first error."""
-
-
-@dataclass(frozen=True)
-class Recipe:
-    backend: str  #: Triton's backend name (the folder under --backend-directory)
-    repository: str  #: the triton-inference-server repository holding its sources
-    runtime: str  #: the runtime's PyPI package
-    runtime_version: str  #: the version NGC 24.10 ships
-    library: str  #: the backend library cmake builds
-    target: str  #: its cmake target
-
-    @property
-    def runtime_label(self) -> str:
-        return f"{self.runtime} {self.runtime_version}"
-
-
-RECIPES: dict[str, Recipe] = {
-    "onnxruntime": Recipe("onnxruntime", "onnxruntime_backend", "onnxruntime", "1.19.2", "libtriton_onnxruntime.so",
-                          "triton-onnxruntime-backend"),
-}
 
 
 @dataclass
@@ -126,7 +97,8 @@ def _server_library() -> Path:
 
 
 def backend_home(recipe: Recipe) -> Path:
-    return cache_root() / "backends" / f"{recipe.backend}-{RELEASE}-{recipe.runtime}{recipe.runtime_version}-cpu-{_server_tag()}"
+    return (cache_root() / "backends"
+            / f"{recipe.backend}-{RELEASE}-{recipe.runtime}{recipe.runtime_version()}-cpu-{_server_tag()}")
 
 
 def built_backend(name: str) -> Path | None:
@@ -142,15 +114,27 @@ def built_backend(name: str) -> Path | None:
     return home if (home / "ready").is_file() and (home / recipe.library).is_file() else None
 
 
+def backend_files(name: str) -> list[Path] | None:
+    """What goes into backend ``name``'s folder when a server starts: the built library and its runtime from the
+    cache, and what is linked from this environment (pytorch: its libtorch); None when it is not built."""
+    home = built_backend(name)
+    if home is None:
+        return None
+    return [p for p in sorted(home.iterdir()) if p.name.startswith("lib")] + RECIPES[name].linked_at_start()
+
+
 def served_kinds(backends: tuple[str, ...], native: list[str]) -> dict[str, str]:
     """{backend: how the embedded server runs it}: Triton's C++ backend (``native``: those it found built, with
     their runtime) or the Python stand-in."""
     out = {}
     for name in backends:
+        recipe = RECIPES.get(name)
         if name in native:
-            out[name] = f"Triton's C++ backend ({RELEASE}, {RECIPES[name].runtime_label})"
-        elif name in RECIPES:
-            out[name] = "Python stand-in (not built here: `triton-builder install-backends` builds Triton's own)"
+            out[name] = f"Triton's C++ backend ({RELEASE}, {recipe.runtime_label})" + \
+                (f"; note: {recipe.caveat}" if recipe.caveat else "")
+        elif recipe is not None:
+            verb = "triton-builder install-backends" + ("" if recipe.default else f" --backend {name}")
+            out[name] = f"Python stand-in (not built here: `{verb}` builds Triton's own)"
         else:
             out[name] = "Python stand-in (Triton's own is not built by triton-builder yet)"
     return out
@@ -165,24 +149,26 @@ def _check_mode() -> None:
 
 def install_backends(names: list[str] | None = None, *, progress: Progress = lambda m: None,
                      force: bool = False) -> InstallReport:
-    """Build each backend of ``names`` (default: all in ``RECIPES``) into the cache unless it is there (``force``:
+    """Build each backend of ``names`` (default: the recipes marked default) into the cache unless it is there (``force``:
     build again). A backend that fails is a row with a one-line reason; the others still build."""
     _check_mode()
-    wanted = list(RECIPES) if not names else list(dict.fromkeys(names))
+    wanted = [n for n, r in RECIPES.items() if r.default] if not names else list(dict.fromkeys(names))
     unknown = [n for n in wanted if n not in RECIPES]
     if unknown:
         raise UserInputError(f"backend {unknown[0]!r} is not one triton-builder builds; supported: "
-                             f"{', '.join(RECIPES)} (add one with a Recipe in builder/serving/native_backends.py)")
+                             f"{', '.join(RECIPES)} (add one with a Recipe in builder/serving/native_recipes.py)")
     report, start = InstallReport(), time.monotonic()
     for name in wanted:
         recipe = RECIPES[name]
         began = time.monotonic()
         try:
             home = backend_home(recipe)
-            if (home / "ready").is_file() and not force:
+            if (home / "ready").is_file() and (home / recipe.library).is_file() and not force:
                 report.rows.append(BackendRow(name, "cached", recipe.runtime_label, home=str(home)))
                 continue
             progress(f"building Triton's {name} backend ({RELEASE}) against {recipe.runtime_label} ...")
+            if recipe.caveat:
+                progress(f"  note: {recipe.caveat}")
 
             def fill(staging: Path) -> None:
                 _build(recipe, staging, progress)
@@ -206,7 +192,7 @@ def _one_line(err: BaseException) -> str:
 
 def _write_record(home: Path, recipe: Recipe, seconds: float) -> None:
     record = {"backend": recipe.backend, "release": RELEASE, "runtime": recipe.runtime,
-              "runtime_version": recipe.runtime_version, "server_library": _server_library().name,
+              "runtime_version": recipe.runtime_version(), "server_library": _server_library().name,
               "seconds": round(seconds, 1), "built_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     (home / "build.json").write_text(json.dumps(record, indent=2) + "\n")
 
@@ -231,12 +217,10 @@ def _build(recipe: Recipe, staging: Path, progress: Progress) -> None:
     work = Path(tempfile.mkdtemp(prefix=f"triton-builder-{recipe.backend}-build-"))
     try:
         sources = {repo: _source(repo, work) for repo in (recipe.repository, "backend", "core", "common")}
-        runtime = _runtime_library(recipe, work, progress)
-        header = _ort_header(recipe, work)
+        plan = recipe.prepare(recipe, sources, work, progress)
         build = work / "build"
         run_command(["cmake", "-S", sources[recipe.repository], "-B", build, "-G", "Ninja",
-                     "-DCMAKE_BUILD_TYPE=Release", "-DTRITON_ENABLE_GPU=OFF",
-                     f"-DTRITON_ONNXRUNTIME_INCLUDE_PATHS={header}", f"-DTRITON_ONNXRUNTIME_LIB_PATHS={runtime.parent}",
+                     "-DCMAKE_BUILD_TYPE=Release", "-DTRITON_ENABLE_GPU=OFF", *plan.cmake_options,
                      "-DFETCHCONTENT_FULLY_DISCONNECTED=ON",
                      f"-DFETCHCONTENT_SOURCE_DIR_REPO-COMMON={sources['common']}",
                      f"-DFETCHCONTENT_SOURCE_DIR_REPO-CORE={sources['core']}",
@@ -251,18 +235,14 @@ def _build(recipe: Recipe, staging: Path, progress: Progress) -> None:
         run_command(["patchelf", "--replace-needed", "libtritonserver.so", _server_library().name, library],
                     120, check=True)
         run_command(["patchelf", "--set-rpath", "$ORIGIN", library], 120, check=True)
-        shutil.copy2(runtime, staging / runtime.name)
-        for alias in _aliases(runtime.name):
-            (staging / alias).symlink_to(runtime.name)
+        for item in plan.runtime_files:
+            if item.is_symlink():
+                (staging / item.name).symlink_to(os.readlink(item))
+            else:
+                shutil.copy2(item, staging / item.name)
         staging.chmod(0o755)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _aliases(name: str) -> list[str]:
-    """libonnxruntime.so.1.19.2 -> [libonnxruntime.so.1, libonnxruntime.so] (the soname and the link name)."""
-    stem, _, version = name.partition(".so.")
-    return [f"{stem}.so.{version.split('.')[0]}", f"{stem}.so"] if version else []
 
 
 def _source(repo: str, work: Path) -> Path:
@@ -278,7 +258,7 @@ def _source(repo: str, work: Path) -> Path:
         _unpack(archive, target)
         return target / repo
     archive = work / f"{repo}.tar.gz"
-    _download(ARCHIVE_URL.format(repo=repo), archive, f"the {repo} sources ({RELEASE})")
+    download(ARCHIVE_URL.format(repo=repo), archive, f"the {repo} sources ({RELEASE})")
     _unpack(archive, target)
     (target / f"{repo}-{RELEASE}").rename(target / repo)
     return target / repo
@@ -289,54 +269,3 @@ def _unpack(archive: Path, target: Path) -> None:
         tar.extractall(target, filter="data")  # no links or paths out of the folder
 
 
-def _download(url: str, target: Path, what: str) -> None:
-    try:
-        with urllib.request.urlopen(url, timeout=60) as answer, open(target, "wb") as out:
-            shutil.copyfileobj(answer, out)
-    except OSError as err:
-        raise BackendBuildError(f"could not download {what} from {url} ({err}); without internet, set ${SOURCES_ENV} "
-                                f"to a folder laid out as ../shared/third_party") from None
-
-
-def _ort_header(recipe: Recipe, work: Path) -> Path:
-    """The folder holding onnxruntime_c_api.h of the runtime's minor release (the wheels ship no header)."""
-    minor = ".".join(recipe.runtime_version.split(".")[:2])
-    given = os.environ.get(SOURCES_ENV)
-    if given:
-        folder = Path(given) / f"onnxruntime-{minor}" / "include"
-        if not (folder / "onnxruntime_c_api.h").is_file():
-            raise BackendBuildError(f"${SOURCES_ENV}={given}: no onnxruntime-{minor}/include/onnxruntime_c_api.h there")
-        return folder
-    folder = work / "include"
-    folder.mkdir()
-    _download(ORT_HEADER_URL.format(version=recipe.runtime_version), folder / "onnxruntime_c_api.h",
-              f"the onnxruntime {minor} C API header")
-    return folder
-
-
-def _runtime_library(recipe: Recipe, work: Path, progress: Progress) -> Path:
-    """libonnxruntime.so.<version> out of the runtime's wheel (downloaded, never installed), with its aliases."""
-    download = work / "wheel"
-    progress(f"  fetching the {recipe.runtime_label} wheel for its C library (pip download, not installed) ...")
-    try:
-        run_command([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
-                     "--only-binary=:all:", "--platform", "manylinux_2_27_x86_64", "--python-version", "3.11",
-                     f"{recipe.runtime}=={recipe.runtime_version}", "-d", download], DOWNLOAD_TIMEOUT_S, check=True)
-    except CommandError as err:
-        raise BackendBuildError(f"`pip download {recipe.runtime}=={recipe.runtime_version}` failed (is PyPI "
-                                f"reachable?): {' '.join(err.output.split())[-200:]}") from None
-    wheels = sorted(download.glob("*.whl"))
-    if not wheels:
-        raise BackendBuildError(f"pip download left no {recipe.runtime} wheel in {download}")
-    name = f"libonnxruntime.so.{recipe.runtime_version}"
-    libs = work / "runtime"
-    libs.mkdir()
-    with zipfile.ZipFile(wheels[0]) as wheel:
-        member = next((m for m in wheel.namelist() if m.endswith(f"/capi/{name}")), None)
-        if member is None:
-            raise BackendBuildError(f"{wheels[0].name} holds no onnxruntime/capi/{name}")
-        with wheel.open(member) as src, open(libs / name, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-    for alias in _aliases(name):
-        (libs / alias).symlink_to(name)
-    return libs / name

@@ -151,6 +151,7 @@ def _describe(ctx: BuildContext, variant: Variant, name: str, version: int,
                               **({"label_head": "folded into the graph (builder/huggingface/label_head.py)"}
                                  if head_folded(config) else {}),
                               "max_length": ctx.pipeline.max_length, "truncation": ctx.pipeline.truncation,
+                              "length_buckets": ctx.pipeline.length_buckets,
                               "steps_sha256": step_file_hashes(ctx.spec.name, config, ctx.pipeline)}
     said = ""
     if profiled is None:

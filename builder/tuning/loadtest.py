@@ -147,6 +147,7 @@ def run_loadtest(model: str, url: str, protocol: str = "http", users: int = 8, r
     """
     from builder.tuning.payload import check_batch_size, fetch_model, locust_payload
     from builder.tuning.stats import StatsReader, server_view
+    from builder.tuning.steps import ensemble_steps, model_step
 
     _validate(protocol, users, run_time_s, workers, shape, timeout_s, slo_p99_ms, slo_max_failure_ratio,
               spawn_rate, batch_size)
@@ -190,8 +191,12 @@ def run_loadtest(model: str, url: str, protocol: str = "http", users: int = 8, r
     reader = StatsReader(url, protocol)
     procs: list[_Locust] = []
     timed_out = False
+    # an ensemble forms no batches itself: the batches its model step formed are the ones to report
+    step = model_step(model, ensemble_steps(interface.config))
+    step_view: dict[str, Any] | None = None
     try:
         before = reader.snapshot(model)
+        step_before = reader.snapshot(step) if step else None
         started = time.monotonic()
         say(f"locust: {model} over {protocol} at {url}, {users} users, {run_seconds} s, shape {shape}"
             + (f", 1 master + {workers} workers" if workers else "") + f" (hard timeout {timeout:g} s)")
@@ -217,6 +222,8 @@ def run_loadtest(model: str, url: str, protocol: str = "http", users: int = 8, r
         duration = time.monotonic() - started
         try:
             server = server_view(before, reader.snapshot(model))
+            if step:
+                step_view = {"name": step, **server_view(step_before, reader.snapshot(step))}
         except ServerError as exc:
             server = {"error": str(exc)}
     finally:
@@ -252,7 +259,7 @@ def run_loadtest(model: str, url: str, protocol: str = "http", users: int = 8, r
         "payload": source,
         # the headline numbers, flat, for callers that only want those (same values as in "client")
         **{key: client.get(key) for key in ("requests", "failures", "rps", "p50_ms", "p95_ms", "p99_ms")},
-        "client": client, "server": server,
+        "client": client, "server": server, **({"model_step": step_view} if step_view else {}),
         "counts_match": server.get("error") is None and server.get("requests") == expected,
         "slo": slo, "exit_code": exit_code, "locust_exit_code": code, "timed_out": timed_out,
         "duration_s": round(duration, 2),
@@ -316,8 +323,13 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"{(c.get('rps') or 0):.1f} req/s, p50 {_fmt_ms(c.get('p50_ms'))} / p95 {_fmt_ms(c.get('p95_ms'))} / "
             f"p99 {_fmt_ms(c.get('p99_ms'))} ms")
     if s.get("error") is None and s.get("requests"):
-        figures = (f"queue {s['queue_us_per_request']:.0f} us + compute {s['compute_us_per_request']:.0f} us "
-                   f"per request, avg batch {s['average_batch_size']} ({format_batch_sizes(s['batch_sizes'], 4)})")
+        figures = f"queue {s['queue_us_per_request']:.0f} us + compute {s['compute_us_per_request']:.0f} us per request"
+        if s.get("average_batch_size") is not None:  # an ensemble executes no batches of its own
+            figures += f", avg batch {s['average_batch_size']} ({format_batch_sizes(s['batch_sizes'], 4)})"
+        step = summary.get("model_step") or {}
+        if step.get("error") is None and step.get("executions"):  # an ensemble: its model step's batches
+            figures += (f"; model step {step['name']}: avg formed batch {step['average_batch_size']} "
+                        f"({format_batch_sizes(step['batch_sizes'], 4)})")
         answered = (c.get("requests") or 0) - (c.get("failures") or 0)
         # the statistics come from the one Triton at --url: behind a balancer that is one replica's share,
         # and other clients' requests count too; then they are not this run's server figures

@@ -21,6 +21,7 @@ Other clients calling a step directly in the same window (``<name>__model`` with
 Usage::
 
     steps = ensemble_steps(interface.config)       # [] for a model that is no ensemble
+    model_step("minilm_sentiment", steps)          # "minilm_sentiment__model": its formed batches are the ones to read
     timer = StepTimer(reader, "minilm_sentiment", steps)
     before = timer.snapshot(); ...; split = timer.split(before, timer.snapshot())
     say(format_step_table([(4, split)]))
@@ -49,6 +50,12 @@ def ensemble_steps(config: dict[str, Any]) -> list[str]:
         if name and name not in names:
             names.append(name)
     return names
+
+
+def model_step(ensemble: str, steps: list[str]) -> str | None:
+    """The step that runs the model (``<ensemble>__model``): the one whose formed batches say whether the
+    ensemble batches at all (its python steps gather requests without delay)."""
+    return next((s for s in steps if step_role(ensemble, s) == "model"), None)
 
 
 def step_role(ensemble: str, step: str) -> str:
@@ -81,10 +88,13 @@ def step_split(ensemble: str, steps: list[str], before: dict[str, StatsSnapshot]
         handover = 0.0 if last else per_request(after[step].ns["compute_output"] - before[step].ns["compute_output"])
         executions = after[step].executions - before[step].executions
         inferences = after[step].inferences - before[step].inferences
+        batches = {str(size): after[step].batches.get(size, 0) - before[step].batches.get(size, 0)
+                   for size in sorted(set(after[step].batches) | set(before[step].batches))}
         rows.append({"step": step, "role": step_role(ensemble, step), "queue_us": queue, "compute_us": compute,
                      "total_us": round(queue + compute, 1), "handover_us": handover,
                      "share": round((queue + compute) / end_to_end, 3) if end_to_end > 0 else None,
-                     "average_batch_size": round(inferences / executions, 2) if executions > 0 else None})
+                     "average_batch_size": round(inferences / executions, 2) if executions > 0 else None,
+                     "batch_sizes": {size: count for size, count in batches.items() if count > 0}})
     overhead = round(end_to_end - sum(r["total_us"] for r in rows), 1)
     return {"requests": requests, "end_to_end_us": end_to_end, "steps": rows, "overhead_us": overhead,
             "overhead_share": round(overhead / end_to_end, 3) if end_to_end > 0 else None, "error": None}

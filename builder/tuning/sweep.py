@@ -54,7 +54,7 @@ def run_sweep(model: str, url: str, protocol: str = "grpc", max_concurrency: int
     from builder.tuning.engine import choose_engine
     from builder.tuning.payload import check_batch_size, fetch_model, load_samples, make_requests
     from builder.tuning.stats import StatsReader, format_batch_sizes
-    from builder.tuning.steps import StepTimer, ensemble_steps, format_step_table
+    from builder.tuning.steps import StepTimer, ensemble_steps, format_step_table, model_step
 
     levels = sorted(set(levels)) if levels else concurrency_levels(max_concurrency)
     if any(c < 1 for c in levels):
@@ -83,14 +83,21 @@ def run_sweep(model: str, url: str, protocol: str = "grpc", max_concurrency: int
             client = level.client
             row = level.as_row()
             row["errors"] = level.errors
+            batches = f"batches {format_batch_sizes(row['server_batch_sizes'], 4)}"
             if timer is not None:
                 row["steps"] = timer.split(before, timer.snapshot())
+                step = next((r for r in row["steps"].get("steps") or [] if r["step"] == model_step(model, steps)),
+                            None)
+                if step is not None:  # an ensemble forms no batches itself: its model step's are the ones
+                    row["model_step_batch_sizes"] = step["batch_sizes"]
+                    row["model_step_avg_batch"] = step["average_batch_size"]
+                    batches = (f"model step batches {format_batch_sizes(step['batch_sizes'], 4)} "
+                               f"(avg {step['average_batch_size'] or 0:.2f})")
             rows.append(row)
             say(f"  concurrency {concurrency:4d}: {row['throughput_rps']:8.1f} req/s  p50 {_ms(row['p50_ms'])}  "
                 f"p99 {_ms(row['p99_ms'])} ms  {'stable' if level.stable else 'NOT stable'}  "
                 f"server queue {_us(row['server_queue_us'])} / compute {_us(row['server_compute_us'])} us, "
-                f"batches {format_batch_sizes(row['server_batch_sizes'], 4)}"
-                + (f"  FAILURES {level.failures}" if level.failures else ""))
+                f"{batches}" + (f"  FAILURES {level.failures}" if level.failures else ""))
     finally:
         stats.close()
     table = format_step_table([(r["concurrency"], r["steps"]) for r in rows if "steps" in r])
@@ -119,13 +126,14 @@ def _us(value: float | None) -> str:
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     columns = ["concurrency", "throughput_rps", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms", "requests", "failures",
-               "stable", "windows", "server_queue_us", "server_compute_us", "server_avg_batch", "server_batch_sizes"]
+               "stable", "windows", "server_queue_us", "server_compute_us", "server_avg_batch", "server_batch_sizes",
+               "model_step_avg_batch", "model_step_batch_sizes"]
     with open(path, "w", newline="") as handle:
         writer = csv.DictWriter(handle, columns, extrasaction="ignore")
         writer.writeheader()
         for row in rows:
-            writer.writerow({**row, "server_batch_sizes": " ".join(f"{k}:{v}" for k, v in
-                                                                  (row.get("server_batch_sizes") or {}).items())})
+            writer.writerow({**row, **{key: " ".join(f"{k}:{v}" for k, v in (row.get(key) or {}).items())
+                                       for key in ("server_batch_sizes", "model_step_batch_sizes")}})
 
 
 def plot_sweep(path: Path, rows: list[dict[str, Any]], title: str) -> None:

@@ -5,8 +5,10 @@
   <name>__model/        the standard model folder (onnxruntime_onnx, openvino, ...), callable with ids too
   <name>__postprocess/  scores -> labels (token tags; a classifier whose model is not an ONNX graph)
 
-Requests gathered by the dynamic batcher are tokenized together and padded to the longest text among
-them, so the model step receives requests of one sequence length, which its own batcher can merge.
+Requests gathered by the dynamic batcher are tokenized together and padded to the length bucket (parameter
+length_buckets: powers of two up to the model's limit, chosen from the validation texts) that holds the longest
+text among them, so the model step receives few distinct shapes, and its own batcher - which merges requests
+of equal shape only - batches texts of different lengths.
 A text that cannot be served (not UTF-8, empty, longer than the model takes without source.truncation)
 fails its request with INVALID_ARG (HTTP 400) naming the row; the other requests are answered.
 
@@ -75,8 +77,9 @@ class TritonPythonModel:
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         folder = os.path.join(args["model_repository"], args["model_version"])
         steps = _text_steps(folder)
+        buckets = [int(b) for b in params.get("length_buckets", "").split(",") if b.strip()]
         self.encoder = steps.TextEncoder(os.path.join(folder, "tokenizer.json"), int(params["max_length"]),
-                                         params.get("truncation", "false") == "true")
+                                         params.get("truncation", "false") == "true", buckets)
         self.input = config["input"][0]["name"]
         self.counters = _TextCounters(params.get("served_as") or args["model_name"], args["model_version"], params)
         self.offsets = any(o["name"] == "offsets" for o in config["output"])  # token-classification: for the tags

@@ -6,8 +6,9 @@ so the ids the model was verified on are the ids it is served.
 
 Usage::
 
-    encoder = TextEncoder("tokenizer.json", max_length=128, truncation=False)
-    encoded = encoder.encode([b"a text", "another"])   # ids, mask, offsets padded to the longest; problems: {row: why}
+    encoder = TextEncoder("tokenizer.json", max_length=128, truncation=False, buckets=[8, 16, 32, 64, 128])
+    encoded = encoder.encode([b"a text", "another"])   # ids, mask, offsets padded to the bucket of the longest
+    length_buckets([5, 12, 40], max_length=128)         # [8, 16, 32, 64, 128]: powers of two from the shortest
     labels, best, scores = classify(logits, ["NEG", "POS"], "softmax")
     entities = token_entities(text, logits, ids, offsets, ["O", "NUM"], tokenizer)   # a text's tagged tokens
 """
@@ -21,8 +22,27 @@ import numpy as np
 Encoded = namedtuple("Encoded", "ids mask offsets problems")
 
 
+def length_buckets(lengths, max_length, smallest=8):
+    """The sequence lengths a text step pads to: powers of two from the one that holds the shortest of ``lengths``
+    (at least ``smallest``) up to the model's limit, which closes the list. Requests whose texts fall in one bucket
+    reach the model with one shape, so Triton's dynamic batcher can merge them (it batches equal shapes only);
+    padding to at most twice a text's length keeps the wasted compute bounded."""
+    limit = int(max_length)
+    if limit <= 0:
+        return []
+    start = max(int(smallest), min(lengths) if lengths else 1)
+    bucket = 1
+    while bucket < start:
+        bucket *= 2
+    out = []
+    while bucket < limit:
+        out.append(bucket)
+        bucket *= 2
+    return out + [limit]
+
+
 class TextEncoder:
-    def __init__(self, tokenizer_file, max_length, truncation):
+    def __init__(self, tokenizer_file, max_length, truncation, buckets=None):
         from tokenizers import Tokenizer
 
         self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
@@ -38,6 +58,11 @@ class TextEncoder:
         pad_token = padding.get("pad_token", "[PAD]")
         found = self.tokenizer.token_to_id(pad_token)
         self.pad_id = int(padding.get("pad_id", found if found is not None else 0))
+        self.buckets = sorted(int(b) for b in buckets or [])
+
+    def padded_length(self, longest):
+        """The bucket a batch whose longest text has ``longest`` tokens is padded to (no buckets: ``longest``)."""
+        return next((b for b in self.buckets if b >= longest), longest)
 
     @staticmethod
     def text_of(value, row):
@@ -67,8 +92,8 @@ class TextEncoder:
         return len(keep), int(mask.sum()), unknown
 
     def encode(self, values):
-        """Encoded ids, mask and offsets padded with the pad id to the longest text; problems maps a row that
-        cannot be served to why (its row is left padding)."""
+        """Encoded ids, mask and offsets padded with the pad id to the longest text, or to the bucket that holds
+        it; problems maps a row that cannot be served to why (its row is left padding)."""
         texts, problems = [], {}
         for row, value in enumerate(values):
             text, why = self.text_of(value, row)
@@ -80,7 +105,7 @@ class TextEncoder:
             if row not in problems and len(encoding.ids) > self.max_length:
                 problems[row] = (f"text {row} is {len(encoding.ids)} tokens, over the model's limit of "
                                  f"{self.max_length}; shorten it, or build with source.truncation: true to cut it")
-        longest = max([len(e.ids) for r, e in enumerate(encodings) if r not in problems] or [1])
+        longest = self.padded_length(max([len(e.ids) for r, e in enumerate(encodings) if r not in problems] or [1]))
         ids = np.full((len(texts), longest), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(texts), longest), dtype=np.int64)
         offsets = np.zeros((len(texts), longest, 2), dtype=np.int64)

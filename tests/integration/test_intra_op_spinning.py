@@ -1,6 +1,8 @@
 """model.py's intra_op_spinning parameter on the real embedded Triton: with several intra-op threads
 onnxruntime's threads do not busy-wait unless asked (spinning collapses on a shared host), both settings
-answer like the reference, and a bad value is refused at load with the parameter named."""
+answer like the reference, and a bad value is refused at load with the parameter named. A python-backend
+model (--target python) of its own: standard folders run Triton's own onnxruntime backend, which has no
+such parameter."""
 
 from __future__ import annotations
 
@@ -13,9 +15,26 @@ import tritonclient.http as httpclient
 
 from builder.serving.client import TritonError
 from builder.serving.embedded import EmbeddedServer
+from tests.conftest import EXAMPLES
 from tests.integration.conftest import reloaded
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow(reason="builds a model and serves it")]
+
+
+@pytest.fixture(scope="module")
+def python_repository(tmp_path_factory):
+    from builder.pipeline import build
+
+    repo = tmp_path_factory.mktemp("spinning") / "model_repository"
+    build(EXAMPLES / "digits" / "spec.yaml", repo, variants=["onnx"], target="python", benchmark_seconds=0,
+          progress=lambda m: None)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def served(python_repository):
+    with EmbeddedServer(python_repository, ready_timeout=90) as server:
+        yield server
 
 
 def _threads(spinning):
@@ -43,10 +62,10 @@ def test_two_threads_answer_the_same_with_spinning_off_by_default_and_on(served)
             np.testing.assert_allclose(_logits(server), expected, rtol=1e-5, atol=1e-6)
 
 
-def test_a_bad_spinning_value_is_refused_at_load_naming_the_parameter(built_repository, tmp_path):
+def test_a_bad_spinning_value_is_refused_at_load_naming_the_parameter(python_repository, tmp_path):
     # a server of its own: a model that failed to load leaves a server not ready (strict readiness)
     repo = tmp_path / "repo"
-    shutil.copytree(built_repository / "digits_cnn", repo / "digits_cnn")
+    shutil.copytree(python_repository / "digits_cnn", repo / "digits_cnn")
     with EmbeddedServer(repo, load_models=["digits_cnn"], ready_timeout=90) as server:
         with server.triton() as client:
             config = client.model_config("digits_cnn")

@@ -267,8 +267,10 @@ def test_tune_loads_candidates_as_copies_while_the_model_stays_ready(own_server,
     assert len(ready) > 20 and all(ready), f"{ready.count(False)} of {len(ready)} polls found the model not ready"
     measured = [c for c in record["candidates"] if not c["error"]]
     # how many candidates the staged search tries follows its measurements (a delay that serves less stops
-    # the delays; a size equal to the best's is skipped): at least the two baselines and one copy more
-    assert len(measured) == len(record["candidates"]) >= 3, [(c["label"], c["error"]) for c in record["candidates"]]
+    # the delays; a size equal to the best's is skipped; the baselines may coincide): the default and at
+    # least one copy, every one measured
+    assert len(measured) == len(record["candidates"]) >= 2, [(c["label"], c["error"]) for c in record["candidates"]]
+    assert any(c["label"] != "default" for c in measured), [c["label"] for c in measured]
     for candidate in measured:  # Triton's statistics were read from the copy each was measured on
         assert candidate["best_level"]["server_avg_batch"] >= 1, candidate
     deadline = time.monotonic() + 20  # the last copy unloads in the background (~1 s per instance)
@@ -451,10 +453,20 @@ def test_tune_killed_with_sigterm_puts_the_server_back(own_server, tmp_path, in_
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
     copies = [f"{MODEL}__tune{proc.pid}_{n}" for n in range(1, 12)]
+
+    def candidate_in_place(client, built) -> bool:
+        """The model is unloaded, or serves another config than the built one (Triton's own C++ backend
+        reloads in milliseconds: a poll can miss the unloaded moment, not the candidate's config)."""
+        try:
+            return not client.model_ready(MODEL) or client.model_config(MODEL) != built
+        except Exception:  # noqa: BLE001 - between the unload and the load
+            return True
+
     with TritonClient(own_server.http_url, "http") as client:
+        built = client.model_config(MODEL)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and proc.poll() is None:  # until a candidate is being served
-            if (not client.model_ready(MODEL)) if in_place else client.model_ready(copies[0]):
+            if candidate_in_place(client, built) if in_place else client.model_ready(copies[0]):
                 break
             time.sleep(0.05)
         assert proc.poll() is None, "tune ended before a candidate was loaded"

@@ -1,7 +1,7 @@
-"""Triton's own onnxruntime backend (r24.10, built by `install-backends` against onnxruntime 1.19.2) inside the
-embedded tritonserver (issue 48): the server's config endpoint and its log show the C++ library, not a
-`runtime: model.py` stand-in, and `check` passes over HTTP and gRPC; a string output (a folded label head's
-LabelEncoder) comes back as BYTES."""
+"""Triton's own onnxruntime and pytorch backends (r24.10, built by `install-backends` against onnxruntime 1.19.2
+and this environment's torch) inside the embedded tritonserver (issue 48): the server's config endpoint and its
+log show the C++ library, not a `runtime: model.py` stand-in, and `check` passes over HTTP and gRPC; a string
+output (a folded label head's LabelEncoder) comes back as BYTES."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow(reason="builds and serve
 
 @pytest.fixture(scope="module")
 def native_onnxruntime():
-    """The real backend, built here if `make setup` has not (cached: a second build costs nothing)."""
-    report = install_backends(["onnxruntime"])
+    """The real backends, built here if `make setup` has not (cached: a second build costs nothing)."""
+    report = install_backends(["onnxruntime", "pytorch"])
     assert report.ok, report.lines()
     return built_backend("onnxruntime")
 
@@ -39,12 +39,29 @@ def digits_repository(tmp_path_factory):
     return repo
 
 
+def test_the_cpp_pytorch_backend_runs_this_environments_libtorch_and_check_passes(native_onnxruntime, tmp_path):
+    from builder.pipeline import build
+
+    repo = tmp_path / "model_repository"
+    build(ROOT / "examples" / "digits" / "spec.yaml", repo, variants=["torchscript"], target="cpu",
+          benchmark_seconds=0, progress=lambda m: None)
+    with EmbeddedServer(repo, ready_timeout=120) as server:
+        assert "pytorch" in server.native_backends
+        with TritonClient(f"http://{server.http_url}") as client:
+            config = client.model_config("digits_cnn")
+        assert (config["platform"], config["backend"], config["runtime"]) == ("pytorch_libtorch", "pytorch", "")
+        assert re.search(r"\| pytorch \| \S+/backends/pytorch/libtriton_pytorch\.so \|", server.read_log())
+        report = check_served("digits_cnn", repository=repo, url=server.http_url, grpc_url=server.grpc_url,
+                              protocol="both")
+    assert report.ok and set(report.metrics) == {"http", "grpc"}, report.lines()
+
+
 def test_the_embedded_server_runs_the_cpp_onnxruntime_backend_and_check_passes(native_onnxruntime,
                                                                                 digits_repository):
     assert (native_onnxruntime / "libtriton_onnxruntime.so").is_file()
     assert (native_onnxruntime / "libonnxruntime.so.1.19.2").is_file()
     with EmbeddedServer(digits_repository, ready_timeout=120) as server:
-        assert server.native_backends == ["onnxruntime"] and server.models == ["digits_cnn"]
+        assert "onnxruntime" in server.native_backends and server.models == ["digits_cnn"]
         with TritonClient(f"http://{server.http_url}") as client:
             config = client.model_config("digits_cnn")
         assert (config["platform"], config["backend"], config["runtime"]) == ("onnxruntime_onnx", "onnxruntime", "")
@@ -83,7 +100,7 @@ def test_a_string_output_comes_back_as_bytes_from_the_cpp_backend(native_onnxrun
         'input [{ name: "ids" data_type: TYPE_INT64 dims: [1] }]\n'
         'output [{ name: "label" data_type: TYPE_STRING dims: [1] }]\n')
     with EmbeddedServer(tmp_path / "repo", ready_timeout=120) as server:
-        assert server.native_backends == ["onnxruntime"]
+        assert "onnxruntime" in server.native_backends
         for url, protocol in ((server.http_url, "http"), (server.grpc_url, "grpc")):
             with TritonClient(url, protocol) as client:
                 out = client.infer("labels", {"ids": np.array([[2], [0], [7]], np.int64)})

@@ -113,6 +113,29 @@ def test_the_served_tokenizer_pads_a_gathered_batch_to_its_longest_text(folder):
     assert (ids[0, mask[0].sum():] == encoder.pad_id).all() and ids[0, 0] == encoder.tokenizer.token_to_id("[CLS]")
 
 
+def test_length_buckets_are_powers_of_two_from_the_shortest_text_up_to_the_limit():
+    steps = text_steps()
+    assert steps.length_buckets([5, 12, 40], 128) == [8, 16, 32, 64, 128]
+    assert steps.length_buckets([20, 33], 512) == [32, 64, 128, 256, 512]
+    assert steps.length_buckets([3], 12) == [8, 12]  # the limit closes the list, a power of two or not
+    assert steps.length_buckets([], 16) == [8, 16] and steps.length_buckets([4], 0) == []
+
+
+def test_with_buckets_texts_of_different_lengths_reach_the_model_with_one_shape_and_the_same_tokens(folder):
+    plain = encoder_for(folder / "tokenizer.json", 128, truncation=False)
+    bucketed = encoder_for(folder / "tokenizer.json", 128, truncation=False, buckets=[8, 16, 32, 64, 128])
+    texts = ["short", "a little longer, with five words", "one two three four five six seven eight nine"]
+    shapes = {bucketed.encode([t]).ids.shape for t in texts[1:]}
+    assert shapes == {(1, 16)}  # 9 and 12 tokens: one bucket, so Triton's batcher can merge the two requests
+    assert bucketed.encode([texts[0]]).ids.shape == (1, 8)
+    for text in texts:  # padding past the text is masked out: the tokens the model attends to are unchanged
+        ids, mask = plain.encode([text])[:2]
+        b_ids, b_mask = bucketed.encode([text])[:2]
+        n = int(mask.sum())
+        assert int(b_mask.sum()) == n and (b_ids[0, :n] == ids[0, :n]).all() and (b_ids[0, n:] == bucketed.pad_id).all()
+    assert bucketed.encode(["word " * 140]).problems  # over the limit: still refused, not padded past it
+
+
 @pytest.mark.parametrize("value, match", [
     (b"", r"text 0 is empty"), (b"   ", r"text 0 is empty"), (b"\xff\xfe", r"text 0 is not valid UTF-8"),
     (b"word " * 200, r"text 0 is 202 tokens, over the model's limit of 128; .*source.truncation: true"),
@@ -210,7 +233,7 @@ def _model() -> ModelConfig:
 
 def _pipeline(labels=("NEGATIVE", "POSITIVE")) -> HuggingFacePipeline:
     return HuggingFacePipeline(task="text-classification", tokenizer_file=Path("tokenizer.json"), max_length=128,
-                        truncation=False, labels=list(labels))
+                        truncation=False, labels=list(labels), length_buckets=[16, 32, 64, 128])
 
 
 def test_the_text_classification_ensemble_matches_its_golden_file_text_in_label_out():
@@ -231,7 +254,8 @@ def test_the_steps_match_their_golden_files_one_cpu_instance_per_model_instance(
         parsed = parse_config(text)
         assert parsed.backend == "python" and parsed.instance_group[0].count == 2
     assert json.loads(post.parameters["labels"]) == ["NEGATIVE", "POSITIVE"]
-    assert pre.parameters == {"max_length": "128", "truncation": "false", "served_as": "sentiment"}
+    assert pre.parameters == {"max_length": "128", "truncation": "false", "served_as": "sentiment",
+                              "length_buckets": "16,32,64,128"}
 
 
 def test_token_classification_fans_the_text_ids_and_offsets_out_to_its_post_processing():

@@ -8,6 +8,7 @@ import pytest
 
 from builder.errors import UserInputError
 from builder.serving import native_backends as nb
+from builder.serving.native_recipes import aliases
 
 
 @pytest.fixture
@@ -19,7 +20,8 @@ def cache(tmp_path, monkeypatch):
 
 def test_an_unknown_backend_lists_the_supported_ones_and_how_to_add_one(cache):
     with pytest.raises(UserInputError, match=r"backend 'tensorflow' is not one triton-builder builds; supported: "
-                                             r"onnxruntime \(add one with a Recipe in builder/serving/native_backends\.py\)"):
+                                             r"onnxruntime, openvino, pytorch \(add one with a Recipe in "
+                                             r"builder/serving/native_recipes\.py\)"):
         nb.install_backends(["tensorflow"])
 
 
@@ -33,7 +35,7 @@ def test_the_cache_is_keyed_by_release_runtime_and_server_and_a_built_one_is_reu
     (home / recipe.library).write_bytes(b"")
     (home / "ready").write_text("r24.10 onnxruntime 1.19.2\n")
     assert nb.built_backend("onnxruntime") == home
-    report = nb.install_backends()
+    report = nb.install_backends(["onnxruntime"])
     assert [(r.backend, r.status) for r in report.rows] == [("onnxruntime", "cached")] and report.ok
     assert report.lines()[0].startswith("onnxruntime  cached  Triton r24.10 backend against onnxruntime 1.19.2, "
                                         "already built (cached): ")
@@ -75,11 +77,24 @@ def test_a_sources_folder_without_the_archive_names_the_file_it_wants(cache, mon
 
 
 def test_the_runtime_library_gets_its_soname_and_link_name():
-    assert nb._aliases("libonnxruntime.so.1.19.2") == ["libonnxruntime.so.1", "libonnxruntime.so"]
-    assert nb._aliases("libfoo.so") == []
+    assert aliases("libonnxruntime.so.1.19.2") == ["libonnxruntime.so.1", "libonnxruntime.so"]
+    assert aliases("libfoo.so") == []
 
 
 def test_served_kinds_says_which_backends_are_tritons_own():
     kinds = nb.served_kinds(("onnxruntime", "openvino"), ["onnxruntime"])
     assert kinds["onnxruntime"] == "Triton's C++ backend (r24.10, onnxruntime 1.19.2)"
     assert kinds["openvino"].startswith("Python stand-in")
+
+
+def test_a_plain_install_builds_onnxruntime_and_pytorch_and_openvino_only_when_named_with_its_caveat(cache,
+                                                                                                    monkeypatch):
+    monkeypatch.setattr(nb, "_missing_tools", lambda: ["cmake (apt-get install cmake)"])  # each fails at once
+    said = []
+    assert [r.backend for r in nb.install_backends(progress=said.append).rows] == ["onnxruntime", "pytorch"]
+    assert not any("note:" in line for line in said)
+    nb.install_backends(["openvino"], progress=said.append)
+    assert any(line.startswith("  note: r24.10's openvino backend reshapes the IR to max_batch_size") for line in said)
+    kinds = nb.served_kinds(("openvino",), [])
+    assert kinds["openvino"] == ("Python stand-in (not built here: `triton-builder install-backends --backend "
+                                 "openvino` builds Triton's own)")

@@ -182,3 +182,26 @@ def test_the_ensemble_time_is_split_per_step_and_the_handover_is_not_counted_twi
     assert "tokenizer (sent__preprocess)" in table and "52 + 961 (11%)" in table
     assert lines[-2].startswith("ensemble overhead") and lines[-1].split("|")[-1].strip() == "9,122"
     assert format_step_table([]) == ""
+
+
+def test_an_ensembles_formed_batches_are_its_model_steps():
+    from builder.tuning.loadtest import format_summary
+    from builder.tuning.steps import model_step
+
+    steps = ["sent__preprocess", "sent__model", "sent__postprocess"]
+    assert model_step("sent", steps) == "sent__model" and model_step("sent", ["other"]) is None
+    zero = {name: _snap(0, 0, 0, 0, 0, 0) for name in ["sent", *steps]}
+    after = {name: _snap(100, 500, 1, 1, 1, 1) for name in ["sent", *steps]}
+    after["sent__model"].batches = {1: 20, 2: 10, 4: 15}  # 100 requests in 45 executions
+    after["sent__model"].executions = 45
+    model = step_split("sent", steps, zero, after)["steps"][1]
+    assert model["batch_sizes"] == {"1": 20, "2": 10, "4": 15} and model["average_batch_size"] == 2.22
+    step = {"name": "sent__model", "error": None, "executions": 45, "average_batch_size": 2.22,
+            "batch_sizes": {"1": 20, "2": 10, "4": 15}}
+    server = {"requests": 100, "error": None, "queue_us_per_request": 5.0, "compute_us_per_request": 900.0,
+              "average_batch_size": None, "batch_sizes": {}}
+    summary = {"model": "sent", "protocol": "grpc", "users": 8, "server": server, "model_step": step,
+               "client": {"requests": 100, "failures": 0, "rps": 90.0, "errors": {}}, "slo": {"met": True}}
+    line = format_summary(summary)
+    assert "; server: queue 5 us + compute 900 us per request; model step sent__model: avg formed batch 2.22 " \
+           "(1x20 2x10 4x15)" in line and "avg batch None" not in line
