@@ -110,8 +110,15 @@ def report_dict(ctx) -> dict[str, Any]:
         "variants": variant_rows(ctx),
         "notes": list(ctx.notes),
         **({"steps": step_rows(ctx)} if step_rows(ctx) else {}),
+        "generated_inputs": generated_inputs(ctx),
         "variant_seconds": dict(ctx.variant_seconds),
     }
+
+
+def generated_inputs(ctx) -> dict[str, str]:
+    """{input: the rule that made its generated values}, as stage load recorded it ({} before it ran)."""
+    load = next((r for r in ctx.results if r.stage == "load"), None)
+    return dict(load.outputs.get("generated_inputs") or {}) if load else {}
 
 
 def report_files(ctx) -> dict[str, bytes]:
@@ -133,6 +140,8 @@ def report_files(ctx) -> dict[str, bytes]:
         lines.extend(f"  - {n}" for n in row["notes"] if "\n" not in n)  # tables get their own section
         if "\n" in row["rejected"]:  # a one-line reason is already in `why`
             lines.extend(f"  {line}" for line in row["rejected"].splitlines())
+    if data["generated_inputs"]:  # which rule made each input's generated cases (builder/input_rules.py)
+        lines += ["## Generated inputs", ""] + [f"- {k}: {v}" for k, v in data["generated_inputs"].items()] + [""]
     lines += _measurement_lines(ctx) + step_lines(ctx) + _tradeoff_lines(data["variants"])
     lines += _search_lines(data["variants"])
     lines += compression_lines(data["variants"])

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import InternalError, UserInputError
+from builder.input_rules import named_kind
+from builder.spec import TensorSpec
 
 DEFAULT_MAX_BATCH_SIZE = 64
 DEFAULT_PROFILE = (1, 16, 64)  # min / opt / max of a dynamic dim (TensorSpec.profile_shapes' defaults)
@@ -66,6 +68,17 @@ class InitResult:
             out += [f"  - {item}" for item in self.not_inferred]
         out.append(f"next: review {self.path.name}, then run: {self.next_command}")
         return out
+
+
+def _named_kind(t: "Tensor") -> "Value | None":
+    """The generation rule transformers' naming gives an input (attention_mask: a padding mask), written
+    into the draft: generated cases must be inputs the model could get (builder/input_rules.py)."""
+    if t.dtype is None or t.shape is None or not isinstance(t.name.value, str):
+        return None
+    kind = named_kind(TensorSpec(name=t.name.value, dtype=str(t.dtype.value), shape=list(t.shape.value)))
+    said = {"padding_mask": "ones, then zero padding", "segments": "token types: zeros, then ones",
+            "positions": "0, 1, 2 ..."}
+    return Value(kind, f"from its name (transformers' convention): {said[kind]}") if kind else None
 
 
 def _shell_path(path: Path) -> str:
@@ -187,8 +200,11 @@ def render(draft: Draft, result: InitResult) -> str:
                     note = ""
                 (result.guessed if t.profile.review else result.inferred)[f"{where}.min/opt/max_shape"] = \
                     list(t.profile.value)
+            kind = _named_kind(t) if section == "inputs" and t.value_range is None else None
             if t.value_range is not None:
                 w.value("    ", "value_range", f"{where}.value_range", t.value_range)
+            elif kind is not None:
+                w.value("    ", "kind", f"{where}.kind", kind)
             elif section == "inputs" and t.dtype is not None and str(t.dtype.value).startswith(("int", "uint")):
                 w.line("    # value_range: [0, 100]", "generated ids (high exclusive): keep them inside the vocabulary")
     w.value("", "max_batch_size", "max_batch_size", draft.max_batch_size)

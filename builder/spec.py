@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import UserInputError
-from builder.spec_checks import check_dynamic_sizes, check_input_ranges
+from builder.spec_checks import check_dynamic_sizes, check_input_ranges, parse_input_rule
 from builder.spec_compression import CompressionSpec, parse_compression, parse_training
 from builder.spec_fields import collect_unknown_keys, is_number, read_yaml, validate_tensor_name
 from builder.spec_hf import DEFAULT_MAX_BATCH_SIZE as HF_MAX_BATCH_SIZE
@@ -82,6 +82,9 @@ class TensorSpec:
     min_shape: list[int] | None = None
     opt_shape: list[int] | None = None
     max_shape: list[int] | None = None
+    values: tuple | None = None  # generated values only from these (builder/input_rules.py)
+    kind: str | None = None  # padding_mask | segments | positions (builder/input_rules.py KINDS)
+    rule_source: str | None = None  # who set values/kind/value_range when not the spec (data, probe)
 
     @property
     def triton_dtype(self) -> str:
@@ -222,7 +225,7 @@ _TOP_KEYS = (
     "objective", "verify", "deploy", "onnx", "quantization", "compression", "preprocess", "postprocess",
 )
 _SOURCE_KEYS = ("module", "torchscript", "onnx", "weights") + HF_KEYS[1:] + HF_KEYS[:1]
-_INPUT_KEYS = ("name", "dtype", "shape", "value_range", "min_shape", "opt_shape", "max_shape")
+_INPUT_KEYS = ("name", "dtype", "shape", "value_range", "values", "kind", "min_shape", "opt_shape", "max_shape")
 _OUTPUT_KEYS = ("name", "dtype", "shape")
 _DATA_KEYS = ("calibration", "validation", "training")
 _DEPLOY_KEYS = (
@@ -371,6 +374,7 @@ def _parse_inputs(raw: Any, origin: str) -> list[TensorSpec]:
                     or vr[0] >= vr[1]):
                 raise f.error(f"must be [low, high], finite numbers with low < high, got {vr!r}", "value_range")
             tensor.value_range = (vr[0], vr[1])
+        parse_input_rule(f, tensor)
         check_input_ranges(f, tensor)
         result.append(tensor)
     return result

@@ -1,7 +1,10 @@
 """Checks across fields of one spec that the per-field parsing cannot make: an input's min/opt/max
-shapes in order, a value_range its dtype can hold, verify.dynamic_sizes inside every dynamic dim's range.
+shapes in order, a value_range its dtype can hold, verify.dynamic_sizes inside every dynamic dim's range;
+an input's generation rule (values or kind, builder/input_rules.py) that fits its dtype and shape.
 
 Usage::
+
+    parse_input_rule(fields, tensor)        # inside inputs[i]: its values / kind
 
     check_input_ranges(fields, tensor)      # inside inputs[i], after its shapes and value_range
     check_dynamic_sizes(spec, origin)       # once every section is parsed
@@ -14,10 +17,49 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from builder.errors import UserInputError
+from builder.input_rules import KINDS
+from builder.spec_fields import is_number
 
 if TYPE_CHECKING:
     from builder.spec import ModelSpec, TensorSpec
     from builder.spec_fields import Fields
+
+
+def parse_input_rule(f: "Fields", tensor: "TensorSpec") -> None:
+    """inputs[i].values (generated values only from these) and inputs[i].kind (padding_mask, segments,
+    positions): one way of saying what an input holds, fitting its dtype and shape."""
+    values, kind = f.get("values"), f.get("kind")
+    given = [key for key, v in (("value_range", tensor.value_range), ("values", values), ("kind", kind)) if v is not None]
+    if len(given) > 1:
+        raise f.error(f"{' and '.join(given)} both say which values the input holds; give one of them (value_range: "
+                      "any value in [low, high); values: these only; kind: padding_mask, segments or positions)",
+                      given[-1])
+    if values is not None:
+        if not isinstance(values, list) or not values or not all(is_number(v) or isinstance(v, bool) for v in values):
+            raise f.error(f"must be a non-empty list of numbers (the only values the input takes, e.g. [0, 1]), got "
+                          f"{values!r}", "values")
+        integer = tensor.dtype != "bool" and np.issubdtype(np.dtype(tensor.dtype), np.integer)
+        if tensor.dtype == "bool" and not all(v in (0, 1) for v in values):
+            raise f.error(f"{values!r} does not fit bool; give [0, 1], [true, false] or one of them", "values")
+        if integer:
+            info = np.iinfo(np.dtype(tensor.dtype))
+            wrong = [v for v in values if v != int(v) or not info.min <= v <= info.max]
+            if wrong:
+                raise f.error(f"{wrong} do not fit {tensor.dtype} (whole numbers {info.min} to {info.max}); give "
+                              "values the dtype holds", "values")
+        tensor.values = tuple(dict.fromkeys(values))
+    if kind is not None:
+        if kind not in KINDS:
+            raise f.error(f"{kind!r} is not supported; use one of: {', '.join(KINDS)} (padding_mask: ones then zero "
+                          "padding; segments: zeros then ones; positions: 0, 1, 2 ...), or values: [...] for a set",
+                          "kind")
+        if not tensor.shape:
+            raise f.error(f"{kind} runs along the last axis, and the input has shape [] (none); give values: [...] "
+                          "instead", "kind")
+        if kind != "padding_mask" and (tensor.dtype == "bool" or not np.issubdtype(np.dtype(tensor.dtype), np.integer)):
+            raise f.error(f"{kind} holds integer ids, and the input is {tensor.dtype}; give an integer dtype, or "
+                          "values: [...]", "kind")
+        tensor.kind = kind
 
 
 def check_input_ranges(f: "Fields", tensor: "TensorSpec") -> None:

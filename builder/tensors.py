@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from builder.input_rules import rule_for
 from builder.spec import ModelSpec, TensorSpec
 from builder.task_metrics import NUMBERS as EMBEDDING_NUMBERS, embedding_failures, embedding_metrics, judged_as_task, label_metrics
 
@@ -77,21 +78,13 @@ def skew_groups(spec: ModelSpec) -> list[int]:
 
 def random_tensor(tensor: TensorSpec, batch: int | None, dynamic_size: int | str, rng: np.random.Generator,
                   index: int = 0) -> np.ndarray:
-    """A random array for one input: never all zeros; integers within value_range; dynamic dims at
-    ``dynamic_size`` (a number or a point, see dims_at)."""
+    """A random array for one input, valid for it (builder/input_rules.py: the spec's rule, the data's,
+    transformers' names, else integers in [0, 100) and normal floats); dynamic dims at ``dynamic_size``
+    (a number or a point, see dims_at)."""
     shape = dims_at(tensor, dynamic_size, index)
     if batch is not None:
         shape = [batch, *shape]
-    dtype = np_dtype(tensor.dtype)
-    if tensor.dtype == "bool":
-        return rng.random(shape) > 0.5
-    if np.issubdtype(dtype, np.integer):
-        low, high = tensor.value_range or (0, 100)
-        return rng.integers(int(low), int(high), size=shape).astype(dtype)
-    if tensor.value_range:
-        low, high = tensor.value_range
-        return rng.uniform(low, high, size=shape).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
+    return rule_for(tensor).generate(tensor.dtype, shape, rng)
 
 
 def to_wire(array: np.ndarray, dims: list[int], batching: bool) -> np.ndarray:

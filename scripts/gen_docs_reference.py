@@ -230,6 +230,13 @@ DESCRIPTIONS = {
     "inputs[].dtype": "Data type; default `float32`.",
     "inputs[].shape": "Per-sample shape WITHOUT the batch dimension; `-1` = dynamic; `[]` = one scalar per sample.",
     "inputs[].value_range": "`[low, high]` of generated inputs (integer ids: high exclusive); default ids `[0, 100)`.",
+    "inputs[].values": "The only values generated inputs hold, e.g. `[0, 1]` (one of `value_range`, `values`, `kind`).",
+    "inputs[].kind": "`padding_mask` (ones then zero padding, never a row of padding only), `segments` (zeros then "
+                     "ones) or `positions` (0, 1, 2 ...), along the last axis. Without `value_range`/`values`/`kind`: "
+                     "integer inputs take the values seen in `data.validation`/`data.calibration`, else transformers' "
+                     "names decide (`attention_mask`, `pixel_mask`, `*_attention_mask`: padding mask; "
+                     "`token_type_ids`: segments; `position_ids`: positions); the build report says which rule made "
+                     "each input.",
     "inputs[].min_shape": "Smallest concrete shape of the dynamic dims: test sizes, TensorRT profiles.",
     "inputs[].opt_shape": "Typical shape: warm-up, TensorRT profiles.",
     "inputs[].max_shape": "Largest shape: test sizes, TensorRT profiles.",

@@ -70,6 +70,7 @@ class Variant:
     # where the serving runtime computes below the variant's precision on this host (an FP32 OpenVINO IR on a
     # bf16 CPU under Triton's openvino backend: "bf16"): judged at that precision's tolerance (judged_precision)
     computes_in: str | None = None
+    base: str | None = None  # the variant it was derived from (INT8, FP16): verification["vs_base"] compares them
     # filled by verify / benchmark / select
     verification: dict[str, Any] | None = None
     verified: bool | None = None
@@ -84,6 +85,8 @@ class Variant:
     # closeness; reference.npz of their published version holds their OWN outputs (what check compares)
     verified_by: str = "reference"  # reference | task_accuracy
     own_outputs: list[dict[str, Any]] | None = None  # per reference case, set by verify for task_accuracy
+    # its outputs on the reference cases (verify; FP32 variants only, the bases of derived ones): vs_base
+    case_outputs: list[dict[str, Any]] | None = None
     own_validation_outputs: dict[str, Any] | None = None  # on the validation set: the drift profile's outputs
     stats: dict[str, Any] | None = None  # parameters, MACs, FLOPs of the torch model it came from
     compression: dict[str, Any] | None = None  # what training made it: ratio, steps, budget, history

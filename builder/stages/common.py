@@ -2,10 +2,8 @@
 
 Usage::
 
-    failure = accuracy_drop_failure(variant.accuracy, spec.verify.max_accuracy_drop)
-    if failure:   # "drop 1.50 points > 1.0 allowed"
-        ...
     exporter, opset = export_module_onnx(module, spec, workdir / "onnx_pruned" / "model.onnx")
+    check_base(ctx, [ctx.variant("onnx")])   # raises BaseFailed (-> skipped) when the base failed verification
 """
 
 from __future__ import annotations
@@ -24,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from builder.tensors import generated_inputs, trace_example
+from builder.verification import verify_one
 
 if TYPE_CHECKING:
     from builder.stages.base import BuildContext, Variant
@@ -32,13 +31,37 @@ LEGACY_DEFAULT_OPSET = 17
 EXTERNAL_DATA_THRESHOLD = 1 << 30  # bytes of weights above which they go to model.onnx.data
 
 
-def accuracy_drop_failure(accuracy: dict[str, Any] | None, limit: float) -> str:
-    """The accuracy constraint, in one place: why the task-metric drop is over ``limit`` ("" when it is
-    within it, or when no drop was measured)."""
-    drop = (accuracy or {}).get("drop")
-    if drop is None or drop <= limit:
-        return ""
-    return f"drop {drop:.2f} points > {limit} allowed"
+class BaseFailed(Exception):
+    """The variant's base failed verification: it is not made (recorded as skipped, with the base's reason)."""
+
+
+def check_base(ctx: "BuildContext", bases: list["Variant | None"]) -> None:
+    """Raise BaseFailed when one of ``bases`` (what a variant is about to be derived from) failed
+    verification; verify each base now if stage verify has not yet (it runs after every variant is made, and skips those verified here).
+
+    Why here, before the derivation: a variant quantized, converted or compiled from a wrong graph
+    inherits its error - onnx_int8_dynamic was quantized 20 times (128 s of a 173 s build) from an
+    onnx_opt already wrong, and published with that error inside its INT8 budget. Verifying the base on
+    demand keeps the pipeline's order (verify stays one stage, after every variant is made) and costs
+    nothing more: each variant is verified once. Bases not made (None) are not judged here."""
+    for base in bases:
+        if base is None:
+            continue
+        if base.verified is None:
+            verify_one(ctx, base)
+        if base.verified is False:
+            lines = [line.removeprefix("- ") for line in base.rejected.splitlines()[1:]
+                     if not line.startswith("- cases: ")] or [base.rejected]  # which cases: in the base's own row
+            first = lines[0] + (f" (and {len(lines) - 1} more)" if len(lines) > 1 else "")
+            raise BaseFailed(f"its base {base.name} failed verification ({first}); a variant made from it would "
+                             "inherit that error, so it is not made")
+
+
+def skipped_for_base(ctx: "BuildContext", name: str, exc: BaseFailed) -> str:
+    """Record ``name`` as skipped for its failed base (notes, the summary table) and say so in the progress."""
+    not_made(ctx, name, str(exc), skipped=True)
+    ctx.progress(f"  {name} skipped: {exc}")
+    return str(exc)
 
 
 def not_made(ctx: "BuildContext", name: str, why: str, skipped: bool = False) -> None:
@@ -50,12 +73,12 @@ def not_made(ctx: "BuildContext", name: str, why: str, skipped: bool = False) ->
 
 def make_each(ctx: "BuildContext", wanted: list[str], make: Callable[[str], str]) -> tuple[dict, dict, str]:
     """Make each wanted variant with ``make(name)`` (returns its one-line summary). One failing is recorded
-    - its short error in ``ctx.notes``, its work folder removed - and does not stop the others; a
-    UserInputError (the spec is wrong) goes up. Returns (made, failed, one line for the stage result)."""
+    - its short error in ``ctx.notes``, its work folder removed - and does not stop the others; one whose
+    base failed (BaseFailed) is recorded as skipped; a UserInputError (the spec is wrong) goes up. Returns (made, failed, one line for the stage result)."""
     from builder import onnx_tools
     from builder.errors import UserInputError
 
-    made, failed = {}, {}
+    made, failed, skipped = {}, {}, {}
     for name in wanted:
         ctx.progress(f"  making {name} ...")
         started = time.perf_counter()
@@ -63,6 +86,8 @@ def make_each(ctx: "BuildContext", wanted: list[str], make: Callable[[str], str]
             made[name] = make(name)
         except UserInputError:
             raise
+        except BaseFailed as exc:
+            skipped[name] = skipped_for_base(ctx, name, exc)
         except Exception as exc:  # noqa: BLE001 - one variant failing must not stop the others
             stop_if_work_folder_refused(exc, ctx.workdir)
             failed[name] = onnx_tools.short_error(exc)
@@ -70,7 +95,8 @@ def make_each(ctx: "BuildContext", wanted: list[str], make: Callable[[str], str]
             shutil.rmtree(ctx.workdir / name, ignore_errors=True)
         finally:
             ctx.variant_seconds[name] = round(time.perf_counter() - started, 2)
-    text = "; ".join([f"{k}: {v}" for k, v in made.items()] + [f"{k} FAILED: {v}" for k, v in failed.items()])
+    text = "; ".join([f"{k}: {v}" for k, v in made.items()] + [f"{k} skipped: {v}" for k, v in skipped.items()]
+                     + [f"{k} FAILED: {v}" for k, v in failed.items()])
     return made, failed, text
 
 
@@ -353,52 +379,8 @@ def calibration_samples(ctx: BuildContext) -> tuple[dict[str, np.ndarray] | list
         return {n: np.ascontiguousarray(v[:count]) for n, v in data.items()}, f"{where}, {count} samples"
     rng = np.random.default_rng(spec.verify.seed + 7)
     dyn = "opt" if spec.has_dynamic_dims else 0
-    where = (f"{wanted} generated samples (no data.calibration or data.validation: random inputs within each "
-             "input's value_range; real data calibrates better)")
+    where = (f"{wanted} generated samples (no data.calibration or data.validation: random inputs by each input's "
+             "rule, see the build report's Generated inputs; real data calibrates better)")
     if spec.batching:
         return generated_inputs(spec, wanted, dyn, rng), where
     return [generated_inputs(spec, None, dyn, rng) for _ in range(wanted)], where
-
-
-# the tolerances from tightest to loosest: a variant is judged at its own precision's, or at the model's
-# own when that is looser (an export adds no approximation, but cannot be closer than the model's rounding)
-LOOSENESS = ("fp32", "fp16", "int8")
-HALF_DTYPES = ("float16", "bfloat16")
-
-
-def model_half_dtypes(ctx: "BuildContext") -> list[str]:
-    """Where the model computes in half precision: its floating-point parameters and buffers (a torch
-    or TorchScript model; an ONNX source's weights) and its outputs, as 'parameters float16',
-    'output y float16'. Inputs do not count: every variant gets the same rounded input."""
-    found: list[str] = []
-    if callable(getattr(ctx.model, "parameters", None)):
-        dtypes = {str(t.dtype).removeprefix("torch.") for t in [*ctx.model.parameters(), *ctx.model.buffers()]}
-        found += [f"parameters {d}" for d in HALF_DTYPES if d in dtypes]
-    elif ctx.spec.source.kind == "onnx":
-        import onnx
-
-        kinds = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
-        graph = onnx.load(str(ctx.spec.source.path), load_external_data=False).graph
-        dtypes = {kinds.get(t.data_type) for t in graph.initializer}
-        found += [f"weights {d}" for d in HALF_DTYPES if d in dtypes]
-    outputs = ctx.reference.output_dtypes if ctx.reference else {}
-    return found + [f"output {name} {dtype}" for name, dtype in outputs.items() if dtype in HALF_DTYPES]
-
-
-def judged_precision(ctx: "BuildContext", variant: "Variant") -> tuple[str, str]:
-    """The precision whose tolerance ``variant`` is judged by, and why when it is not the variant's own:
-    an fp32 export of a float16/bfloat16 model differs from the eager model by half-precision rounding
-    (rel L2 ~1e-3), so holding it to the fp32 tolerance rejects a faithful export while an INT8 variant
-    that quantised nothing passes at the INT8 one."""
-    own = variant.precision
-    if own not in LOOSENESS or LOOSENESS.index(own) >= LOOSENESS.index("fp16"):
-        return own, ""
-    half = model_half_dtypes(ctx)
-    if not half and variant.computes_in in ("fp16", "bf16"):
-        return "fp16", (f"judged at the fp16 tolerance, not {own}'s: served by Triton's openvino backend, which has "
-                        f"no f32 setting, the CPU plugin computes it in {variant.computes_in} on this CPU (its default "
-                        "here), so that is what was verified and measured")
-    if not half:
-        return own, ""
-    return "fp16", (f"judged at the fp16 tolerance, not {own}'s: the model itself computes in half precision "
-                    f"({', '.join(half[:4])}), so no export of it can be closer than half-precision rounding")

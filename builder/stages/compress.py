@@ -33,7 +33,7 @@ from builder import onnx_tools
 from builder.compression.data import load_training, training_output  # noqa: F401 - load_training: the stage's API
 from builder.errors import UserInputError
 from builder.stages.base import BuildContext, StageResult, Variant
-from builder.stages.common import export_module_onnx, make_each, not_made
+from builder.stages.common import BaseFailed, check_base, export_module_onnx, make_each, not_made, skipped_for_base
 from builder.tensors import top1_accuracy
 from builder.variants import register_variant
 
@@ -346,6 +346,11 @@ def run(ctx: BuildContext) -> StageResult:
         return StageResult.skipped(STAGE, f"{', '.join(wanted)}: {reason}", skipped={n: reason for n in wanted})
     from builder.compression.train import torch_threads, training_threads
 
+    try:  # exported by the same exporter as onnx: an export that failed verification would fail them too
+        check_base(ctx, [ctx.variant("onnx")])
+    except BaseFailed as exc:
+        skipped = {name: skipped_for_base(ctx, name, exc) for name in wanted}
+        return StageResult.skipped(STAGE, f"{', '.join(wanted)}: {exc}", skipped=skipped)
     session = _Session(ctx)
     reference_stats = session.stats(ctx.model)
     threads = training_threads(reference_stats["macs"])

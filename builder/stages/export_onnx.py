@@ -15,9 +15,10 @@ from pathlib import Path
 from builder.onnx_tools import copy_with_external_data
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import (example_args, export_dynamo, export_legacy, finalize_onnx, finish_export,
-                                   judged_precision, not_made, stop_if_work_folder_refused)
+                                   not_made, stop_if_work_folder_refused)
 from builder.trace_safety import froze_text, frozen_conversions
 from builder.variants import register_variant
+from builder.verification import judged_precision
 
 STAGE = "export_onnx"
 #: a variant note with this prefix is a hint shown with the variant's verification failure (builder/pipeline.py)

@@ -12,6 +12,7 @@ from builder.data_checks import (CHECK_BATCHES, calibration_warning, check_label
 from builder.errors import UserInputError
 from builder.files import sha256_file
 from builder.huggingface.source import load_source
+from builder.input_rules import from_data, rule_for, rule_lines
 from builder.user_steps import UserSteps, read_raw
 from builder.model_source import (check_batch_independent, check_deterministic, check_onnx_external_data,
                                   import_factory, load_weights)
@@ -74,7 +75,8 @@ def run(ctx: BuildContext) -> StageResult:
         raw = read_raw(spec.data.validation, spec.preprocess)
         validation = steps.preprocess(raw, spec.inputs)
     calibration = _read_npz(spec.data.calibration, "data.calibration", ctx) if spec.data.calibration else None
-
+    from_data(spec.inputs, [(field, data) for field, data in (("data.validation", validation),
+                                                              ("data.calibration", calibration)) if data is not None])
     probed = _probe_id_ranges(runner, ctx)  # generated inputs are used with data too (trace example, dynamic sizes)
     example = trace_example(spec)
     outputs = _call_checked(runner, example, ctx)
@@ -131,7 +133,10 @@ def run(ctx: BuildContext) -> StageResult:
             ctx.reference.labels, ctx.reference.top1_output = validation["labels"], top1
 
     note = "; ".join(f"generated {k} in [{lo}, {hi}) (probed: the model rejects larger ids)" for k, (lo, hi) in probed.items())
+    rules = rule_lines(spec.inputs)  # which rule made each input's generated values: the build report says it
+    ctx.progress("  generated inputs: " + "; ".join(f"{name}: {rule}" for name, rule in rules.items()))
     return StageResult.ok(STAGE, note, reference=ctx.reference_kind, cases=[c["id"] for c in cases], id_ranges=probed,
+                          generated_inputs=rules,
                           validation_samples=None if validation is None else len(next(iter(validation.values()))))
 
 
@@ -270,8 +275,7 @@ def _probe_id_ranges(runner, ctx: BuildContext) -> dict[str, list[int]]:
     """Integer inputs with neither value_range nor data get ids in [0, 100) by default; a model with a
     smaller vocabulary rejects those. Halve the range until the model accepts several generated batches,
     record it on the spec (so every later stage and the metadata use it) and say which was used."""
-    ids = [t for t in ctx.spec.inputs if t.value_range is None and t.dtype not in ("bool",)
-           and np.issubdtype(np.dtype(t.dtype), np.integer)]
+    ids = [t for t in ctx.spec.inputs if (rule_for(t).kind, rule_for(t).source) == ("range", "default")]
     if not ids:
         return {}
     problem = _rejection(runner, ctx)
@@ -281,14 +285,14 @@ def _probe_id_ranges(runner, ctx: BuildContext) -> dict[str, list[int]]:
     while high > 1:
         high //= 2
         for tensor in ids:
-            tensor.value_range = (0, high)
+            tensor.value_range, tensor.rule_source = (0, high), "probed: the model rejects larger ids"
         if _rejection(runner, ctx) is None:
             names = ", ".join(t.name for t in ids)
             ctx.progress(f"  inputs {names}: no value_range and no data; the model rejects ids in [0, 100), "
                          f"accepts [0, {high}): generated inputs use that (set inputs[].value_range to choose)")
             return {t.name: [0, high] for t in ids}
     for tensor in ids:
-        tensor.value_range = None
+        tensor.value_range = tensor.rule_source = None
     names = ", ".join(t.name for t in ids)
     raise UserInputError(
         f"{_origin(ctx)}: field 'inputs': the model rejected every generated value of the integer input(s) {names} "

@@ -32,9 +32,10 @@ import numpy as np
 
 from builder import openvino_tools, transformer_fusion
 from builder.stages.base import BuildContext, StageResult, Variant
-from builder.stages.common import accuracy_drop_failure, calibration_samples, make_each, not_made
+from builder.stages.common import BaseFailed, calibration_samples, check_base, make_each, not_made
 from builder.tensors import top1_accuracy, top1_hits
 from builder.variants import CPU_TARGETS, register_variant
+from builder.verification import accuracy_drop_failure
 
 STAGE = "openvino"
 CALIBRATION_BATCH = 16
@@ -242,7 +243,8 @@ def make_openvino_int8(ctx: BuildContext) -> str:
         raise NotApplicable("nothing was quantized (would equal openvino): NNCF inserted no FakeQuantize (no op "
                             "it quantizes, such as Convolution or MatMul, on float32 tensors)")
     variant = Variant("openvino_int8", "openvino", "int8", ir, exporter=f"{base.exporter}+openvino+nncf",
-                      opset=base.opset, passes=passes, notes=notes)
+                      opset=base.opset, passes=passes, notes=notes,
+                      base="openvino" if ctx.variant("openvino") is not None else base.name)
     ctx.add_variant(variant)
     return (f"{fake_quantize} FakeQuantize ops; calibration: {where}"
             + (f"; top-1 drop {drop:+.2f} points" if drop is not None else ""))
@@ -273,7 +275,13 @@ def run(ctx: BuildContext) -> StageResult:
 
     def make(name: str) -> str:
         try:
+            if name == "openvino_int8":  # NNCF quantizes the ONNX export; the FP32 IR is that conversion, verified
+                check_base(ctx, [ctx.variant("onnx"), ctx.variant("openvino")])
             return MAKERS[name](ctx)
+        except BaseFailed as exc:
+            ctx.progress(f"  {name} skipped: {exc}")
+            skipped[name] = str(exc)
+            return ""
         except NotApplicable as exc:
             skipped[name] = str(exc)
             return ""

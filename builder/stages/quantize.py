@@ -28,11 +28,12 @@ from builder.host import host_isa_flags
 from builder.measure import measure_round_robin
 from builder.runtime import open_runner
 from builder.stages.base import BuildContext, StageResult, Variant
-from builder.stages.common import accuracy_drop_failure, calibration_samples, not_made
+from builder.stages.common import BaseFailed, calibration_samples, check_base, not_made, skipped_for_base
 from builder.task_metrics import on_cases
 from builder.tensors import (beyond_the_cases, compare_outputs, merge_case_metrics, tolerance_failures,
                              top1_accuracy, trace_example, worst_metric)
 from builder.variants import CPU_TARGETS, register_variant
+from builder.verification import accuracy_drop_failure
 
 STAGE = "quantize"
 CALIBRATION_BATCH = 16
@@ -154,7 +155,7 @@ def make_int8_static(ctx: BuildContext) -> str:
     if not count:
         raise _nothing_quantized(final, "quantize_static")
     variant = Variant("onnx_int8_static", "onnx", "int8", final, exporter=f"{base.exporter}+int8", opset=base.opset,
-                      passes=passes, notes=[f"calibrated on {where}; method {chosen.calibration}", *notes])
+                      base=base.name, passes=passes, notes=[f"calibrated on {where}; method {chosen.calibration}", *notes])
     if rows:
         variant.notes += [quant_search.summary(rows), "quantisation search (this host):\n"
                           + quant_search.format_table(rows)]
@@ -383,7 +384,7 @@ def make_int8_dynamic(ctx: BuildContext) -> str:
         notes.insert(0, "quantized from onnx_opt, the transformer-fused graph (Attention as QAttention), as Optimum "
                         "quantizes the optimized model")
     variant = Variant("onnx_int8_dynamic", "onnx", "int8", final, exporter=f"{base.exporter}+int8", opset=base.opset,
-                      passes=passes,
+                      passes=passes, base=base.name,
                       notes=[f"INT8 nodes: {quantized} (from {', '.join(targets)}); everything else (Conv "
                              "included) stays FP32", *notes])
     if rows:
@@ -450,9 +451,18 @@ def make_torchscript_int8_dynamic(ctx: BuildContext) -> str:
     if base is None:
         notes.append("exported by trace without the trace-safety check of export_torchscript (no base export)")
     variant = Variant("torchscript_int8_dynamic", "torchscript", "int8", path, exporter=f"torch.jit.{how}",
-                      passes=["torch.ao.quantization.quantize_dynamic({nn.Linear}, qint8)"], notes=notes)
+                      passes=["torch.ao.quantization.quantize_dynamic({nn.Linear}, qint8)"], notes=notes,
+                      base=base and base.name)
     ctx.add_variant(variant)
     return f"{linears} Linear layer(s), torch.jit.{how}"
+
+
+def _bases(ctx: BuildContext, name: str) -> list[Variant | None]:
+    """What ``name`` is quantized from (check_base judges it first; a missing ONNX export is the maker's to say)."""
+    onnx = ctx.variant("onnx")
+    if name == "torchscript_int8_dynamic" or onnx is None or not onnx.path.exists():
+        return [ctx.variant("torchscript")] if name == "torchscript_int8_dynamic" else []
+    return [_dynamic_base(ctx) if name == "onnx_int8_dynamic" else onnx]
 
 
 MAKERS = {"onnx_int8_static": make_int8_static, "onnx_int8_dynamic": make_int8_dynamic,
@@ -468,7 +478,10 @@ def run(ctx: BuildContext) -> StageResult:
         ctx.progress(f"  making {name} ...")
         started = time.perf_counter()
         try:
+            check_base(ctx, _bases(ctx, name))
             made[name] = MAKERS[name](ctx)
+        except BaseFailed as exc:
+            skipped[name] = skipped_for_base(ctx, name, exc)
         except NotApplicable as exc:
             skipped[name] = str(exc)
             not_made(ctx, name, skipped[name], skipped=True)
@@ -481,8 +494,4 @@ def run(ctx: BuildContext) -> StageResult:
     text = "; ".join([f"{k}: {v}" for k, v in made.items()] + [f"{k} skipped: {v}" for k, v in skipped.items()]
                      + [f"{k} FAILED: {v}" for k, v in failed.items()])
     outputs = {"made": made, "skipped": skipped, "failed": failed}
-    if made:
-        return StageResult.ok(STAGE, text, **outputs)
-    if failed:
-        return StageResult.fail(STAGE, text, **outputs)
-    return StageResult.skipped(STAGE, text, **outputs)
+    return (StageResult.ok if made else StageResult.fail if failed else StageResult.skipped)(STAGE, text, **outputs)

@@ -18,8 +18,8 @@ from __future__ import annotations
 from builder.measure import human
 from builder.objective import NOISE, prefer_accurate, speed, tradeoff_terms
 from builder.stages.base import BuildContext, StageResult, Variant
-from builder.stages.common import accuracy_drop_failure
 from builder.tensors import worst_metric
+from builder.verification import accuracy_drop_failure
 
 STAGE = "select"
 

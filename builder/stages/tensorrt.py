@@ -30,7 +30,7 @@ import numpy as np
 from builder.runtime import tensorrt_unavailable_reason
 from builder.spec import NAME_PATTERN
 from builder.stages.base import BuildContext, StageResult, TensorRTOutput, Variant
-from builder.stages.common import not_made
+from builder.stages.common import BaseFailed, check_base, not_made, skipped_for_base
 from builder.tensorrt.profiles import (InputProfile, derive_profiles, is_static, opt_batch_size, profiles_as_dict,
                                        tensorrt_api_shapes)
 from builder.variants import register_variant, variants_of_stage
@@ -76,6 +76,11 @@ def run(ctx: BuildContext) -> StageResult:
     onnx = ctx.variant("onnx")
     if onnx is None or not onnx.path.exists():
         return StageResult.skipped(STAGE, f"no ONNX export to build {', '.join(wanted)} from (see stage export_onnx)")
+    try:  # a plan compiled from a wrong graph inherits its error, within FP16's or INT8's looser tolerance
+        check_base(ctx, [onnx])
+    except BaseFailed as exc:
+        skipped = {name: skipped_for_base(ctx, name, exc) for name in wanted}
+        return StageResult.skipped(STAGE, f"{', '.join(wanted)}: {exc}", skipped=skipped)
     profiles = derive_profiles(ctx.spec)
     missing = tensorrt_unavailable_reason()
     if missing:

@@ -174,7 +174,8 @@ def test_tensorrt_stage_skips_with_a_reason_off_target_and_without_onnx(tmp_path
 def test_tensorrt_stage_defers_to_the_gpu_host_and_names_what_is_missing(tmp_path):
     ctx = _context(tmp_path, "gpu", ["onnx", "tensorrt_fp16", "tensorrt_int8"])
     (tmp_path / "model.onnx").write_bytes(b"onnx")
-    ctx.add_variant(Variant("onnx", "onnx", "fp32", tmp_path / "model.onnx"))
+    # the base's verdict injected: plans are derived only from an ONNX export that passed verification
+    ctx.add_variant(Variant("onnx", "onnx", "fp32", tmp_path / "model.onnx", verified=True))
     result = tensorrt_stage.run(ctx)
     assert result.status is Status.SKIPPED
     assert result.reason.startswith("GPU-only step not run here: ") and tensorrt_unavailable_reason() in result.reason

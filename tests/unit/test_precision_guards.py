@@ -16,6 +16,7 @@ import pytest
 import torch
 import yaml
 
+from builder import verification
 from builder.pipeline import build
 from builder.stages import quantize, verify
 from builder.stages.base import Status, Variant
@@ -154,14 +155,14 @@ def _ctx(params=None, outputs=None, kind="module"):
     (torch.float64, {"y": "float64"}, "fp32", "fp32", ""),
 ])
 def test_the_judged_precision_follows_the_models_own(params, outputs, precision, expected, why):
-    got, reason = verify.judged_precision(_ctx(params, outputs), Variant("v", "onnx", precision, Path("m")))
+    got, reason = verification.judged_precision(_ctx(params, outputs), Variant("v", "onnx", precision, Path("m")))
     assert got == expected
     assert (why in reason) if why else reason == ""
 
 
 def test_float16_inputs_alone_do_not_loosen_the_tolerance():
     """Every variant is fed the same rounded input: only the model's own arithmetic can differ."""
-    assert verify.judged_precision(_ctx(torch.float32), Variant("v", "onnx", "fp32", Path("m"))) == ("fp32", "")
+    assert verification.judged_precision(_ctx(torch.float32), Variant("v", "onnx", "fp32", Path("m"))) == ("fp32", "")
 
 
 def test_an_onnx_source_with_float16_weights_is_judged_at_the_fp16_tolerance(tmp_path):
@@ -174,7 +175,7 @@ def test_an_onnx_source_with_float16_weights_is_judged_at_the_fp16_tolerance(tmp
     save(helper.make_model(graph), str(tmp_path / "m.onnx"))
     ctx = SimpleNamespace(model=None, reference=SimpleNamespace(output_dtypes={"y": "float32"}),
                           spec=SimpleNamespace(source=SimpleNamespace(kind="onnx", path=tmp_path / "m.onnx")))
-    precision, why = verify.judged_precision(ctx, Variant("onnx_opt", "onnx", "fp32", Path("m")))
+    precision, why = verification.judged_precision(ctx, Variant("onnx_opt", "onnx", "fp32", Path("m")))
     assert precision == "fp16" and "(weights float16)" in why
 
 

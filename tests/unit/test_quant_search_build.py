@@ -15,7 +15,8 @@ from builder import quant_search
 from builder.errors import UserInputError
 from builder.pipeline import build
 from builder.spec import load_spec
-from builder.stages import quantize, verify
+from builder import verification
+from builder.stages import quantize
 from tests.conftest import edit_spec
 
 VARIANTS = ["onnx", "onnx_int8_static"]
@@ -27,13 +28,13 @@ def int8_verdicts(monkeypatch):
     and its numbers recorded, but pass/fail comes from this dict (variant name -> failures; a variant not
     named passes), so no outcome rides on this host's INT8 kernels. Returns the dict to fill."""
     verdicts: dict[str, list[str]] = {}
-    real_verify = verify.verify_variant
+    real_verify = verification.verify_variant
 
     def verify_variant(ctx, variant):
         failures = real_verify(ctx, variant)
         return verdicts.get(variant.name, []) if variant.precision == "int8" else failures
 
-    monkeypatch.setattr(verify, "verify_variant", verify_variant)
+    monkeypatch.setattr(verification, "verify_variant", verify_variant)
     return verdicts
 
 

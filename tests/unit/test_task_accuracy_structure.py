@@ -13,7 +13,7 @@ import numpy as np
 
 from builder.spec import VerifySpec
 from builder.stages.base import Variant
-from builder.stages.verify import _task_accuracy_only, untrained_outputs
+from builder.verification import _task_accuracy_only, untrained_outputs
 from builder.tensors import compare_outputs
 
 RNG = np.random.default_rng(0)

@@ -3,6 +3,7 @@ batch size even with a small validation set, and integer/bool outputs compared e
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from onnx import TensorProto, helper
 from builder.spec import load_spec
 from builder.stages import load
 from builder.stages.base import BuildContext, BuildOptions, Variant
-from builder.stages.verify import verify_variant
+from builder.verification import verify_variant
 from builder.tensors import build_cases, compare_outputs, merge_case_metrics, tolerance_failures
 
 DOUBLE = '''
@@ -140,3 +141,39 @@ def test_max_mismatch_is_a_share(tmp_path):
     spec_path.write_text(yaml.safe_dump(data))
     with pytest.raises(UserInputError, match=r"verify.tolerances.int8.*max_mismatch.*share of the values \(0 to 1"):
         load_spec(spec_path)
+
+
+def _clipped_double_dynamic(path: Path) -> Path:
+    """y = clip(2x, -6, 6) over a dynamic length: right while |x| <= 3."""
+    nodes = [helper.make_node("Mul", ["x", "two"], ["d"]), helper.make_node("Clip", ["d", "lo", "hi"], ["y"])]
+    consts = [helper.make_tensor(n, TensorProto.FLOAT, [], [v]) for n, v in (("two", 2.0), ("lo", -6.0), ("hi", 6.0))]
+    graph = helper.make_graph(nodes, "clipped", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "L"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "L"])], consts)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+@pytest.mark.parametrize("validation_values, generated, expected", [
+    # right on the user's data, wrong only on generated cases (values the data never had)
+    ((-1, 1), [10, 20], r"cases: fails only on generated cases gen_b1_dmin \(x \[1, 1\]\), .*; it passes on the "
+                        r"data\.validation cases \(val_b1, val_b3, val_b8\): it differs at sizes or values the data "
+                        r"never had"),
+    # wrong on the user's data: said as such, the validation cases first
+    ((10, 20), [-1, 1], r"cases: fails on val_b1 \(x \[1, 4\]\), val_b3 \(x \[3, 4\]\), val_b8 \(x \[8, 4\]\)$"),
+])
+def test_a_failure_names_its_cases_and_sizes_and_whether_the_data_passes(tmp_path, validation_values, generated,
+                                                                         expected):
+    (tmp_path / "model.py").write_text(DOUBLE)
+    np.savez(tmp_path / "val.npz", x=np.random.default_rng(0).uniform(*validation_values, (16, 4)).astype(np.float32))
+    spec = {"name": "double", "source": {"module": "model:build"}, "max_batch_size": 8, "variants": ["onnx"],
+            "inputs": [{"name": "x", "dtype": "float32", "shape": [-1], "min_shape": [1], "opt_shape": [4],
+                        "max_shape": [8], "value_range": generated}],
+            "outputs": [{"name": "y"}], "data": {"validation": "val.npz"}}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    ctx = _loaded(tmp_path / "spec.yaml", tmp_path)
+    variant = Variant(name="onnx", format="onnx", precision="fp32", path=_clipped_double_dynamic(tmp_path / "c.onnx"))
+    failures = verify_variant(ctx, variant)
+    assert failures[0].startswith("y: rel L2") and re.search(expected, failures[1]), failures
+    assert variant.verification["failing_cases"][0]["shapes"]["x"] in ([1, 1], [1, 4])
