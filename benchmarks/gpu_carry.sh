@@ -22,6 +22,7 @@ pin() { grep -E "^$1==" requirements/constraints.txt | head -1 | cut -d' ' -f1 |
 tar -cJf "$carry/perf_analyzer.tar.xz" -C ~/.cache/triton-builder perf_analyzer
 # Triton's own C++ onnxruntime backend (`triton-builder install-backends`, CPU build against onnxruntime 1.19.2):
 # the GPU host's embedded server then serves onnxruntime_onnx folders through it, as it does here
-.venv/bin/triton-builder install-backends -q
-tar -cJf "$carry/backends.tar.xz" -C ~/.cache/triton-builder backends
+# (onnxruntime only: the pytorch backend is keyed by the torch it links, which the GPU host's is not)
+.venv/bin/triton-builder install-backends -q --backend onnxruntime
+(cd ~/.cache/triton-builder && tar -cJf "$OLDPWD/$carry/backends.tar.xz" backends/onnxruntime-*)
 du -sh "$carry"

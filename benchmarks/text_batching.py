@@ -53,11 +53,11 @@ def without_buckets(repo: Path, target: Path) -> Path:
     config = target / f"{NAME}__preprocess" / "config.pbtxt"
     lines = config.read_text().splitlines(keepends=True)
     out, skip = [], 0
-    for line in lines:  # the parameters block of length_buckets: 'parameters {', 'key: ...', 'value ...', '}'
+    for index, line in enumerate(lines):  # the block of length_buckets: 'parameters {', 'key: ...', 'value ...', '}'
         if skip:
             skip -= 1
             continue
-        if line.strip() == "parameters {" and lines[lines.index(line) + 1].strip() == 'key: "length_buckets"':
+        if line.strip() == "parameters {" and lines[index + 1].strip() == 'key: "length_buckets"':
             skip = 3
             continue
         out.append(line)
