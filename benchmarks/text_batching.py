@@ -1,7 +1,8 @@
 """Does a served text pipeline batch? Issue 51's targets, side by side in one run.
 
 Builds the MiniLM sentiment example (examples/minilm/sentiment.yaml; its folder is made when missing) with the
-onnx variant (a short benchmark sizes its serving), then serves two copies of the repository at once (one
+onnx variant (no benchmark, so the length buckets are kept: a measured build decides them, see the last line),
+then serves two copies of the repository at once (one
 embedded tritonserver each) and measures them in turns with perf_analyzer over gRPC, batch-1 requests of the
 example's 58 texts (5 to 40 tokens: mixed lengths), at each concurrency level:
 
@@ -13,7 +14,8 @@ For each: throughput, p99, and the batches the model step formed (Triton's stati
 the labels both answer vs transformers' ``pipeline`` on the same texts; and the model in-process (onnxruntime,
 this host's usable cores, the same texts tokenized in batches of 1 to 16 padded to each batch's longest): texts/s
 at its best batch. Targets: avg formed batch >= 2 and served >= 0.75x in-process at c=8 and c=16; labels 100 %.
-Prints the CPU model and ISA flags first.
+Last, what a measured build decides on this host (builder/huggingface/texts.py bucket_decision: buckets only where
+batching beats the padding they add), from this run's in-process figures. Prints the CPU model and ISA flags first.
 
 Usage: python benchmarks/text_batching.py [--levels 8,16] [--seconds-per-level 8] [--rounds 2] (make bench-text-batching)
 """
@@ -106,7 +108,6 @@ def main() -> int:
     ap.add_argument("--levels", default="8,16")
     ap.add_argument("--seconds-per-level", type=float, default=8.0)
     ap.add_argument("--rounds", type=int, default=2, help="measurements of each layout and level, in turns")
-    ap.add_argument("--benchmark-seconds", type=float, default=2.0, help="the build's measuring budget")
     args = ap.parse_args()
     levels = [int(c) for c in args.levels.split(",") if c.strip()]
     host = host_profile(with_gpu=False)
@@ -118,8 +119,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-text-batching-"))
     try:
         repo = work / "buckets"
-        build(EXAMPLE / "sentiment.yaml", repo, variants=["onnx"], benchmark_seconds=args.benchmark_seconds,
-              progress=lambda m: None)
+        build(EXAMPLE / "sentiment.yaml", repo, variants=["onnx"], benchmark_seconds=0, progress=lambda m: None)
         repos = {"buckets": repo, "longest": without_buckets(repo, work / "longest")}
         params = (repo / f"{NAME}__preprocess" / "config.pbtxt").read_text()
         model_config = (repo / f"{NAME}__model" / "config.pbtxt").read_text()
@@ -128,6 +128,13 @@ def main() -> int:
             "max_queue_delay_microseconds" in model_config else "0"
         print(f"model step: max_queue_delay_microseconds {delay}", flush=True)
         speed = in_process(repo, sentences)
+        from tokenizers import Tokenizer
+
+        from builder.huggingface.texts import bucket_decision
+        tokenizer = Tokenizer.from_file(str(repo / f"{NAME}__preprocess" / "1" / "tokenizer.json"))
+        lengths = [len(e.ids) for e in tokenizer.encode_batch(sentences)]
+        buckets = [int(b) for b in params.split('key: "length_buckets"')[1].split('"')[1].split(",")]
+        decision = bucket_decision(lengths, buckets, speed)[1]
         best_batch = max(speed, key=speed.get)
         print("in-process texts/s by batch: " + ", ".join(f"b{b} {v:.0f}" for b, v in speed.items()), flush=True)
         payload = write_texts_npz(work / "texts.npz", "text", sentences)
@@ -178,6 +185,7 @@ def main() -> int:
             print("-+-".join("-" * w for w in widths))
     print(f"\ntargets (buckets): avg formed batch >= {TARGET_BATCH}, >= {TARGET_RATIO}x in-process at its best batch, "
           f"labels 100 %; load average {os.getloadavg()[0]:.1f} at the end")
+    print(f"a measured build on this host: {decision}")
     return 1 if below or any(v < 100.0 for v in labels.values()) else 0
 
 

@@ -85,7 +85,8 @@ def load_source(folder: Folder, validation: Path | None, workdir: Path) -> Loade
         texts_from = (f"{len(texts)} texts generated from the tokenizer's vocabulary (no data.validation: drift "
                       "profile off; give real texts to verify on and profile them)")
     ids, mask = tokenized(encoder, texts, "data.validation" if validation is not None else "generated texts")
-    buckets = text_steps().length_buckets([int(n) for n in mask.sum(axis=1)], folder.max_length)
+    lengths = [int(n) for n in mask.sum(axis=1)]
+    buckets = text_steps().length_buckets(lengths, folder.max_length)
     profile = {}
     if validation is not None:  # generated texts are not the traffic to expect: no drift profile
         count, tokens, unknown = encoder.statistics(encoder.encode(texts))
@@ -94,7 +95,7 @@ def load_source(folder: Folder, validation: Path | None, workdir: Path) -> Loade
     pipeline = HuggingFacePipeline(task=folder.task.name, tokenizer_file=tokenizer, max_length=folder.max_length,
                             truncation=folder.truncation, labels=folder.labels if folder.task.outputs != "embedding" else [],
                             activation=text_steps().activation(folder.config), reference=json.dumps(reference).encode(),
-                            profile=profile, length_buckets=buckets)
+                            profile=profile, length_buckets=buckets, token_lengths=lengths)
     arrays = {"input_ids": ids, "attention_mask": mask} if validation is not None else None
     return LoadedSource(build_module(folder), arrays, pipeline, texts_from)
 

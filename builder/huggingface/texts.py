@@ -93,3 +93,31 @@ def tokenized(encoder, texts: list[str], field: str) -> tuple[np.ndarray, np.nda
         listed = "; ".join(problems[row] for row in sorted(problems)[:3])
         raise UserInputError(f"{field}: {len(problems)} text(s) cannot be served: {listed}")
     return ids, mask
+
+
+BUCKET_MARGIN = 1.05  # batching must beat the padding it costs by this much: below it, run-to-run noise decides
+
+
+def bucket_decision(lengths: list[int], buckets: list[int],
+                    throughput_by_batch: dict | None) -> tuple[list[int], str]:
+    """Whether the tokenizer step pads to ``buckets`` (so the model step's batcher can merge texts of different
+    lengths) or to each call's longest text (the least padding), from this host's measurement of the model:
+    its best samples/s over batch sizes against batch 1 (``throughput_by_batch``, the build's benchmark) must
+    beat the compute the buckets add to the validation texts (padded tokens / real tokens) by ``BUCKET_MARGIN``.
+    Unmeasured (no benchmark), the buckets stay: batching is what an unmeasured server is sized for."""
+    if not buckets or not lengths:
+        return [], "no length buckets (no texts to choose them from)"
+    padded = sum(next((b for b in buckets if b >= n), n) for n in lengths)
+    inflation = padded / max(1, sum(lengths))
+    rates = {int(b): float(v) for b, v in (throughput_by_batch or {}).items() if v}
+    if 1 not in rates or len(rates) < 2:
+        return buckets, (f"length buckets {buckets}: they pad the validation texts to {inflation:.2f}x their tokens; "
+                         "kept unmeasured (no benchmark of the model by batch size)")
+    best = max(rates, key=rates.get)
+    gain = rates[best] / rates[1]
+    figures = (f"batch {best} runs {gain:.2f}x the samples/s of batch 1 here, the buckets pad the validation texts "
+               f"to {inflation:.2f}x their tokens")
+    if gain > inflation * BUCKET_MARGIN:
+        return buckets, f"length buckets {buckets}: {figures}, so texts of different lengths batch"
+    return [], (f"no length buckets: {figures}, so each call pads to its longest text (batching does not pay "
+                "the padding on this host)")

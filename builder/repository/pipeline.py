@@ -55,6 +55,8 @@ class HuggingFacePipeline:
     processor_file: Path | None = None  # image-classification: preprocessor_config.json (no tokenizer)
     #: text: the sequence lengths the tokenizer step pads to (text_steps.length_buckets); [] pads to the longest
     length_buckets: list[int] = field(default_factory=list)
+    token_lengths: list[int] = field(default_factory=list)  #: text: the validation texts' tokens (the buckets' cost)
+    buckets_why: str = ""  #: why the buckets are (not) used (builder/huggingface/texts.py bucket_decision)
 
     @property
     def images(self) -> bool:

@@ -19,6 +19,7 @@ from builder.repository.interface import InterfaceChange, interface_change
 from builder.repository.layout import check_version_free, reserve_version
 from builder.repository.metadata import library_versions, reference_bytes
 from builder.repository.monitored import monitored_names, publish_monitor, refuse_mixed
+from builder.huggingface.texts import bucket_decision
 from builder.repository.pipeline import (REFERENCE_FILE, classification_outputs, head_folded, pipeline_names,
                                         pipeline_steps, publish_pipeline, step_file_hashes)
 from builder.repository.user_pipeline import REFERENCE_FILE as STEPS_REFERENCE_FILE
@@ -152,6 +153,7 @@ def _describe(ctx: BuildContext, variant: Variant, name: str, version: int,
                                  if head_folded(config) else {}),
                               "max_length": ctx.pipeline.max_length, "truncation": ctx.pipeline.truncation,
                               "length_buckets": ctx.pipeline.length_buckets,
+                              "length_buckets_why": ctx.pipeline.buckets_why,
                               "steps_sha256": step_file_hashes(ctx.spec.name, config, ctx.pipeline)}
     said = ""
     if profiled is None:
@@ -208,6 +210,12 @@ def run(ctx: BuildContext) -> StageResult:
     if ctx.selected is None:
         return StageResult.fail(STAGE, "nothing selected to publish")
     check_version_free(ctx.options.repository, ctx.spec.name, ctx.spec.version)
+    if ctx.pipeline is not None and ctx.pipeline.token_lengths:  # pad to buckets only where batching pays here
+        ctx.pipeline.length_buckets, ctx.pipeline.buckets_why = bucket_decision(
+            ctx.pipeline.token_lengths, ctx.pipeline.length_buckets,
+            (ctx.selected.benchmark or {}).get("throughput_by_batch"))
+        ctx.notes.append(f"tokenizer step: {ctx.pipeline.buckets_why}")
+        ctx.progress(f"  tokenizer step: {ctx.pipeline.buckets_why}")
     keep = ctx.options.publish_variants if ctx.options.publish_variants is not None else ctx.spec.deploy.publish_variants
     monitored = ensemble_layout(ctx)
     refuse_mixed(ctx.options.repository, ctx.spec.name, monitored)

@@ -404,3 +404,18 @@ def test_sweep_and_tune_send_a_text_pipelines_model_step_its_texts_at_their_buck
     assert [s["input_ids"].shape for s in samples] == [(1, 16), (1, 16), (1, 32)]  # 3, 9 and 32 tokens
     assert all(s["attention_mask"][0, 0] == 1 and s["input_ids"].dtype == np.int64 for s in samples)
     assert source.startswith("the 3 texts of ") and source.endswith("tokenized by sentiment__preprocess (lengths 16, 32)")
+
+
+def test_length_buckets_are_kept_only_where_batching_beats_their_padding_on_this_host():
+    from builder.huggingface.texts import bucket_decision
+
+    lengths, buckets = [5, 9, 12, 20, 33], [8, 16, 32, 64]  # padded to 8+16+16+32+64 = 136 of 79 tokens: 1.72x
+    kept, why = bucket_decision(lengths, buckets, {1: 100.0, 4: 150.0, 16: 200.0})  # an AVX2 host: 2.0x at b16
+    assert kept == buckets and why == ("length buckets [8, 16, 32, 64]: batch 16 runs 2.00x the samples/s of batch "
+                                       "1 here, the buckets pad the validation texts to 1.72x their tokens, so texts "
+                                       "of different lengths batch")
+    kept, why = bucket_decision(lengths, buckets, {"1": 517.0, "4": 619.0, "16": 489.0})  # measured on an AMX host
+    assert kept == [] and why.startswith("no length buckets: batch 4 runs 1.20x the samples/s of batch 1 here")
+    assert bucket_decision(lengths, buckets, None)[0] == buckets  # unmeasured: kept, and said so
+    assert "kept unmeasured" in bucket_decision(lengths, buckets, {})[1]
+    assert bucket_decision([], buckets, {1: 1.0, 2: 9.0})[0] == []
