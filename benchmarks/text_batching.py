@@ -132,6 +132,7 @@ def main() -> int:
 
         from builder.huggingface.texts import bucket_decision
         tokenizer = Tokenizer.from_file(str(repo / f"{NAME}__preprocess" / "1" / "tokenizer.json"))
+        tokenizer.no_padding()
         lengths = [len(e.ids) for e in tokenizer.encode_batch(sentences)]
         buckets = [int(b) for b in params.split('key: "length_buckets"')[1].split('"')[1].split(",")]
         decision = bucket_decision(lengths, buckets, speed)[1]
