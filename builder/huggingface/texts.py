@@ -35,6 +35,17 @@ def encoder_for(tokenizer_file: Path, max_length: int, truncation: bool, buckets
     return text_steps().TextEncoder(tokenizer_file, max_length, truncation, buckets)
 
 
+def published_encoder(step_folder: Path, params: dict[str, str], name: str = "triton_builder_published_text_steps"):
+    """The TextEncoder a published tokenizer step's version folder runs (its own text_steps.py, tokenizer.json
+    and config parameters): validate's replay and the model step's payload read it as the served step does. A
+    version published before length buckets has no ``step_encoder`` and pads to the longest text."""
+    steps = module_from_file(Path(step_folder) / "text_steps.py", name)
+    if hasattr(steps, "step_encoder"):
+        return steps.step_encoder(step_folder, params)
+    return steps.TextEncoder(Path(step_folder) / "tokenizer.json", int(params["max_length"]),
+                             params.get("truncation") == "true")
+
+
 def read_texts(path: Path, field: str) -> list[str]:
     """Texts from a .txt (one per line), .jsonl (a string or {"text": ...} per line) or .json (a list) file."""
     if path.suffix not in TEXT_SUFFIXES:

@@ -22,6 +22,7 @@ import numpy as np
 
 from builder.files import module_from_file
 from builder.huggingface.reference import compare_pipeline, pipeline_limits
+from builder.huggingface.texts import published_encoder
 from builder.repository.config import parse_config
 from builder.repository.layout import existing_versions
 from builder.repository.pipeline import REFERENCE_FILE, pipeline_names
@@ -108,10 +109,7 @@ def replay_pipeline(root: Path, name: str, version: int, run: Callable[[dict], d
         return _replay_images(reference, pre / str(pre_version), post / str(post_version),
                               {} if folded else _parameters(post), run, precision, rel_l2)
     params = _parameters(pre)
-    buckets = [int(b) for b in params.get("length_buckets", "").split(",") if b.strip()]
-    encoder = _step_module(pre / str(pre_version)).TextEncoder(pre / str(pre_version) / "tokenizer.json",
-                                                           int(params["max_length"]), params.get("truncation") == "true",
-                                                           buckets)
+    encoder = published_encoder(pre / str(pre_version), params)
     encoded = tuple(encoder.encode(reference["texts"]))  # a version published before offsets returns 3 arrays
     ids, mask, problems = encoded[0], encoded[1], encoded[-1]
     offsets = encoded[2] if len(encoded) == 4 else None

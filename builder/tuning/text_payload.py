@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from builder.errors import UserInputError
-from builder.files import module_from_file
+from builder.huggingface.texts import published_encoder
 from builder.repository.config import parse_config
 from builder.repository.layout import MODEL_SUFFIX, PREPROCESS_SUFFIX, latest_version
 
@@ -130,10 +130,7 @@ def model_step_samples(repository: str | Path | None, model: str,
     if found is None or version is None or not (pre / str(version) / "text_steps.py").is_file():
         return None
     params = {k: v.string_value for k, v in parse_config((pre / "config.pbtxt").read_text()).parameters.items()}
-    steps = module_from_file(pre / str(version) / "text_steps.py", "triton_builder_served_text_steps")
-    buckets = [int(b) for b in params.get("length_buckets", "").split(",") if b.strip()]
-    encoder = steps.TextEncoder(pre / str(version) / "tokenizer.json", int(params["max_length"]),
-                                params.get("truncation") == "true", buckets)
+    encoder = published_encoder(pre / str(version), params)
     samples = []
     for text in found[0]:
         ids, mask, _, problems = encoder.encode([text])

@@ -77,9 +77,7 @@ class TritonPythonModel:
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         folder = os.path.join(args["model_repository"], args["model_version"])
         steps = _text_steps(folder)
-        buckets = [int(b) for b in params.get("length_buckets", "").split(",") if b.strip()]
-        self.encoder = steps.TextEncoder(os.path.join(folder, "tokenizer.json"), int(params["max_length"]),
-                                         params.get("truncation", "false") == "true", buckets)
+        self.encoder = steps.step_encoder(folder, params)
         self.input = config["input"][0]["name"]
         self.counters = _TextCounters(params.get("served_as") or args["model_name"], args["model_version"], params)
         self.offsets = any(o["name"] == "offsets" for o in config["output"])  # token-classification: for the tags

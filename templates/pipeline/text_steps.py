@@ -7,6 +7,7 @@ so the ids the model was verified on are the ids it is served.
 Usage::
 
     encoder = TextEncoder("tokenizer.json", max_length=128, truncation=False, buckets=[8, 16, 32, 64, 128])
+    encoder = step_encoder(version_folder, {"max_length": "128", "length_buckets": "8,16,32,64,128"})
     encoded = encoder.encode([b"a text", "another"])   # ids, mask, offsets padded to the bucket of the longest
     length_buckets([5, 12, 40], max_length=128)         # [8, 16, 32, 64, 128]: powers of two from the shortest
     labels, best, scores = classify(logits, ["NEG", "POS"], "softmax")
@@ -39,6 +40,17 @@ def length_buckets(lengths, max_length, smallest=8):
         out.append(bucket)
         bucket *= 2
     return out + [limit]
+
+
+def step_encoder(folder, params):
+    """The TextEncoder a published tokenizer step runs: its version folder's tokenizer.json and its config's
+    parameters (string values: max_length, truncation, length_buckets) - the step, validate's replay and the
+    payload sweep and tune send a pipeline's model step all read it the same way."""
+    import os
+
+    buckets = [int(b) for b in params.get("length_buckets", "").split(",") if b.strip()]
+    return TextEncoder(os.path.join(folder, "tokenizer.json"), int(params["max_length"]),
+                       params.get("truncation", "false") == "true", buckets)
 
 
 class TextEncoder:

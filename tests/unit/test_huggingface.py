@@ -419,3 +419,21 @@ def test_length_buckets_are_kept_only_where_batching_beats_their_padding_on_this
     assert bucket_decision(lengths, buckets, None)[0] == buckets  # unmeasured: kept, and said so
     assert "kept unmeasured" in bucket_decision(lengths, buckets, {})[1]
     assert bucket_decision([], buckets, {1: 1.0, 2: 9.0})[0] == []
+
+
+def test_a_tokenizer_step_published_before_length_buckets_is_replayed_as_it_serves(tmp_path, folder):
+    """validate and the model step's payload read an older version's own text_steps.py, which has no
+    step_encoder: it pads to the longest text, and so must its replay."""
+    from builder import assets
+    from builder.huggingface.texts import published_encoder
+
+    current = assets.pipeline_step("text_steps.py").read_text()
+    start = current.index("def step_encoder(")
+    older = current[:start] + current[current.index("class TextEncoder:"):]
+    for name, text in (("new", current), ("old", older)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "text_steps.py").write_text(text)
+        shutil.copy(folder / "tokenizer.json", tmp_path / name / "tokenizer.json")
+    params = {"max_length": "128", "truncation": "false", "length_buckets": "16,32,64,128"}
+    assert published_encoder(tmp_path / "new", params).encode(["short"]).ids.shape == (1, 16)
+    assert published_encoder(tmp_path / "old", params, "older_steps").encode(["short"]).ids.shape == (1, 3)
