@@ -16,7 +16,7 @@ and the rapidjson and googletest sources (Debian packages; scripts/install-syste
 runtime library comes from its PyPI wheel (``pip download``, never installed into this environment).
 
 ``$TRITON_BUILDER_BACKENDS=standin`` serves through the stand-ins even where the real backends are built (the
-side-by-side benchmark, benchmarks/native_backends.py, uses it).
+side-by-side benchmark, ``benchmarks/served_side_by_side.py native``, uses it).
 
 Usage::
 
@@ -26,6 +26,7 @@ Usage::
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -88,6 +89,7 @@ def _server_tag() -> str:
     return _server_library().name.split("-", 1)[1].split(".")[0]
 
 
+@functools.cache  # one wheel per process: every server start asks, for each backend
 def _server_library() -> Path:
     install = find_tritonserver()
     found = sorted(install.libs_dir.glob("libtritonserver-*.so"))
@@ -111,7 +113,11 @@ def built_backend(name: str) -> Path | None:
         home = backend_home(recipe)
     except Exception:  # noqa: BLE001 - no server to key it by: nothing is built for it either
         return None
-    return home if (home / "ready").is_file() and (home / recipe.library).is_file() else None
+    return home if _is_built(home, recipe) else None
+
+
+def _is_built(home: Path, recipe: Recipe) -> bool:
+    return (home / "ready").is_file() and (home / recipe.library).is_file()
 
 
 def backend_files(name: str) -> list[Path] | None:
@@ -163,7 +169,7 @@ def install_backends(names: list[str] | None = None, *, progress: Progress = lam
         began = time.monotonic()
         try:
             home = backend_home(recipe)
-            if (home / "ready").is_file() and (home / recipe.library).is_file() and not force:
+            if _is_built(home, recipe) and not force:
                 report.rows.append(BackendRow(name, "cached", recipe.runtime_label, home=str(home)))
                 continue
             progress(f"building Triton's {name} backend ({RELEASE}) against {recipe.runtime_label} ...")
