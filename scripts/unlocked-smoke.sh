@@ -40,26 +40,7 @@ unset PYTHONPATH
 export PATH="$WORK/venv/bin:$PATH" VIRTUAL_ENV="$WORK/venv" HF_HUB_OFFLINE=1
 tar -C "$ROOT/examples" --exclude=__pycache__ -cf - digits | tar -xf - -C "$WORK/outside"
 mkdir -p bert
-cat > bert/bert_model.py <<'PY'
-import torch
-from transformers import BertConfig, BertModel
-
-
-class Encoder(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                            intermediate_size=64, max_position_embeddings=64)
-        self.bert = BertModel(config, add_pooling_layer=False).eval()
-
-    def forward(self, input_ids, attention_mask):
-        return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
-
-def build():
-    return Encoder()
-PY
+cp "$ROOT/tests/bert_encoder_model.py" bert/bert_model.py  # the tiny BERT encoder the integration test builds too
 python - <<'PY'
 import numpy as np
 import yaml

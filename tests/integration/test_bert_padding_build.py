@@ -7,35 +7,18 @@ Marker slow (under a minute on 2 cores)."""
 
 from __future__ import annotations
 
-import textwrap
+import shutil
 
 import pytest
 import yaml
 
 from builder.openvino_tools import cpu_plugin_problem
 from builder.pipeline import build
-from tests.conftest import require
+from tests.conftest import ROOT, require
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-MODEL = """
-import torch
-from transformers import BertConfig, BertModel
-
-class Encoder(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                            intermediate_size=64, max_position_embeddings=64)
-        self.bert = BertModel(config, add_pooling_layer=False).eval()
-
-    def forward(self, input_ids, attention_mask):
-        return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
-def build():
-    return Encoder()
-"""
+MODEL = ROOT / "tests" / "bert_encoder_model.py"
 SEQ = {"shape": [-1], "min_shape": [1], "opt_shape": [8], "max_shape": [16]}
 INT8 = ["onnx_int8_dynamic", "openvino_int8"]
 
@@ -45,7 +28,7 @@ def test_bert_encoder_without_value_range_passes_and_int8_comes_only_from_a_pass
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     folder = tmp_path / "bert"
     folder.mkdir()
-    (folder / "bert_model.py").write_text(textwrap.dedent(MODEL))
+    shutil.copy(MODEL, folder / "bert_model.py")
     spec = {"name": "bert_enc", "source": {"module": "bert_model:build"}, "max_batch_size": 4,
             "inputs": [{"name": "input_ids", "dtype": "int64", **SEQ}, {"name": "attention_mask", "dtype": "int64", **SEQ}],
             "outputs": [{"name": "last_hidden_state"}], "quantization": {"search": "off"}}
