@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from builder.errors import ServerError
+from builder.errors import ServerError, UserInputError
+from builder.repository.config import parse_config
 from builder.repository.layout import reading_lock
 from builder.serving.backends import model_dirs, unsupported_models
 
@@ -132,8 +133,8 @@ class RepositoryWatch:
 
     def _is_ensemble(self, name: str) -> bool:
         try:
-            return 'platform: "ensemble"' in (self.repository / name / "config.pbtxt").read_text()
-        except OSError:
+            return parse_config((self.repository / name / "config.pbtxt").read_text()).platform == "ensemble"
+        except (OSError, UserInputError):  # unreadable: left out by unsupported_models, named there
             return False
 
     def _ready_versions(self, name: str) -> list[str]:
