@@ -21,6 +21,7 @@ import numpy as np
 from builder import assets
 from builder.errors import UserInputError
 from builder.files import module_from_file
+from builder.repository.config import parse_config
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".json")
 
@@ -35,15 +36,18 @@ def encoder_for(tokenizer_file: Path, max_length: int, truncation: bool, buckets
     return text_steps().TextEncoder(tokenizer_file, max_length, truncation, buckets)
 
 
-def published_encoder(step_folder: Path, params: dict[str, str], name: str = "triton_builder_published_text_steps"):
-    """The TextEncoder a published tokenizer step's version folder runs (its own text_steps.py, tokenizer.json
-    and config parameters): validate's replay and the model step's payload read it as the served step does. A
-    version published before length buckets has no ``step_encoder`` and pads to the longest text."""
-    steps = module_from_file(Path(step_folder) / "text_steps.py", name)
+def published_encoder(step: Path, version: int, name: str = "triton_builder_published_text_steps"):
+    """The TextEncoder version ``version`` of the published tokenizer step ``step`` (its model folder) runs: the
+    version's own text_steps.py and tokenizer.json, the folder's config parameters. validate's replay and the
+    model step's payload read it as the served step does. A version published before length buckets has no
+    ``step_encoder`` and pads to the longest text."""
+    config = parse_config((Path(step) / "config.pbtxt").read_text())
+    params = {key: value.string_value for key, value in config.parameters.items()}
+    folder = Path(step) / str(version)
+    steps = module_from_file(folder / "text_steps.py", name)
     if hasattr(steps, "step_encoder"):
-        return steps.step_encoder(step_folder, params)
-    return steps.TextEncoder(Path(step_folder) / "tokenizer.json", int(params["max_length"]),
-                             params.get("truncation") == "true")
+        return steps.step_encoder(folder, params)
+    return steps.TextEncoder(folder / "tokenizer.json", int(params["max_length"]), params.get("truncation") == "true")
 
 
 def read_texts(path: Path, field: str) -> list[str]:
@@ -118,7 +122,7 @@ def bucket_decision(lengths: list[int], buckets: list[int],
     Unmeasured (no benchmark), the buckets stay: batching is what an unmeasured server is sized for."""
     if not buckets or not lengths:
         return [], "no length buckets (no texts to choose them from)"
-    padded = sum(next((b for b in buckets if b >= n), n) for n in lengths)
+    padded = sum(text_steps().padded_length(buckets, n) for n in lengths)
     inflation = padded / max(1, sum(lengths))
     rates = {int(b): float(v) for b, v in (throughput_by_batch or {}).items() if v}
     if 1 not in rates or len(rates) < 2:

@@ -108,8 +108,7 @@ def replay_pipeline(root: Path, name: str, version: int, run: Callable[[dict], d
     if "images" in reference:
         return _replay_images(reference, pre / str(pre_version), post / str(post_version),
                               {} if folded else _parameters(post), run, precision, rel_l2)
-    params = _parameters(pre)
-    encoder = published_encoder(pre / str(pre_version), params)
+    encoder = published_encoder(pre, pre_version)
     encoded = tuple(encoder.encode(reference["texts"]))  # a version published before offsets returns 3 arrays
     ids, mask, problems = encoded[0], encoded[1], encoded[-1]
     offsets = encoded[2] if len(encoded) == 4 else None

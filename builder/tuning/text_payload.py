@@ -31,7 +31,6 @@ import numpy as np
 
 from builder.errors import UserInputError
 from builder.huggingface.texts import published_encoder
-from builder.repository.config import parse_config
 from builder.repository.layout import MODEL_SUFFIX, PREPROCESS_SUFFIX, latest_version
 
 BYTES = "BYTES"
@@ -129,8 +128,7 @@ def model_step_samples(repository: str | Path | None, model: str,
     version = latest_version(pre) if pre.is_dir() else None
     if found is None or version is None or not (pre / str(version) / "text_steps.py").is_file():
         return None
-    params = {k: v.string_value for k, v in parse_config((pre / "config.pbtxt").read_text()).parameters.items()}
-    encoder = published_encoder(pre / str(version), params)
+    encoder = published_encoder(pre, version)
     samples = []
     for text in found[0]:
         ids, mask, _, problems = encoder.encode([text])

@@ -42,6 +42,11 @@ def length_buckets(lengths, max_length, smallest=8):
     return out + [limit]
 
 
+def padded_length(buckets, longest):
+    """The bucket a batch whose longest text has ``longest`` tokens is padded to (no bucket holds it: ``longest``)."""
+    return next((b for b in sorted(buckets) if b >= longest), longest)
+
+
 def step_encoder(folder, params):
     """The TextEncoder a published tokenizer step runs: its version folder's tokenizer.json and its config's
     parameters (string values: max_length, truncation, length_buckets) - the step, validate's replay and the
@@ -72,9 +77,6 @@ class TextEncoder:
         self.pad_id = int(padding.get("pad_id", found if found is not None else 0))
         self.buckets = sorted(int(b) for b in buckets or [])
 
-    def padded_length(self, longest):
-        """The bucket a batch whose longest text has ``longest`` tokens is padded to (no buckets: ``longest``)."""
-        return next((b for b in self.buckets if b >= longest), longest)
 
     @staticmethod
     def text_of(value, row):
@@ -117,7 +119,8 @@ class TextEncoder:
             if row not in problems and len(encoding.ids) > self.max_length:
                 problems[row] = (f"text {row} is {len(encoding.ids)} tokens, over the model's limit of "
                                  f"{self.max_length}; shorten it, or build with source.truncation: true to cut it")
-        longest = self.padded_length(max([len(e.ids) for r, e in enumerate(encodings) if r not in problems] or [1]))
+        longest = padded_length(self.buckets,
+                                max([len(e.ids) for r, e in enumerate(encodings) if r not in problems] or [1]))
         ids = np.full((len(texts), longest), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(texts), longest), dtype=np.int64)
         offsets = np.zeros((len(texts), longest, 2), dtype=np.int64)

@@ -430,10 +430,11 @@ def test_a_tokenizer_step_published_before_length_buckets_is_replayed_as_it_serv
     current = assets.pipeline_step("text_steps.py").read_text()
     start = current.index("def step_encoder(")
     older = current[:start] + current[current.index("class TextEncoder:"):]
+    pre, _ = step_configs("sentiment", _model(), _pipeline())  # length_buckets 16,32,64,128
     for name, text in (("new", current), ("old", older)):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "text_steps.py").write_text(text)
-        shutil.copy(folder / "tokenizer.json", tmp_path / name / "tokenizer.json")
-    params = {"max_length": "128", "truncation": "false", "length_buckets": "16,32,64,128"}
-    assert published_encoder(tmp_path / "new", params).encode(["short"]).ids.shape == (1, 16)
-    assert published_encoder(tmp_path / "old", params, "older_steps").encode(["short"]).ids.shape == (1, 3)
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "config.pbtxt").write_text(render_config(pre))
+        (tmp_path / name / "1" / "text_steps.py").write_text(text)
+        shutil.copy(folder / "tokenizer.json", tmp_path / name / "1" / "tokenizer.json")
+    assert published_encoder(tmp_path / "new", 1).encode(["short"]).ids.shape == (1, 16)
+    assert published_encoder(tmp_path / "old", 1, "older_steps").encode(["short"]).ids.shape == (1, 3)
