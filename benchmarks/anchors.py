@@ -18,7 +18,7 @@ random weights, smooth random images) and a small residual CNN (the same family 
   4. times every one in this process (onnxruntime 1.31 / OpenVINO, threads = usable cores, non-spinning ORT
      threads as served), interleaved windows, the median window;
   5. judges every one against the PyTorch reference on the validation set: an embedding by per-sample cosine
-     (the lowest) and the Spearman order of pairwise similarities (builder/task_metrics.py); the CNN by rel L2
+     (the lowest) and the Spearman order of pairwise similarities (builder/accuracy/task_metrics.py); the CNN by rel L2
      (whole tensor) and label agreement (argmax kept).
 
 Build time: ours is the whole build (export, every variant, verification, measurement, publish); a peer's is
@@ -219,8 +219,8 @@ def write_resnet(work: Path, small: bool = False) -> dict:
 
 def optimum_files(model: dict, out: Path) -> tuple[dict, str]:
     """Optimum's export and quantisations of the model's Hugging Face folder, made in the side virtualenv."""
-    from builder.processes import run_command
-    from builder.side_env import cache_root, cached_virtualenv
+    from builder.core.processes import run_command
+    from builder.core.side_env import cache_root, cached_virtualenv
 
     python = cached_virtualenv(cache_root() / "tools" / "optimum-onnx-0.1.0", OPTIMUM_REQUIREMENTS, 900)
     script = out.parent / "optimum_side.py"
@@ -261,7 +261,7 @@ def openvino_peers(onnx_path: Path, folder: Path, calibration: dict, batch: int,
     """OpenVINO FP32 (the IR of the export) and NNCF INT8 (nncf.quantize): {label: (xml, seconds)}."""
     import openvino as ov
 
-    from builder.openvino_tools import import_nncf
+    from builder.optimise.openvino_tools import import_nncf
 
     nncf = import_nncf()
     start = time.perf_counter()
@@ -305,7 +305,7 @@ def interleaved(calls: dict, rounds: int, window: float, batch: int) -> dict[str
 
 
 def task_numbers(model: dict, reference: np.ndarray, got: np.ndarray) -> tuple[str, bool]:
-    from builder.task_metrics import embedding_metrics, label_metrics
+    from builder.accuracy.task_metrics import embedding_metrics, label_metrics
 
     if model["kind"] == "embedding":
         m = embedding_metrics(reference, got)
@@ -317,9 +317,9 @@ def task_numbers(model: dict, reference: np.ndarray, got: np.ndarray) -> tuple[s
 
 
 def bench_model(model: dict, work: Path, rounds: int, window: float, threads: int) -> list[str]:
-    from builder.measure import load_average
+    from builder.model.measure import load_average
     from builder.pipeline import build
-    from builder.runtime import open_runner
+    from builder.model.runtime import open_runner
 
     repo = work / "repository"
     started = time.perf_counter()
@@ -409,8 +409,8 @@ def bench_model(model: dict, work: Path, rounds: int, window: float, threads: in
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
-    from builder.host import host_profile, usable_cores
-    from builder.measure import load_average
+    from builder.core.host import host_profile, usable_cores
+    from builder.model.measure import load_average
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="minilm,resnet18,residual_cnn")

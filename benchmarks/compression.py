@@ -5,7 +5,7 @@ Builds examples/digits with onnx, onnx_int8_static (post-training INT8), onnx_pr
 and onnx_qat_int8 (the spec's defaults, or --steps / --seconds), publishes every eligible variant
 into a temporary repository, then measures the published model files in-process with onnxruntime
 (intra-op threads = usable cores), the variants taking turns window by window (same windows,
-interleaved, builder/measure.py), at batch 1 and batch 64, and their top-1 accuracy on
+interleaved, builder/model/measure.py), at batch 1 and batch 64, and their top-1 accuracy on
 data/val.npz.
 
 Usage: python benchmarks/compression.py [--seconds-per-variant 3] [--steps 300] [--train-seconds 60]
@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from builder.host import host_profile
-from builder.measure import cpu_cores, measure_round_robin
+from builder.core.host import host_profile
+from builder.model.measure import cpu_cores, measure_round_robin
 from builder.pipeline import build
-from builder.runtime import open_runner
+from builder.model.runtime import open_runner
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ["onnx", "onnx_int8_static", "onnx_pruned", "onnx_distilled", "onnx_qat_int8"]

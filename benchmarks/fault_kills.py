@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from builder.repository.layout import existing_versions  # noqa: E402
 from builder.repository.validate import validate_model  # noqa: E402
-from builder.scratch import WORK_PREFIX, staging_prefix  # noqa: E402
+from builder.core.scratch import WORK_PREFIX, staging_prefix  # noqa: E402
 
 
 def build(spec: Path, repo: Path, tmp: Path) -> subprocess.Popen:

@@ -42,7 +42,7 @@ TARGET_SPEEDUP, TARGET_DROP_POINTS = 3.0, 1.0
 
 def load_example(name: str, workdir: Path):
     """(model, validation inputs, labels or None, FP32 CPU reference outputs, max batch) of an example."""
-    from builder.spec import load_spec
+    from builder.spec.model import load_spec
     from builder.stages import load
     from builder.stages.base import BuildContext, BuildOptions
 
@@ -181,7 +181,7 @@ def throughput(run, x: np.ndarray, batches: list[int], seconds: float, on_device
 def device_facts() -> dict:
     import torch
 
-    from builder.host import host_profile
+    from builder.core.host import host_profile
 
     profile = host_profile()
     props = torch.cuda.get_device_properties(0)

@@ -33,7 +33,7 @@ step_facts() {
     nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv
     python3 -c "import sys, torch, numpy, onnxruntime; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpu', torch.cuda.get_device_name(0)); print('numpy', numpy.__version__, 'onnxruntime', onnxruntime.__version__, onnxruntime.get_available_providers())"
     grep -m1 "model name" /proc/cpuinfo; nproc
-    python3 -c "import json; from builder.host import host_profile; p = host_profile(); p.pop('isa_flags'); print(json.dumps(p))"
+    python3 -c "import json; from builder.core.host import host_profile; p = host_profile(); p.pop('isa_flags'); print(json.dumps(p))"
 }
 
 step_tests() {

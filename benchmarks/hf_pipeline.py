@@ -37,7 +37,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 
-from builder.host import host_profile  # noqa: E402
+from builder.core.host import host_profile  # noqa: E402
 from builder.pipeline import build  # noqa: E402
 from builder.serving.client import TritonClient  # noqa: E402
 from builder.serving.embedded import EmbeddedServer  # noqa: E402

@@ -2,7 +2,7 @@
 
 Prints this host's profile (CPU model, ISA class, usable cores), builds a model (default
 examples/convnet64, ONNX FP32, a short benchmark) into a temporary repository, prints the serving
-size the build chose (builder/host.py size_serving) and why, then serves it on the embedded
+size the build chose (builder/core/host.py size_serving) and why, then serves it on the embedded
 tritonserver and measures requests/s at one concurrency (perf_analyzer over gRPC when installed, the
 project's measurement engine; else the in-process Python client, which says so) for each of
 1 x 1 (the old default), every other instances x threads whose product fits the usable cores, and
@@ -42,8 +42,8 @@ def main(argv=None) -> int:
 def _run(args, work: Path) -> int:
     import yaml
 
-    from builder.host import host_profile
-    from builder.measure import load_average
+    from builder.core.host import host_profile
+    from builder.model.measure import load_average
     from builder.pipeline import build
     from builder.repository.config import config_as_dict
     from builder.serving.embedded import EmbeddedServer

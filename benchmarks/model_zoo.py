@@ -158,7 +158,7 @@ def run_zoo(names: list[str], root: Path, variants: list[str], benchmark_seconds
     """Build every model into root/model_repository, serve them, check each; one record per model.
     With ``benchmark_seconds`` > 0 the build measures its variants (that cap each) and selects by
     throughput; the row's ``speedup`` is the published variant's best throughput over FP32 onnx's."""
-    from builder.errors import BuilderError
+    from builder.core.errors import BuilderError
     from builder.pipeline import build
     from builder.serving.check import check_served
     from builder.serving.embedded import EmbeddedServer

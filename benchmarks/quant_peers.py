@@ -158,9 +158,9 @@ def top1(run, inputs: dict[str, np.ndarray], labels: np.ndarray, output: str, ba
 def bench_example(example: str, work: Path, rounds: int, window: float, ceiling: dict[str, float],
                   threads: int) -> list[str]:
     from builder.pipeline import build
-    from builder.runtime import open_runner
-    from builder.spec import load_spec
-    from builder.tensors import top1_accuracy
+    from builder.model.runtime import open_runner
+    from builder.spec.model import load_spec
+    from builder.accuracy.tensors import top1_accuracy
 
     spec_path = ROOT / "examples" / example / "spec.yaml"
     spec = load_spec(spec_path)
@@ -232,8 +232,8 @@ def bench_example(example: str, work: Path, rounds: int, window: float, ceiling:
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
-    from builder.host import host_profile, usable_cores
-    from builder.measure import load_average
+    from builder.core.host import host_profile, usable_cores
+    from builder.model.measure import load_average
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", default="digits,convnet64")

@@ -32,9 +32,9 @@ def host_line() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
-    from builder.measure import cpu_cores
+    from builder.model.measure import cpu_cores
     from builder.pipeline import build
-    from builder.quant_search import Candidate, Row, summary
+    from builder.optimise.quant_search import Candidate, Row, summary
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--example", default="digits")

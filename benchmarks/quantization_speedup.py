@@ -28,7 +28,7 @@ MAX_DROP = 1.0
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
-    from builder.measure import cpu_cores, human, load_average
+    from builder.model.measure import cpu_cores, human, load_average
     from builder.pipeline import build
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -79,7 +79,7 @@ def _probe(python: Path, script: str, folder: Path) -> dict:
 
 
 def main() -> None:
-    from builder.host import host_profile
+    from builder.core.host import host_profile
     from builder.repository.runtime_gate import side_python
     from builder.repository.triton_releases import (ONNXRUNTIME_LIMITS, OPENVINO_MAX_OPSET, PYTHON_BACKEND_ONNXRUNTIME,
                                                     RELEASES)

@@ -109,7 +109,7 @@ def main() -> int:
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
 
-    from builder.host import host_profile
+    from builder.core.host import host_profile
     from builder.pipeline import build
 
     host = host_profile(with_gpu=False)

@@ -55,11 +55,11 @@ def main(argv=None) -> int:
     layouts = COMPARISONS[args.comparison]
     import os
 
-    from builder.host import host_profile
+    from builder.core.host import host_profile
     from builder.pipeline import build
     from builder.serving.embedded import EmbeddedServer
     from builder.serving.native_backends import install_backends
-    from builder.spec import load_spec
+    from builder.spec.model import load_spec
     from builder.tuning.sweep import run_sweep
 
     host = host_profile(with_gpu=False)

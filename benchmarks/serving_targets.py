@@ -56,8 +56,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layouts", default=None,
                     help="shared and/or split, comma-separated (default: both where 2+ cores are usable)")
     args = ap.parse_args(argv)
-    from builder.host import host_profile
-    from builder.local_server import pin_process, split_cores
+    from builder.core.host import host_profile
+    from builder.core.local_server import pin_process, split_cores
     from builder.tuning.engine import choose_engine
 
     host = host_profile()
@@ -95,9 +95,9 @@ def _model(name: str, work: Path, engine, args, cores: tuple[list[int], list[int
     """One model measured; ``cores`` (server cores, client cores): the split layout, else shared."""
     import yaml
 
-    from builder.errors import ServerError
-    from builder.local_server import pin_process
-    from builder.measure import load_average
+    from builder.core.errors import ServerError
+    from builder.core.local_server import pin_process
+    from builder.model.measure import load_average
     from builder.pipeline import build
     from builder.serving.embedded import EmbeddedServer
     from builder.tuning.engine import PythonEngine, choose_engine
@@ -258,9 +258,9 @@ def _in_process(repo: Path, model: str, meta: dict, batch: int, seconds: float) 
 
     import numpy as np
 
-    from builder.host import usable_cores
+    from builder.core.host import usable_cores
     from builder.repository.metadata import read_reference
-    from builder.runtime import open_runner
+    from builder.model.runtime import open_runner
 
     folder = repo / model / "1"
     artifact = meta["artifact"]

@@ -109,7 +109,7 @@ def growth(samples: list[dict], warmup_s: float) -> list[str]:
 
 def build_repository(repo: Path) -> None:
     from builder.pipeline import build
-    from builder.spec import load_spec
+    from builder.spec.model import load_spec
 
     spec = load_spec(ROOT / "examples" / "digits" / "spec.yaml")
     spec.deploy.monitor = True  # the ensemble over digits_cnn__model and the monitor step: drift published
@@ -130,7 +130,7 @@ class Stack:
     """The embedded server (poll mode, fixed ports so that clients and Prometheus find a restarted one)."""
 
     def __init__(self, repo: Path, sampler: Sampler):
-        from builder.ports import free_ports
+        from builder.core.ports import free_ports
 
         self.repo, self.sampler = repo, sampler
         self.ports = free_ports("127.0.0.1", 3)
@@ -167,7 +167,7 @@ def main() -> int:
     args = ap.parse_args()
     os.environ.setdefault("TRITON_BUILDER_CONTROL_KEY", secrets.token_urlsafe(24))  # one key across the restart
 
-    from builder.host import host_profile
+    from builder.core.host import host_profile
     from builder.monitoring.local_exporter import LocalExporter
     from builder.monitoring.prometheus import LocalPrometheus
 

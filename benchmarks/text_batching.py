@@ -38,7 +38,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 
-from builder.host import host_profile  # noqa: E402
+from builder.core.host import host_profile  # noqa: E402
 from builder.pipeline import build  # noqa: E402
 from builder.serving.embedded import EmbeddedServer  # noqa: E402
 from builder.tuning.stats import format_batch_sizes  # noqa: E402
@@ -74,7 +74,7 @@ def in_process(repo: Path, sentences: list[str], seconds: float = 2.0) -> dict[i
     import onnxruntime as ort
     from tokenizers import Tokenizer
 
-    from builder.host import usable_cores
+    from builder.core.host import usable_cores
 
     version = max((p for p in (repo / f"{NAME}__model").iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
     options = ort.SessionOptions()

@@ -43,7 +43,7 @@ def main(argv=None) -> int:
 
 
 def _run(args, work: Path) -> int:
-    from builder.measure import cpu_cores, load_average
+    from builder.model.measure import cpu_cores, load_average
     from builder.pipeline import build
     from builder.serving.embedded import EmbeddedServer
     from builder.tuning.tune import run_tune

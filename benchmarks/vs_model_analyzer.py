@@ -21,7 +21,7 @@ its default published config, then:
 
 ``--layout split`` (the default where 2+ cores are usable): the build (so its sizing), every tritonserver
 (Model Analyzer's, through a wrapper that pins it, and ours) on the first half of the usable cores,
-perf_analyzer, Model Analyzer and tune on the other half (builder/local_server.py ``split_cores``):
+perf_analyzer, Model Analyzer and tune on the other half (builder/core/local_server.py ``split_cores``):
 the clients off the server's cores, as in production. ``--layout shared``: everything on every core.
 Run it on a quiet machine. The CPU model and ISA flags are printed first.
 
@@ -71,8 +71,8 @@ def main(argv=None) -> int:
 
 
 def model_analyzer_python(say) -> Path:
-    """The interpreter of a cached virtualenv with triton-model-analyzer (builder/side_env.py, first use)."""
-    from builder.side_env import cache_root, cached_virtualenv
+    """The interpreter of a cached virtualenv with triton-model-analyzer (builder/core/side_env.py, first use)."""
+    from builder.core.side_env import cache_root, cached_virtualenv
 
     home = cache_root() / "tools" / f"model-analyzer-{MA_VERSION}"
     if not (home / "ready").is_file():
@@ -83,10 +83,10 @@ def model_analyzer_python(say) -> Path:
 def run(args, work: Path) -> int:
     import yaml
 
-    from builder.host import host_profile
-    from builder.local_server import pin_process, split_cores
+    from builder.core.host import host_profile
+    from builder.core.local_server import pin_process, split_cores
     from builder.pipeline import build
-    from builder.processes import free_ports, run_command
+    from builder.core.processes import free_ports, run_command
     from builder.serving.install import build_backend_dir, find_tritonserver, server_environment
     from builder.tuning.perf_analyzer import install_perf_analyzer
 
@@ -251,7 +251,7 @@ def best_model_analyzer_row(export: Path, max_concurrency: int) -> dict:
 
 def perf_analyzer_level(tool, url: str, model: str, concurrency: int, args, work: Path) -> tuple[float, float]:
     """(inferences/s, p99 ms) of one perf_analyzer run at ``concurrency`` (random input data)."""
-    from builder.processes import run_command
+    from builder.core.processes import run_command
     from builder.tuning.pa_measure import parse_csv
 
     report = work / f"{model}.csv"

@@ -15,11 +15,38 @@ its ``name`` first, then the ``repository`` it lives in (default ``"model_reposi
 
 from __future__ import annotations
 
-from builder.api import (LoadTestResult, SweepResult, TuneResult, build, check, install_backends, loadtest, rollback,
-                         select, serve, serving_context, sweep, tune, validate)
-from builder.errors import BuilderError, ServerError, UserInputError, VerificationError
+from typing import TYPE_CHECKING
+
+from builder.core.errors import BuilderError, ServerError, UserInputError, VerificationError
+
+if TYPE_CHECKING:
+    from builder.api import (
+        LoadTestResult,
+        SweepResult,
+        TuneResult,
+        build,
+        check,
+        install_backends,
+        loadtest,
+        rollback,
+        select,
+        serve,
+        serving_context,
+        sweep,
+        tune,
+        validate,
+    )
 
 __all__ = ["build", "validate", "check", "select", "rollback", "serve", "serving_context", "loadtest", "sweep",
            "tune", "install_backends",
            "LoadTestResult", "SweepResult", "TuneResult",
            "BuilderError", "UserInputError", "VerificationError", "ServerError"]
+
+
+def __getattr__(name: str):
+    """The verbs load the library on first use, so ``import builder`` (and ``triton-builder --help``) stays light."""
+    if name in __all__:
+        import builder.api  # deferred: the library imports numpy; `import builder` must not
+
+        return getattr(builder.api, name)
+    raise AttributeError(f"module 'builder' has no attribute {name!r}")

@@ -26,9 +26,21 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
-from builder.api_errors import names_parameters
-from builder.api_results import LoadTestResult, SweepResult, TuneResult
-from builder.errors import UserInputError
+from builder.core.errors import ServerDiedError, UserInputError, names_parameters
+from builder.pipeline import build as _build
+from builder.repository.reselect import default_measure, select_for_host
+from builder.repository.rollback import rollback_model
+from builder.repository.validate import validate_model
+from builder.serving.native_backends import install_backends as _install
+from builder.serving.running import served_after_rollback
+from builder.serving.serve import checked_server, serve_forever
+from builder.storage.s3_location import is_s3_url
+from builder.storage.s3_rollback import rollback_s3
+from builder.storage.served import check_served_at
+from builder.tuning.loadtest import run_loadtest
+from builder.tuning.results import LoadTestResult, SweepResult, TuneResult
+from builder.tuning.sweep import run_sweep
+from builder.tuning.tune import run_tune
 
 if TYPE_CHECKING:
     from builder.pipeline import BuildResult
@@ -36,9 +48,9 @@ if TYPE_CHECKING:
     from builder.repository.rollback import RollbackReport
     from builder.repository.validate import ValidationReport
     from builder.serving.check import CheckReport
-    from builder.serving.native_backends import InstallReport
     from builder.serving.embedded import EmbeddedServer
-    from builder.spec import ModelSpec
+    from builder.serving.native_backends import InstallReport
+    from builder.spec.model import ModelSpec
 
 DEFAULT_REPOSITORY = "model_repository"  #: every verb's and function's repository (the CLI's too)
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}  #: Triton's own, which serve binds and clients assume
@@ -50,7 +62,7 @@ def _deprecated(message: str) -> None:
 
 
 def _looks_like_path(value: object) -> bool:
-    """A model name never holds a path separator (builder/spec.py validate_model_name); a folder may."""
+    """A model name never holds a path separator (builder/spec/model.py validate_model_name); a folder may."""
     return isinstance(value, os.PathLike) or "/" in str(value) or os.sep in str(value)
 
 
@@ -117,7 +129,6 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = DEFAULT_REPOSIT
     Returns a ``BuildResult`` (``published``: where each version went; ``rows``: the summary table).
     Raises ``BuilderError`` subclasses. Full notes: ``builder.pipeline.build``.
     """
-    from builder.pipeline import build as _build
 
     return _build(spec, repository, variants=variants, target=target, strict=strict,
                   publish_variants=publish_variants, benchmark_seconds=benchmark_seconds, progress=progress,
@@ -142,7 +153,6 @@ def validate(name: str, repository: str | Path = DEFAULT_REPOSITORY, *, version:
     Returns a ``ValidationReport`` (``ok``, ``lines()``). The old form, a model folder path
     (``validate("model_repository/digits_cnn", 2)``), still works with a ``DeprecationWarning``.
     """
-    from builder.repository.validate import validate_model
 
     if isinstance(repository, int) and not isinstance(repository, bool):  # validate(model_path, version)
         _deprecated("builder.validate(model_path, version) is deprecated: builder.validate(name, repository, "
@@ -176,7 +186,6 @@ def check(name: str, repository: str | Path = DEFAULT_REPOSITORY, *, url: str = 
     Returns a ``CheckReport`` (``ok``, ``lines()``). Raises ``ServerError`` if the server or the model
     is not ready, ``UserInputError`` for bad arguments.
     """
-    from builder.storage.served import check_served_at
 
     _protocol(protocol, ("http", "grpc", "both"))
     host, _, port = url.rpartition(":")
@@ -202,7 +211,6 @@ def select(name: str, repository: str | Path = DEFAULT_REPOSITORY, *, seconds: f
     Returns a ``SelectReport`` (``winner``, ``published``, ``lines()``). The old order
     ``select(repository, name)`` still works with a ``DeprecationWarning``.
     """
-    from builder.repository.reselect import default_measure, select_for_host
 
     if not seconds > 0:
         raise UserInputError(f"seconds={seconds}: give the measuring time per variant, > 0")
@@ -229,9 +237,6 @@ def rollback(name: str, repository: str | Path = DEFAULT_REPOSITORY, *, to: int 
     ``VerificationError`` (nothing written) when the version fails ``validate`` against that config, and
     ``UserInputError`` for an unknown model or version, or a signed model without a key.
     """
-    from builder.repository.rollback import rollback_model
-    from builder.serving.running import served_after_rollback
-    from builder.storage.s3_location import is_s3_url
 
     if to is not None and (isinstance(to, bool) or not isinstance(to, int) or to < 0):
         raise UserInputError(f"to={to!r}: give a version number (an int >= 0), or None for the previous version")
@@ -240,7 +245,6 @@ def rollback(name: str, repository: str | Path = DEFAULT_REPOSITORY, *, to: int 
         if signing_key or public_key:
             raise UserInputError("--signing-key/--public-key: signing is not supported on an s3:// repository; "
                                  "roll back the local repository, then `publish --to` it")
-        from builder.storage.s3_rollback import rollback_s3
         return rollback_s3(str(repository), name, to, progress=say)
     report = rollback_model(repository, name, to, signing_key=signing_key, public_key=public_key, progress=say)
     report.served = served_after_rollback(Path(repository), name, report.to_version, server_timeout, say)
@@ -263,7 +267,6 @@ def serve(repository: str | Path = DEFAULT_REPOSITORY, *, load_models: Sequence[
     before anything loads; ``announce``: one line at a time (default: printed); ``watch``: load a model
     folder again when it changes while serving (a new version, a rollback, a tuned config; explicit mode).
     """
-    from builder.serving.serve import serve_forever
 
     kwargs = {"announce": announce} if announce is not None else {}
     return serve_forever(repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, host=host,
@@ -285,7 +288,6 @@ def install_backends(backends: Sequence[str] | None = None, *, force: bool = Fal
     Returns an ``InstallReport``: one row per backend (``built``, ``cached`` or ``failed`` with a one-line
     reason naming the missing piece), ``ok`` and ``lines()``. A failed backend never stops the others.
     """
-    from builder.serving.native_backends import install_backends as _install
 
     return _install(list(backends) if backends is not None else None, force=force,
                     progress=progress or (lambda message: None))
@@ -307,8 +309,6 @@ def serving_context(repository: str | Path = DEFAULT_REPOSITORY, *, load_models:
     Raises ``ServerError`` if it cannot start, and ``ServerDiedError`` after the block if its stop
     failed (it hung and was killed, or its log reports a crash: the message names the kept log).
     """
-    from builder.errors import ServerDiedError
-    from builder.serving.serve import checked_server
 
     server = checked_server(repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
                             host=host, log_path=log_path, model_control=model_control, load_models=load_models,
@@ -344,7 +344,6 @@ def loadtest(name: str, repository: str | Path | None = DEFAULT_REPOSITORY, *, u
     Returns a ``LoadTestResult``. Raises ``UserInputError`` for bad arguments and ``ServerError`` if the
     server or model cannot be reached before the run.
     """
-    from builder.tuning.loadtest import run_loadtest
 
     _protocol(protocol, ("http", "grpc"))
     summary = run_loadtest(name, _url(url, protocol), protocol, users, run_time_s,
@@ -372,7 +371,6 @@ def sweep(name: str, repository: str | Path | None = DEFAULT_REPOSITORY, *, url:
     Returns a ``SweepResult``. Raises ``UserInputError`` for bad arguments, ``ServerError`` if the model
     cannot be reached.
     """
-    from builder.tuning.sweep import run_sweep
 
     _protocol(protocol, ("http", "grpc"))
     result = run_sweep(name, _url(url, protocol), protocol, max_concurrency,
@@ -407,7 +405,6 @@ def tune(name: str, repository: str | Path = DEFAULT_REPOSITORY, *, p99_budget_m
     Returns a ``TuneResult``. Raises ``UserInputError`` for bad arguments or a server without model
     control, ``ServerError`` if the model cannot be reached or the server stops answering.
     """
-    from builder.tuning.tune import run_tune
 
     _protocol(protocol, ("http", "grpc"))
     folder = _local_repository(name, repository, required=True)

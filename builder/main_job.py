@@ -19,8 +19,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from builder.errors import BuilderError, UserInputError
-from builder.tuning.stats import format_batch_sizes
+from builder.core.assets import monitoring_dir
+from builder.core.errors import BuilderError, UserInputError
+from builder.core.processes import stop_signals, terminate_as_interrupt
+from builder.pipeline import build
+from builder.report.build_report import format_table
+from builder.repository.layout import latest_version
+from builder.repository.triton_releases import COMPOSE_RELEASE
+from builder.repository.validate import validate_model
+from builder.serving.check import check_served
+from builder.serving.embedded import EmbeddedServer
+from builder.serving.install import require_stub_safe_tmpdir
+from builder.serving.startup import load_error
+from builder.spec.model import load_spec
+from builder.tuning.engine import PerfAnalyzerEngine, choose_engine
+from builder.tuning.loadtest import format_summary, run_loadtest
+from builder.tuning.payload import fetch_model, load_samples
+from builder.tuning.stats import StatsReader, format_batch_sizes
 
 JOB_LOCK = ".main-job.lock"  # suffix of ``.<repository name>.main-job.lock`` beside the job's repository
 
@@ -86,13 +101,11 @@ def _check_arguments(spec, load_seconds: float, users: int) -> None:
     in its path once cost the repository), and a target the embedded server cannot serve."""
     import math
 
-    from builder.spec import load_spec
 
     if isinstance(users, bool) or not isinstance(users, int) or users < 1:
         raise UserInputError(f"--users {users}: give a whole number of load-test users >= 1 (default 8)")
     if not (isinstance(load_seconds, (int, float)) and math.isfinite(load_seconds) and load_seconds > 0):
         raise UserInputError(f"--load-seconds {load_seconds}: give the load test's length in seconds, > 0 (default 10)")
-    from builder.serving.install import require_stub_safe_tmpdir
 
     require_stub_safe_tmpdir()  # the server needs it, after the build: said before the build
     target = load_spec(spec).deploy.target
@@ -154,8 +167,6 @@ def live_servers(repository: Path) -> list[int]:
 def run_main_job(spec: str | Path, repository: str | Path = JOB_REPOSITORY, *, load_seconds: float = 10.0,
                  users: int = 8, keep_serving: bool = False, fresh: bool = True,
                  progress: Callable[[str], object] | None = None) -> int:
-    from builder.processes import terminate_as_interrupt
-
     repository = Path(repository)
     # SIGTERM (kill, a CI timeout) stops the server as Ctrl-C does: no tritonserver left serving alone
     with job_lock(repository), terminate_as_interrupt():
@@ -164,12 +175,6 @@ def run_main_job(spec: str | Path, repository: str | Path = JOB_REPOSITORY, *, l
 
 
 def _run(spec, repository: Path, load_seconds: float, users: int, keep_serving: bool, fresh: bool, progress) -> int:
-    from builder.assets import monitoring_dir
-    from builder.pipeline import build
-    from builder.report import format_table
-    from builder.serving.check import check_served
-    from builder.serving.embedded import EmbeddedServer
-
     announce = progress or (lambda message: None)
     if fresh and os.path.lexists(repository) and repository.resolve() == Path(JOB_REPOSITORY).resolve():
         _empty_job_repository(repository)
@@ -183,8 +188,6 @@ def _run(spec, repository: Path, load_seconds: float, users: int, keep_serving: 
     announce("")
     announce(format_table(result.rows))
     # the runtime gate for docker-compose.yml's Triton release (builder/repository/runtime_gate.py)
-    from builder.repository.triton_releases import COMPOSE_RELEASE
-    from builder.repository.validate import validate_model
     announce(f"\n== runtime gate: can Triton {COMPOSE_RELEASE} (docker-compose.yml's) load and reproduce it?")
     gate = validate_model(repository / name, triton_release=COMPOSE_RELEASE, progress=progress, regression_seconds=0)
     for line in gate.lines():
@@ -207,7 +210,6 @@ def _run(spec, repository: Path, load_seconds: float, users: int, keep_serving: 
             announce(f"  FAILED   {failed} (not served; fix it and restart to serve it): "
                      + why.replace("\n", "\n           "))
         if name in server.failed:
-            from builder.serving.startup import load_error
             raise load_error({name: server.failed[name]}, server.log_path)
 
         announce("\n== 3/4 check (served answers vs reference.npz, HTTP and gRPC)")
@@ -257,7 +259,6 @@ def _serve_until_stopped(server, announce) -> None:
     default is not installed where SIGINT came in ignored (a job started with `&` from a script)."""
     import signal
 
-    from builder.processes import stop_signals
 
     with stop_signals() as received:
         announce("\nserving until Ctrl-C or SIGTERM ...")  # once the handlers are in: a signal right after it is a stop
@@ -270,11 +271,6 @@ def _serve_until_stopped(server, announce) -> None:
 
 
 def _load(name, server, users, seconds, repository, announce):
-    try:
-        from builder.tuning.loadtest import format_summary, run_loadtest
-    except ImportError:
-        announce("  (load testing is not available in this build)")
-        return None
     out = job_outputs(repository) / "loadtest" / name
     try:
         summary = run_loadtest(name, server.http_url, "http", users, seconds, out,
@@ -356,9 +352,6 @@ def _perf_analyzer(name, server, concurrency, repository, announce) -> ServedFig
     requests are done: the throughput the server gives, measured by a client that takes little of its CPU,
     until it settles (``settled_measurement``); None where it is not installed (`make setup` installs it)
     or the measurement failed."""
-    from builder.tuning.engine import PerfAnalyzerEngine, choose_engine
-    from builder.tuning.payload import fetch_model, load_samples
-    from builder.tuning.stats import StatsReader
 
     engine = choose_engine("auto", install=False)
     if not isinstance(engine, PerfAnalyzerEngine):
@@ -388,7 +381,6 @@ def _perf_analyzer(name, server, concurrency, repository, announce) -> ServedFig
 
 
 def _payload(repository: Path, name: str) -> Path | None:
-    from builder.repository.layout import latest_version
     folder = Path(repository) / name
     version = latest_version(folder)
     path = folder / str(version) / "reference.npz" if version else None

@@ -13,13 +13,40 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from builder.errors import BuilderError, VerificationError
-from builder.interrupts import raise_if_stopped
-from builder.progress import bar
-from builder.repository.layout import check_version_free
-from builder.scratch import WORK_PREFIX, OwnedFolder, sweep
-from builder.spec import ModelSpec, canonical_target, load_spec, target_note
+from builder.core.errors import BuilderError, UserInputError, VerificationError, unknown_choice
+from builder.core.interrupts import raise_if_stopped
+from builder.core.progress import bar
+from builder.core.scratch import WORK_PREFIX, OwnedFolder, sweep
+from builder.model.variants import add_bases, resolve_variants
+from builder.report.build_report import variant_rows
+from builder.repository.layout import check_version_free, require_writable
+from builder.repository.signing import KEY_ENV, signing_key as _signing_key
+from builder.repository.triton_releases import COMPOSE_RELEASE, triton_release
+from builder.spec.model import TARGET_ALIASES, TARGETS, ModelSpec, canonical_target, load_spec, target_note
+from builder.stages import (benchmark, compress, export_onnx, export_torchscript, load, openvino, optimize, publish,
+                            quantize, register, select, tensorrt, verify)
 from builder.stages.base import BuildContext, BuildOptions, StageResult, Status, timed
+from builder.stages.common import WORK_FOLDER_ERRNOS, work_folder_error
+from builder.stages.export_onnx import IF_UNVERIFIED
+from builder.storage.mlflow_registry import registry_url
+
+#: the stages in order: (name, module, required). A required stage that fails stops the build; an optional
+#: one is recorded and the build goes on. Importing a stage registers its variants (builder/model/variants.py).
+STAGES = [
+    ("load", load, True),
+    ("export_torchscript", export_torchscript, False),
+    ("export_onnx", export_onnx, False),
+    ("optimize", optimize, False),
+    ("quantize", quantize, False),
+    ("openvino", openvino, False),
+    ("tensorrt", tensorrt, False),
+    ("compress", compress, False),
+    ("verify", verify, True),
+    ("benchmark", benchmark, False),
+    ("select", select, True),
+    ("publish", publish, True),
+    ("register", register, True),
+]
 
 
 @dataclass
@@ -51,38 +78,28 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = "model_reposito
     ``triton_release``: the NGC Triton release the versions must load on (default docker-compose.yml's,
     builder/repository/triton_releases.py): ONNX variants beyond its IR version / opset are rejected.
 
-    ``progress`` gets one line per stage (None: silent; the CLI passes a builder.progress.Reporter,
+    ``progress`` gets one line per stage (None: silent; the CLI passes a builder.core.progress.Reporter,
     which also draws a bar over the stages on a terminal)."""
-    from builder.report import variant_rows
-    from builder.stages import PIPELINE
-    from builder.variants import add_bases, resolve_variants
 
     model_spec = spec if isinstance(spec, ModelSpec) else load_spec(spec)
     options = BuildOptions(repository=Path(repository).resolve(), variants=variants, target=target, strict=strict,
                            benchmark_seconds=benchmark_seconds, publish_variants=publish_variants)
-    from builder.repository.signing import KEY_ENV, signing_key as _signing_key
     options.signing_key = _signing_key(signing_key, options.repository)
     options.triton_release = _checked_release(triton_release, model_spec)
     if alias and not register:
-        from builder.errors import UserInputError
         raise UserInputError(f"--alias {alias}: only with --register (the alias names the registered version)")
     if register:
-        from builder.storage.mlflow_registry import registry_url
         options.registry, options.registry_alias = registry_url(registry), alias
     target_said = target_note(target if target is not None else model_spec.deploy.target_given)
     if target is not None:
-        from builder.spec import TARGET_ALIASES, TARGETS
         if target not in TARGETS and target not in TARGET_ALIASES:
-            from builder.errors import unknown_choice
             raise unknown_choice("target", target, TARGETS, "targets are fixed: cpu, gpu, python (embedded is cpu)")
         options.target = target = canonical_target(target)
     if benchmark_seconds is not None and benchmark_seconds < 0:
-        from builder.errors import UserInputError
         raise UserInputError(f"--benchmark-seconds: {benchmark_seconds} is negative; give seconds per variant, "
                              "or 0 to skip measuring")
     _refuse_unservable_scalars(model_spec, options.target or model_spec.deploy.target)
     check_version_free(options.repository, model_spec.name, model_spec.version)
-    from builder.repository.layout import require_writable
     require_writable(options.repository)  # a read-only mount fails now, not after every stage has run
     scratch_root = Path(tempfile.gettempdir())
     sweep(scratch_root, WORK_PREFIX)  # what killed builds left behind
@@ -99,14 +116,14 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = "model_reposito
             ctx.notes.append(target_said)
             progress(f"note: {target_said}")
         progress(f"building {model_spec.name} (target {ctx.target}; variants: {', '.join(ctx.requested_variants)})")
-        with bar(progress, f"building {model_spec.name}", total=len(PIPELINE)) as advance:
-            for index, (name, module, required) in enumerate(PIPELINE, 1):
-                progress(f"[{index}/{len(PIPELINE)}] {name} ...")
+        with bar(progress, f"building {model_spec.name}", total=len(STAGES)) as advance:
+            for index, (name, module, required) in enumerate(STAGES, 1):
+                progress(f"[{index}/{len(STAGES)}] {name} ...")
                 result = _run_stage(module, ctx, name, work.path)
                 raise_if_stopped()  # a stop signal whose interrupt a library swallowed: never go on to publish
                 ctx.results.append(result)
                 reason = result.reason.splitlines()[0] if result.reason else ""
-                progress(f"[{index}/{len(PIPELINE)}] {name}: {result.status.value} ({result.seconds:.1f} s) {reason}")
+                progress(f"[{index}/{len(STAGES)}] {name}: {result.status.value} ({result.seconds:.1f} s) {reason}")
                 advance()
                 if name == "verify" and strict:
                     _raise_if_any_failed(ctx)
@@ -119,8 +136,6 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = "model_reposito
 
 
 def _run_stage(module, ctx: BuildContext, name: str, workdir: Path) -> StageResult:
-    from builder.stages.common import WORK_FOLDER_ERRNOS, work_folder_error
-
     try:
         return timed(module.run, ctx, name)
     except OSError as exc:
@@ -141,7 +156,6 @@ def _refuse_unservable_scalars(spec: ModelSpec, target: str) -> None:
     scalars = ([f"input '{t.name}'" for t in spec.inputs if list(t.shape) == []]
                + [f"output '{o.name}'" for o in spec.outputs if o.shape is not None and list(o.shape) == []])
     if scalars:
-        from builder.errors import UserInputError
         raise UserInputError(
             f"{', '.join(scalars)}: shape [] with max_batch_size 0 and target {target}: Triton's own backends "
             "cannot serve a scalar without a batch dimension (its dims cannot be empty, and Triton refuses reshape "
@@ -150,9 +164,6 @@ def _refuse_unservable_scalars(spec: ModelSpec, target: str) -> None:
 
 
 def _checked_release(name: str | None, spec: ModelSpec) -> str:
-    from builder.errors import UserInputError
-    from builder.repository.triton_releases import COMPOSE_RELEASE, triton_release
-
     release = triton_release(name or COMPOSE_RELEASE)
     if spec.onnx.opset and spec.onnx.opset > release.max_opset:
         raise UserInputError(f"onnx.opset: {spec.onnx.opset} is newer than Triton {release.release} loads (its "
@@ -166,8 +177,6 @@ def _silent(message: str) -> None:
 
 
 def _variant_failures(ctx: BuildContext) -> list[str]:
-    from builder.stages.export_onnx import IF_UNVERIFIED
-
     lines = []
     for v in ctx.variants:
         if v.rejected:

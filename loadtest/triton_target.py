@@ -182,7 +182,7 @@ class Target:
         else:
             samples, self.source = _generate(inputs, self.batching), "the model metadata (generated)"
         samples = _as_model_dtypes(samples, inputs)
-        # a scalar per sample travels as dims [1] (config reshape []), as builder.tensors.to_wire does
+        # a scalar per sample travels as dims [1] (config reshape []), as builder.accuracy.tensors.to_wire does
         dims = {name: shape for name, _, shape in inputs}
         scalar = [n for n in names if dims[n] == [1]]
         for sample in samples:

@@ -10,9 +10,14 @@ Usage::
 Rules:
   size         no module over 500 lines
   parents      no ``Path(__file__).resolve().parents[`` asset lookups (importlib.resources instead)
-  cycles       no module-level import circle among builder modules (imports inside functions don't count)
+  cycles       no import circle among builder modules, counting imports inside functions too
+  deferred     an import of a builder module inside a function says why in a comment on its line
+               ("deferred: ..."): only an optional extra or a heavy third-party import is a reason
+  floors       builder/core/ imports nothing above it, builder/optimise/ only core; the entry modules
+               (api, cli, main_job, pipeline) are imported by no module below them; a stage module by
+               builder/pipeline.py alone (stages/base.py and stages/common.py are shared)
   stages       stages/ modules do not import each other (stages/base.py and stages/common.py excepted)
-  subprocess   subprocess.Popen / subprocess.run only in builder/processes.py
+  subprocess   subprocess.Popen / subprocess.run only in builder/core/processes.py
   tritonclient tritonclient imported only in builder/serving/client.py (Triton's model-config schema,
                tritonclient.grpc.model_config_pb2, excepted: it checks config text, it talks no protocol)
 """
@@ -28,7 +33,11 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "builder"
 MAX_LINES = 500
 SHARED_STAGE_MODULES = {"builder.stages.base", "builder.stages.common", "builder.stages"}
-PROCESS_MODULE = "builder.processes"
+PROCESS_MODULE = "builder.core.processes"
+#: folder -> the folders its modules may import from (besides its own)
+FLOOR_LIMITS = {"builder.core": (), "builder.optimise": ("builder.core",)}
+ENTRY_MODULES = ("builder.api", "builder.cli", "builder.main_job", "builder.pipeline", "builder.__main__")
+PACKAGE_FACE = "builder"  # builder/__init__.py: the public names, loaded from builder.api on first use
 CLIENT_MODULE = "builder.serving.client"
 
 
@@ -120,7 +129,8 @@ def check(root: Path = ROOT, rules: set[str] | None = None) -> dict[str, list[st
     """{rule: [violation, ...]} for the rules asked for (all by default)."""
     mods = modules(root)
     known = set(mods)
-    trees = {m: ast.parse(p.read_text(), str(p)) for m, p in mods.items()}
+    sources = {m: p.read_text().splitlines() for m, p in mods.items()}
+    trees = {m: ast.parse("\n".join(sources[m]), str(p)) for m, p in mods.items()}
     rel = {m: str(p.relative_to(root)) for m, p in mods.items()}
     out: dict[str, list[str]] = {name: [] for name in RULES}
 
@@ -130,14 +140,25 @@ def check(root: Path = ROOT, rules: set[str] | None = None) -> dict[str, list[st
             out["size"].append(f"{rel[m]}: {lines} lines (max {MAX_LINES})")
         text = path.read_text()
         if "Path(__file__).resolve().parents[" in text or "Path(__file__).parents[" in text:
-            out["parents"].append(f"{rel[m]}: Path(__file__)...parents[N] asset lookup (use builder/assets.py)")
+            out["parents"].append(f"{rel[m]}: Path(__file__)...parents[N] asset lookup (use builder/core/assets.py)")
 
-    graph = {m: imports(trees[m], m, mods[m].name == "__init__.py", known, top_level_only=True) for m in mods}
+    graph = {m: imports(trees[m], m, mods[m].name == "__init__.py", known, top_level_only=False) for m in mods}
     # a package's __init__ importing its own submodules is how a package exposes them, not a circle
     graph = {m: {d for d in deps if not (mods[m].name == "__init__.py" and d.startswith(m + "."))}
              for m, deps in graph.items()}
     for component in find_cycles(graph):
-        out["cycles"].append("module-level import circle: " + " <-> ".join(component))
+        out["cycles"].append("import circle: " + " <-> ".join(component))
+
+    for m, line, reason in deferred_imports(trees, sources):
+        if not reason.startswith("deferred:"):
+            out["deferred"].append(f"{rel[m]}:{line}: a builder import inside a function without a "
+                                   "'# deferred: <why>' comment (move it to the top of the module)")
+
+    for m, deps in graph.items():
+        for dep in sorted(deps):
+            problem = floor_problem(m, dep)
+            if problem:
+                out["floors"].append(f"{rel[m]}: imports {dep} ({problem})")
 
     for m in mods:
         if not m.startswith("builder.stages.") or m in SHARED_STAGE_MODULES:
@@ -165,6 +186,46 @@ def check(root: Path = ROOT, rules: set[str] | None = None) -> dict[str, list[st
     return {k: v for k, v in out.items() if rules is None or k in rules}
 
 
+def _within(module: str, folder: str) -> bool:
+    return module == folder or module.startswith(folder + ".")
+
+
+def floor_problem(module: str, dep: str) -> str | None:
+    """Why ``module`` may not import ``dep`` (None: it may)."""
+    for folder, allowed in FLOOR_LIMITS.items():
+        if _within(module, folder) and not _within(dep, folder) and not any(_within(dep, a) for a in allowed):
+            return f"{folder} stands below it: it may import only {', '.join((folder,) + allowed)}"
+    if any(_within(dep, e) for e in ENTRY_MODULES) and module != PACKAGE_FACE \
+            and not any(_within(module, e) for e in ENTRY_MODULES):
+        return "an entry module: only the entry floor (api, cli, main_job, pipeline) imports it"
+    if dep.startswith("builder.stages.") and dep not in SHARED_STAGE_MODULES and module != "builder.pipeline" \
+            and not module.startswith("builder.stages."):
+        return "a stage: only builder/pipeline.py runs stages; shared pieces go to a folder below"
+    return None
+
+
+def deferred_imports(trees: dict[str, ast.Module], sources: dict[str, list[str]]) -> list[tuple[str, int, str]]:
+    """(module, line, the comment on that line) of every import of a builder module inside a function."""
+    found = []
+    for m, tree in trees.items():
+        lines = sources[m]
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom) and not node.level:
+                    names = [node.module or ""]
+                elif isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                else:
+                    continue
+                if not any(n.split(".")[0] == PACKAGE for n in names):
+                    continue
+                text = lines[node.lineno - 1] if node.lineno <= len(lines) else ""
+                found.append((m, node.lineno, text.partition("#")[2].strip()))
+    return sorted(set(found))
+
+
 def node_is_triton_client(node: ast.AST, names: list[str]) -> bool:
     """An import of tritonclient other than Triton's model-config schema (model_config_pb2, used to
     check config.pbtxt text): that is a schema, not the protocol."""
@@ -174,7 +235,7 @@ def node_is_triton_client(node: ast.AST, names: list[str]) -> bool:
     return not (isinstance(node, ast.ImportFrom) and imported == ["model_config_pb2"])
 
 
-RULES = ("size", "parents", "cycles", "stages", "subprocess", "tritonclient")
+RULES = ("size", "parents", "cycles", "deferred", "floors", "stages", "subprocess", "tritonclient")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,7 +248,14 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(RULES))
         return 0
     failed = 0
-    for rule, problems in check(args.root, set(args.rule) if args.rule else None).items():
+    results = check(args.root, set(args.rule) if args.rule else None)
+    mods = modules(args.root)
+    sources = {m: p.read_text().splitlines() for m, p in mods.items()}
+    deferred = deferred_imports({m: ast.parse("\n".join(s)) for m, s in sources.items()}, sources)
+    print(f"deferred imports of builder modules: {len(deferred)}")
+    for m, line, reason in deferred:
+        print(f"  {mods[m].relative_to(args.root)}:{line}: {reason or '(no reason given)'}")
+    for rule, problems in results.items():
         print(f"{rule}: {'ok' if not problems else f'{len(problems)} violation(s)'}")
         for problem in problems:
             print(f"  {problem}")

@@ -4,7 +4,7 @@
 - docs/reference/cli.md: every verb of `triton-builder`, its usage and every option, read from the argparse
   parser (builder.cli.make_parser), help texts as --help prints them;
 - docs/reference/spec.md: every key of a spec.yaml, read from the tuples of known keys the spec parser
-  checks against (builder/spec.py, builder/spec_verify.py, builder/spec_compression.py), with the choices
+  checks against (builder/spec/model.py, builder/spec/verify.py, builder/spec/compression.py), with the choices
   the parser accepts where the code lists them, and a description from DESCRIPTIONS below.
 
     python scripts/gen_docs_reference.py           # rewrite both pages
@@ -114,24 +114,27 @@ def render_cli() -> str:
 
 def sections() -> list[tuple[str, tuple[str, ...], str]]:
     """(section path, its known keys, where the code lists them) for every mapping of a spec."""
-    from builder import spec, spec_compression, spec_steps, spec_verify
+    from builder.spec import model as spec
+    from builder.spec import compression as spec_compression
+    from builder.spec import steps as spec_steps
+    from builder.spec import verify as spec_verify
 
     return [
-        ("", spec._TOP_KEYS, "builder/spec.py _TOP_KEYS"),
-        ("source", spec._SOURCE_KEYS, "builder/spec.py _SOURCE_KEYS"),
-        ("inputs[]", spec._INPUT_KEYS, "builder/spec.py _INPUT_KEYS"),
-        ("outputs[]", spec._OUTPUT_KEYS, "builder/spec.py _OUTPUT_KEYS"),
-        ("data", spec._DATA_KEYS, "builder/spec.py _DATA_KEYS"),
-        ("objective", tuple(spec.TRADEOFF_DEFAULTS), "builder/spec.py TRADEOFF_DEFAULTS"),
-        ("verify", spec_verify.VERIFY_KEYS, "builder/spec_verify.py VERIFY_KEYS"),
-        ("verify.tolerances.<precision>", spec_verify.TOLERANCE_KEYS, "builder/spec_verify.py TOLERANCE_KEYS"),
-        ("onnx", spec._ONNX_KEYS, "builder/spec.py _ONNX_KEYS"),
-        ("quantization", spec._QUANTIZATION_KEYS, "builder/spec.py _QUANTIZATION_KEYS"),
-        ("compression", spec_compression._KEYS, "builder/spec_compression.py _KEYS"),
-        ("deploy", spec._DEPLOY_KEYS, "builder/spec.py _DEPLOY_KEYS"),
-        ("deploy.onnx_tensorrt", spec._ONNX_TENSORRT_KEYS, "builder/spec.py _ONNX_TENSORRT_KEYS"),
-        ("preprocess", spec_steps.STEP_KEYS[:2], "builder/spec_steps.py STEP_KEYS"),
-        ("postprocess", spec_steps.STEP_KEYS[::2], "builder/spec_steps.py STEP_KEYS"),
+        ("", spec._TOP_KEYS, "builder/spec/model.py _TOP_KEYS"),
+        ("source", spec._SOURCE_KEYS, "builder/spec/model.py _SOURCE_KEYS"),
+        ("inputs[]", spec._INPUT_KEYS, "builder/spec/model.py _INPUT_KEYS"),
+        ("outputs[]", spec._OUTPUT_KEYS, "builder/spec/model.py _OUTPUT_KEYS"),
+        ("data", spec._DATA_KEYS, "builder/spec/model.py _DATA_KEYS"),
+        ("objective", tuple(spec.TRADEOFF_DEFAULTS), "builder/spec/model.py TRADEOFF_DEFAULTS"),
+        ("verify", spec_verify.VERIFY_KEYS, "builder/spec/verify.py VERIFY_KEYS"),
+        ("verify.tolerances.<precision>", spec_verify.TOLERANCE_KEYS, "builder/spec/verify.py TOLERANCE_KEYS"),
+        ("onnx", spec._ONNX_KEYS, "builder/spec/model.py _ONNX_KEYS"),
+        ("quantization", spec._QUANTIZATION_KEYS, "builder/spec/model.py _QUANTIZATION_KEYS"),
+        ("compression", spec_compression._KEYS, "builder/spec/compression.py _KEYS"),
+        ("deploy", spec._DEPLOY_KEYS, "builder/spec/model.py _DEPLOY_KEYS"),
+        ("deploy.onnx_tensorrt", spec._ONNX_TENSORRT_KEYS, "builder/spec/model.py _ONNX_TENSORRT_KEYS"),
+        ("preprocess", spec_steps.STEP_KEYS[:2], "builder/spec/steps.py STEP_KEYS"),
+        ("postprocess", spec_steps.STEP_KEYS[::2], "builder/spec/steps.py STEP_KEYS"),
     ]
 
 
@@ -141,8 +144,8 @@ def key_tuples_in_code() -> dict[str, tuple[str, ...]]:
     import importlib
 
     found = {}
-    for module_name in ("builder.spec", "builder.spec_verify", "builder.spec_compression", "builder.spec_fields",
-                        "builder.spec_checks"):
+    for module_name in ("builder.spec.model", "builder.spec.verify", "builder.spec.compression", "builder.spec.fields",
+                        "builder.spec.checks"):
         module = importlib.import_module(module_name)
         for attr, value in vars(module).items():
             if attr.endswith("KEYS") and isinstance(value, tuple) and all(isinstance(v, str) for v in value):
@@ -157,7 +160,9 @@ def uncovered_key_tuples() -> list[str]:
 
 def _choices() -> dict[str, str]:
     """Allowed values the code lists, by key path."""
-    from builder import spec, spec_verify, task_metrics
+    from builder.spec import model as spec
+    from builder.spec import verify as spec_verify
+    from builder.accuracy import task_metrics
 
     join = lambda values: ", ".join(f"`{v}`" for v in values)  # noqa: E731
     return {

@@ -52,7 +52,7 @@ log "fresh venv + install ($("$WORK/venv/bin/python" -V)): $(since "$t") s"
 cd "$WORK/outside"
 unset PYTHONPATH
 export PATH="$WORK/venv/bin:$PATH" VIRTUAL_ENV="$WORK/venv"
-where=$(python -c 'import builder, builder.assets as a; print(builder.__file__); print(a.templates_dir()); print(a.loadtest_dir())')
+where=$(python -c 'import builder, builder.core.assets as a; print(builder.__file__); print(a.templates_dir()); print(a.loadtest_dir())')
 while read -r path; do
     case "$path" in
         "$WORK/venv/"*) ;;

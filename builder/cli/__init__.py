@@ -6,7 +6,7 @@ One grammar on every verb (arguments.py, docs/reference/grammar.md): a model is 
 -o table|json; -q/-v; durations as 30, 90s, 2m or 1h; writes only with an explicit flag.
 
 Exit codes: 0 success; 1 verification/check/budget failure; 2 user input or server unreachable
-(see builder/errors.py); 3 an internal error (a bug: one line, the traceback in a file it names);
+(see builder/core/errors.py); 3 an internal error (a bug: one line, the traceback in a file it names);
 130 stopped by Ctrl-C or SIGTERM. Errors print one clear message, never a traceback.
 """
 
@@ -22,9 +22,11 @@ import sys
 from pathlib import Path
 
 from builder.api import DEFAULT_REPOSITORY  # noqa: F401 - the one default, re-exported for the verbs
+from builder.cli import build, scaleout, serving, tuning
 from builder.cli.output import json_mode, wants_json
-from builder.errors import BuilderError
-from builder.progress import Reporter, closed_pipe_safe_output
+from builder.core.errors import BuilderError
+from builder.core.interrupts import terminate_as_interrupt
+from builder.core.progress import Reporter, closed_pipe_safe_output
 
 
 def _version() -> str:
@@ -46,8 +48,6 @@ def _common_options() -> argparse.ArgumentParser:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    from builder.cli import build, scaleout, serving, tuning
-
     parser = argparse.ArgumentParser(prog="triton-builder", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -193,7 +193,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     reporter = Reporter(quiet=args.quiet, verbose=args.verbose)  # under -o json sys.stdout is stderr
-    from builder.interrupts import terminate_as_interrupt
 
     try:
         # SIGTERM (kill, a CI timeout) unwinds like Ctrl-C: a build's finally removes its work folder;

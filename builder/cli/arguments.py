@@ -20,6 +20,7 @@ import re
 import sys
 
 from builder.api import DEFAULT_REPOSITORY
+from builder.core.errors import UserInputError
 
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -123,7 +124,6 @@ def model_folder_form(name: str, repository: str, verb: str) -> tuple[str, str]:
     if "/" in name or "\\" in name:
         folder = Path(name.rstrip("/\\"))
         if repository != DEFAULT_REPOSITORY and Path(repository).resolve() != folder.parent.resolve():
-            from builder.errors import UserInputError
             raise UserInputError(f"{name} and --repository {repository}: name the model once, as NAME --repository "
                                  f"DIR (e.g. {verb} {folder.name} --repository {repository})")
         deprecation(f"{verb} DIR/NAME", f"{verb} NAME --repository DIR ({verb} {folder.name} --repository "

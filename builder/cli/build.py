@@ -12,15 +12,29 @@ from builder.api import DEFAULT_REPOSITORY
 from builder.cli.arguments import (add_model, add_model_version, add_output, add_repository, duration,
                                    model_folder_form, note)
 from builder.cli.output import add_signature_arguments, emit
-from builder.errors import UserInputError
-from builder.progress import Reporter
+from builder.core.errors import UserInputError
+from builder.core.progress import Reporter
+from builder.core.scratch import sweep
+from builder.main_job import run_main_job
+from builder.pipeline import build
+from builder.report.build_report import format_table
+from builder.repository import triton_releases as t
+from builder.repository.layout import clean
+from builder.repository.reselect import default_measure, select_for_host
+from builder.repository.rollback import rollback_model
+from builder.repository.validate import validate_model
+from builder.scaffold.init import init_spec
+from builder.scaleout.replicas import REPLICAS_PREFIX
+from builder.serving.running import served_after_rollback
+from builder.serving.startup import remove_dead_server_folders
+from builder.storage.mlflow_registry import materialise
+from builder.storage.s3_location import is_s3_url
+from builder.storage.s3_rollback import rollback_s3
 
 DEFAULT_RUN_SPEC = "examples/digits/spec.yaml"  # what `make demo` runs
 
 
 def cmd_init(args: argparse.Namespace, reporter: Reporter) -> int:
-    from builder.scaffold import init_spec
-
     result = init_spec(Path(args.source), Path(args.out), sample=Path(args.sample) if args.sample else None,
                        name=args.name, force=args.force)
     emit(args, result, result.lines())
@@ -28,9 +42,6 @@ def cmd_init(args: argparse.Namespace, reporter: Reporter) -> int:
 
 
 def cmd_build(args: argparse.Namespace, reporter: Reporter) -> int:
-    from builder.pipeline import build
-    from builder.report import format_table
-
     variants = args.variants.split(",") if args.variants else None
     result = build(args.spec, args.repository, variants=variants, target=args.target, strict=args.strict,
                    publish_variants=args.publish_variants or None, benchmark_seconds=args.benchmark_seconds,
@@ -47,10 +58,7 @@ def cmd_build(args: argparse.Namespace, reporter: Reporter) -> int:
 
 
 def cmd_validate(args: argparse.Namespace, reporter: Reporter) -> int:
-    from builder.repository.validate import validate_model
-
     if args.name.startswith("models:/"):  # a registry version, materialised into a local repository first
-        from builder.storage.mlflow_registry import materialise
         folder = materialise(args.name, args.registry)
     else:
         name, repository = model_folder_form(args.name, args.repository, "validate")
@@ -67,16 +75,12 @@ def cmd_validate(args: argparse.Namespace, reporter: Reporter) -> int:
 
 
 def cmd_releases(args: argparse.Namespace, reporter: Reporter) -> int:
-    from builder.repository import triton_releases as t
-
     emit(args, {"releases": t.RELEASES, "default": t.DEFAULT_RELEASE, "embedded": t.EMBEDDED_RELEASE},
          [t.format_releases()], ok=True)
     return 0
 
 
 def cmd_run(args: argparse.Namespace, reporter: Reporter) -> int:
-    from builder.main_job import run_main_job
-
     if args.spec is None and not Path(DEFAULT_RUN_SPEC).is_file():
         raise UserInputError(f"no SPEC given, and the default {DEFAULT_RUN_SPEC} is not here (it is in the project's "
                              "checkout): run from the checkout, or pass the path of a YAML model spec")
@@ -85,8 +89,6 @@ def cmd_run(args: argparse.Namespace, reporter: Reporter) -> int:
 
 
 def cmd_select(args: argparse.Namespace, reporter: Reporter) -> int:
-    from builder.repository.reselect import default_measure, select_for_host
-
     if not args.seconds > 0:
         raise UserInputError(f"--seconds {args.seconds:g}: give the measuring time per variant, more than 0")
     if args.write is None:  # neither --write nor --dry-run: the old default published
@@ -100,17 +102,12 @@ def cmd_select(args: argparse.Namespace, reporter: Reporter) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace, reporter: Reporter) -> int:
-    from builder.storage.s3_location import is_s3_url
-
     if is_s3_url(args.repository):  # the library directly (builder.api.rollback's errors name its parameters)
         if args.signing_key or args.public_key:
             raise UserInputError("--signing-key/--public-key: signing is not supported on an s3:// repository; "
                                  "roll back the local repository, then `publish --to` it")
-        from builder.storage.s3_rollback import rollback_s3
         report = rollback_s3(args.repository, args.name, args.to, progress=reporter)
     else:
-        from builder.repository.rollback import rollback_model
-        from builder.serving.running import served_after_rollback
         report = rollback_model(args.repository, args.name, args.to, signing_key=args.signing_key,
                                 public_key=args.public_key, progress=reporter)
         report.served = served_after_rollback(Path(args.repository), args.name, report.to_version, progress=reporter)
@@ -123,15 +120,11 @@ def _dead_replicas_logs() -> list[Path]:
     them after a failure; a live session holds its folder's lock, so its folder stays."""
     import tempfile
 
-    from builder.scaleout.replicas import REPLICAS_PREFIX
-    from builder.scratch import sweep
 
     return sweep(Path(tempfile.gettempdir()), REPLICAS_PREFIX)
 
 
 def cmd_clean(args: argparse.Namespace, reporter: Reporter) -> int:
-    from builder.scratch import clean
-
     repository = args.repository
     if repository == DEFAULT_REPOSITORY and not Path(repository).is_dir():
         repository = None  # the default, not here: only the temp dir's work folders
@@ -139,7 +132,6 @@ def cmd_clean(args: argparse.Namespace, reporter: Reporter) -> int:
     # a build killed before its first publish left work folders but never created its repository
     removed = clean(None if missing else repository)
     logs = _dead_replicas_logs()
-    from builder.serving.startup import remove_dead_server_folders
     servers = remove_dead_server_folders(Path(tempfile.gettempdir()))
     lines = [f"removed {folder}" for folder in removed + logs + servers]
     said = ([f"{len(removed)} folder(s) left by dead builds"] if removed else []) + \

@@ -15,17 +15,21 @@ import argparse
 import os
 from pathlib import Path
 
-from builder.cli.arguments import (add_model, add_model_version, add_output, add_repository, deprecated_alias,
-                                   duration, finite_float, model_folder_form)
+from builder.cli.arguments import (add_model, add_model_version, add_output, add_repository, deprecated_alias, duration,
+                                   finite_float, model_folder_form)
 from builder.cli.output import emit
 from builder.cli.serving import port_number, quiet_announce, refuse_shared_ports
-from builder.errors import UserInputError
-from builder.progress import Reporter
+from builder.core.errors import UserInputError
+from builder.core.progress import Reporter
+from builder.repository.triton_releases import DEFAULT_RELEASE, triton_release
+from builder.scaleout.k8s import render_manifests, require_validator, validate_manifests
+from builder.scaleout.replicas import run_replicas
+from builder.storage.mlflow_registry import register_version
+from builder.storage.s3 import publish_repository
+from builder.storage.s3_location import parse_s3_url
 
 
 def cmd_publish(args: argparse.Namespace, reporter: Reporter) -> int:
-    from builder.storage.s3 import publish_repository
-
     models = [*args.name, *(getattr(args, "model", None) or [])]
     results = publish_repository(args.repository, args.to, models=models or None, version=args.model_version,
                                  progress=reporter)
@@ -34,8 +38,6 @@ def cmd_publish(args: argparse.Namespace, reporter: Reporter) -> int:
 
 
 def cmd_register(args: argparse.Namespace, reporter: Reporter) -> int:
-    from builder.storage.mlflow_registry import register_version
-
     name, repository = model_folder_form(args.name, args.repository, "register")
     if "://" in repository:
         raise UserInputError(f"--repository {repository}: register reads a local folder (the version's files "
@@ -51,8 +53,6 @@ def cmd_register(args: argparse.Namespace, reporter: Reporter) -> int:
 
 
 def cmd_replicas(args: argparse.Namespace, reporter: Reporter) -> int:
-    from builder.scaleout.replicas import run_replicas
-
     refuse_shared_ports({"--http-port": args.http_port, "--grpc-port": args.grpc_port})
     return run_replicas(args.repository, args.replicas, http_port=args.http_port, grpc_port=args.grpc_port,
                         prometheus=args.prometheus, watch_seconds=args.watch_seconds,
@@ -61,7 +61,6 @@ def cmd_replicas(args: argparse.Namespace, reporter: Reporter) -> int:
 
 def _image(args: argparse.Namespace) -> str:
     """--image as given, else the image of --triton-release (default: the newest release in the table)."""
-    from builder.repository.triton_releases import DEFAULT_RELEASE, triton_release
 
     if args.image and args.triton_release:
         raise UserInputError("--image and --triton-release both name the Triton image: give one of them")
@@ -69,13 +68,10 @@ def _image(args: argparse.Namespace) -> str:
 
 
 def cmd_k8s(args: argparse.Namespace, reporter: Reporter) -> int:
-    from builder.scaleout.k8s import render_manifests, require_validator, validate_manifests
-
     if "://" not in args.repository:
         raise UserInputError(f"--repository {args.repository}: the pods read their models from object storage: pass "
                              "--repository s3://BUCKET/PREFIX (`triton-builder publish --to s3://...` uploads a "
                              "local repository there)")
-    from builder.storage.s3_location import parse_s3_url
 
     parse_s3_url(args.repository, "--repository")  # its errors name this verb's option
     if args.poll_seconds != int(args.poll_seconds) or args.poll_seconds < 1:

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import argparse
 
+from builder import serve
 from builder.api import DEFAULT_PORTS  # Triton's own, which `check`, `loadtest`, `sweep` and `tune` assume too
 from builder.cli.arguments import add_model, add_model_version, add_output, add_repository
 from builder.cli.output import add_signature_arguments, emit
-from builder.errors import UserInputError
-from builder.progress import Reporter
+from builder.core.errors import UserInputError
+from builder.core.processes import port_in_use
+from builder.core.progress import Reporter
+from builder.repository.layout import existing_versions
+from builder.serving.native_backends import install_backends
+from builder.storage.mlflow_registry import materialise
+from builder.storage.served import check_served_at
 
 # what `serve -q` / `replicas -q` still print: where to connect, and what failed or stopped
 RESULT_LINES = ("  HTTP", "  gRPC", "  metrics", "  log", "  serving", "  replica", "  Prometheus", "  FAILED",
@@ -53,8 +59,6 @@ def refuse_shared_ports(flags: dict[str, int | None]) -> None:
 
 
 def _bindable(host: str, port: int) -> bool:
-    from builder.processes import port_in_use  # as the server binds: a port in TIME_WAIT is free
-
     return not port_in_use(host, port)
 
 
@@ -80,11 +84,8 @@ def _ports(args: argparse.Namespace, reporter: Reporter) -> dict[str, int | None
 
 
 def cmd_serve(args: argparse.Namespace, reporter: Reporter) -> int:
-    from builder import serve
-
     extra = ["--metrics-config=summary_latencies=true"] if args.latency_summaries else []
     if args.repository.startswith("models:/"):  # a registry version, materialised into a local repository
-        from builder.storage.mlflow_registry import materialise
         args.repository = str(materialise(args.repository, args.registry).parent)
     ports = _ports(args, reporter)
     return serve(args.repository, http_port=ports["http"], grpc_port=ports["grpc"],
@@ -94,11 +95,7 @@ def cmd_serve(args: argparse.Namespace, reporter: Reporter) -> int:
 
 
 def cmd_check(args: argparse.Namespace, reporter: Reporter) -> int:
-    from builder.storage.served import check_served_at  # check_served, for a folder or an s3:// repository
-
     if args.repository.startswith("models:/"):  # the registry version's reference, as serve materialises it
-        from builder.repository.layout import existing_versions
-        from builder.storage.mlflow_registry import materialise
         folder = materialise(args.repository, args.registry)
         args.repository = str(folder.parent)
         if args.model_version is None:  # that version, not whatever the server serves as its latest
@@ -110,8 +107,6 @@ def cmd_check(args: argparse.Namespace, reporter: Reporter) -> int:
 
 
 def cmd_install_backends(args: argparse.Namespace, reporter: Reporter) -> int:
-    from builder.serving.native_backends import install_backends
-
     report = install_backends(args.backend, force=args.force, progress=reporter)
     emit(args, report, report.lines())
     return 0 if report.ok else 1

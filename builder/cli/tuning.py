@@ -13,8 +13,12 @@ from pathlib import Path
 from builder.api import DEFAULT_PORTS, DEFAULT_REPOSITORY
 from builder.cli.arguments import add_model, add_output, duration, finite_float
 from builder.cli.output import emit
-from builder.errors import UserInputError
-from builder.progress import Reporter
+from builder.core.errors import ServerError, UserInputError
+from builder.core.progress import Reporter
+from builder.tuning.loadtest import format_summary, run_loadtest
+from builder.tuning.payload import fetch_model
+from builder.tuning.sweep import run_sweep
+from builder.tuning.tune import run_tune
 
 seconds = duration  # the old name of this module's duration type
 
@@ -50,8 +54,6 @@ def int_list(text: str) -> list[int]:
 
 
 def cmd_loadtest(args: argparse.Namespace, reporter: Reporter) -> int:
-    from builder.tuning.loadtest import format_summary, run_loadtest
-
     summary = run_loadtest(
         args.name, _url(args), args.protocol, args.users, args.run_time,
         args.out or Path("runs") / "loadtest" / args.name, payload=args.payload, timeout_s=args.timeout,
@@ -65,8 +67,6 @@ def cmd_loadtest(args: argparse.Namespace, reporter: Reporter) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace, reporter: Reporter) -> int:
-    from builder.tuning.sweep import run_sweep
-
     result = run_sweep(args.name, _url(args), args.protocol, args.max_concurrency,
                        args.out or Path("runs") / "sweep" / args.name, payload=args.payload,
                        repository=_repository(args), levels=args.levels, window_s=args.window,
@@ -86,8 +86,6 @@ def cmd_sweep(args: argparse.Namespace, reporter: Reporter) -> int:
 
 def _raise_if_unreachable(args: argparse.Namespace) -> None:
     """Every request failed: a server that no longer answers is exit 2 (as loadtest's), not a sweep result."""
-    from builder.errors import ServerError
-    from builder.tuning.payload import fetch_model
 
     try:
         fetch_model(_url(args), args.protocol, args.name)
@@ -96,8 +94,6 @@ def _raise_if_unreachable(args: argparse.Namespace) -> None:
 
 
 def cmd_tune(args: argparse.Namespace, reporter: Reporter) -> int:
-    from builder.tuning.tune import run_tune
-
     repository = _repository(args)
     if repository is None:
         raise UserInputError("tune needs the model repository the server serves: pass --repository DIR")

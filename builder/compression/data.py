@@ -15,8 +15,9 @@ import sys
 
 import numpy as np
 
-from builder.data_checks import spec_input
-from builder.errors import UserInputError
+from builder.accuracy.data_checks import classes_outside, data_fault, spec_input
+from builder.accuracy.tensors import score_outputs, top1_hits
+from builder.core.errors import UserInputError
 
 
 def training_output(ctx) -> str | None:
@@ -25,7 +26,6 @@ def training_output(ctx) -> str | None:
     (class ids: the argmax of the logits beside it), the float scores the labels fit best. Never
     merely the first output: of (embedding, logits) the logits. None when no output holds float
     scores of more than one class per label."""
-    from builder.tensors import score_outputs, top1_hits
 
     ref = ctx.reference
     scored = getattr(ref, "top1_output", None)
@@ -77,7 +77,6 @@ def load_training(ctx) -> dict[str, np.ndarray]:
 
 def _check_training_labels(ctx, labels: np.ndarray, where: str) -> None:
     """Class ids for cross-entropy: integers, one per sample, within the trained output's classes."""
-    from builder.data_checks import classes_outside
 
     if not np.issubdtype(labels.dtype, np.integer):
         raise UserInputError(f"data.training: {where}['labels'] is {labels.dtype}; give integer "
@@ -122,7 +121,6 @@ def _check_model_runs(ctx, data: dict[str, np.ndarray], where: str) -> None:
     than failing mid-training (or in a parameter count) with torch's words."""
     import torch
 
-    from builder.data_checks import data_fault
 
     model, spec = getattr(ctx, "model", None), ctx.spec
     if not isinstance(model, torch.nn.Module):

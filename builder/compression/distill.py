@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from builder.compression.prune import task_layer
 from builder.compression.train import Budget, TaskLoss, TrainingData, TrainLog, fine_tune, model_outputs
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 
 
 def import_student(ref: str, spec_dir: Path):
@@ -63,7 +63,7 @@ class _FeatureTap:
 def distill(teacher, student, data: TrainingData, settings, budget: Budget, *, evaluate: Callable[[Any], float],
             progress: Callable[[str], object] | None = None, label: str = "onnx_distilled") -> TrainLog:
     """Train ``student`` (in place) from ``teacher`` within ``budget``. ``settings``:
-    builder.spec_compression.CompressionSpec (temperature, alpha, feature_matching, steps, ...)."""
+    builder.spec.compression.CompressionSpec (temperature, alpha, feature_matching, steps, ...)."""
     import torch
     import torch.nn.functional as F
 

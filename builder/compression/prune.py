@@ -20,7 +20,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from builder.compression.train import Budget, TaskLoss, TrainingData, fine_tune
+from builder.compression.train import Budget, TaskLoss, TrainingData, fine_tune, model_outputs
 
 
 @dataclass
@@ -90,7 +90,6 @@ class _Trace:
     def __init__(self, model, example: list[Any], kinds: tuple, taps=()) -> None:
         import torch
 
-        from builder.compression.train import model_outputs
 
         self.order: list[tuple[Any, Any]] = []  # (module, the grad node of its output), in the order they ran
         self.tapped: list[Any] = []
@@ -174,7 +173,6 @@ def check_prunable(model, example: list[Any], ratio: float) -> None:
     (a path to a returned tensor that output_layers missed): the variant would serve other shapes."""
     import torch
 
-    from builder.compression.train import model_outputs
 
     probe = copy.deepcopy(model).eval()
     _pruner(probe, example, ratio, 1).step()
@@ -206,7 +204,7 @@ def prune_iteratively(model, data: TrainingData, settings, budget: Budget, *, ev
     fine-tuning after each (train.TaskLoss: cross-entropy on ``data``'s task output, ``model``'s other
     float outputs kept); stop at the first step whose accuracy falls below ``floor``, or that
     ``judge`` faults ('' or why: the outputs the labels do not score moved too far), or when
-    ``budget`` is spent. ``settings``: builder.spec_compression.CompressionSpec."""
+    ``budget`` is spent. ``settings``: builder.spec.compression.CompressionSpec."""
     import torch
 
     torch.manual_seed(settings.seed)

@@ -192,8 +192,13 @@ def to_float(model) -> None:
 def quantize_with_onnxruntime(source: Path, dest: Path, feeds: list[dict]) -> str:
     """onnxruntime's static QDQ quantisation of ``source`` (S8 symmetric per-channel weights, U8
     activations, MinMax ranges over ``feeds``) into ``dest``; the recipe as text."""
-    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
-                                          quantize_static)
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     class Reader(CalibrationDataReader):

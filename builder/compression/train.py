@@ -122,7 +122,7 @@ class TrainLog:
 
 def model_outputs(result) -> list[Any]:
     """The tensors a model returns (tensor, tuple/list, dict, nested), flattened in the order
-    builder.runtime.flatten_outputs gives them the spec's output names."""
+    builder.model.runtime.flatten_outputs gives them the spec's output names."""
     import torch
     if isinstance(result, torch.Tensor):
         return [result]

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
+from builder.core.extras import require
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,6 @@ def _pooling(path: Path, where: str) -> tuple[str | None, bool, bool]:
 def read_folder(path: Path, task: Any, origin: str, truncation: bool | None = None) -> Folder:
     """The folder's facts for ``task``; ``truncation`` None: as the folder's users run it (sentence-transformers
     folders truncate at max_seq_length; other folders refuse longer texts, as transformers' pipeline does)."""
-    from builder.extras import require
 
     where = f"{origin}: field 'source.huggingface'"
     chosen = task_named(task, f"{origin}: field 'source.task'")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 import os
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.huggingface.folder import Folder
 
 

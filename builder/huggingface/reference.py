@@ -93,7 +93,7 @@ def _classes(record: dict[str, Any], answers: list, labels: list[str]) -> None:
 
 FP32_SCORE_TOLERANCE = 1e-4  # relative to the largest score: what an FP32 model's scores may differ by
 FP32_COSINE_MINIMUM = 0.9999
-REDUCED_COSINE_MINIMUM = 0.99  # fp16/int8 versions: the embedding task's own bar (builder/task_metrics.py)
+REDUCED_COSINE_MINIMUM = 0.99  # fp16/int8 versions: the embedding task's own bar (builder/accuracy/task_metrics.py)
 
 
 def pipeline_limits(precision: str, rel_l2: float) -> tuple[float, float]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.huggingface.folder import Folder
 from builder.huggingface.images import generated_images, processed, processor_for, read_images
 from builder.huggingface.module import build_module

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from builder import assets
-from builder.errors import UserInputError
-from builder.files import module_from_file
+from builder.core import assets
+from builder.core.errors import UserInputError
+from builder.core.files import module_from_file
 from builder.repository.config import parse_config
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".json")

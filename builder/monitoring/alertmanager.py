@@ -36,11 +36,10 @@ from typing import Any
 
 import yaml
 
-from builder import assets
-from builder.errors import ServerError, UserInputError
+from builder.core import assets
+from builder.core.errors import ServerError, UserInputError
+from builder.core.processes import http_get as _http, run_command
 from builder.monitoring.configured_service import ConfiguredService, find_binary
-from builder.processes import http_get as _http
-from builder.processes import run_command
 
 __all__ = ["DEFAULT_CONFIG", "INSTALL_HINT", "find_alertmanager", "render_config", "check_config",
            "LocalAlertmanager"]

@@ -24,8 +24,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from builder.errors import ServerError
-from builder.processes import LocalService, free_port, http_get
+from builder.core.errors import ServerError
+from builder.core.processes import LocalService, free_port, http_get
+
 
 def find_binary(label: str, env_var: str, names: tuple[str, ...], binary: str | os.PathLike | None,
                 install_hint: str) -> str:

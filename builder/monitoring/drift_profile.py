@@ -19,8 +19,8 @@ from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
-from builder.monitoring.drift import (DEFAULT_THRESHOLDS, PROFILE_FORMAT, PROFILE_VERSION, _bin_categorical,
-                                      _extract, _is_integer, _is_numeric, _positions)
+from builder.monitoring.drift import (DEFAULT_THRESHOLDS, PROFILE_FORMAT, PROFILE_VERSION, _bin_categorical, _extract,
+                                      _is_integer, _is_numeric, _positions)
 
 __all__ = ["build_profile", "profile_text", "save_profile"]
 

@@ -17,9 +17,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from builder import assets
-from builder.errors import ServerError
-from builder.processes import LocalService, free_port, port_open, refuse_taken_ports
+from builder.core import assets
+from builder.core.errors import ServerError
+from builder.core.processes import LocalService, free_port, port_open, refuse_taken_ports
+from builder.serving import control_key
 
 __all__ = ["LocalExporter"]
 
@@ -123,8 +124,6 @@ class LocalExporter(LocalService):
         return assets.monitoring_dir()
 
     def _control_key(self) -> str | None:
-        from builder.serving import control_key
-
         return control_key.key_for(self.triton_url.split("://")[-1].rstrip("/"))
 
     def _env(self) -> dict[str, str]:

@@ -63,12 +63,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
-from builder import assets
-from builder.errors import ServerError, UserInputError
-from builder.monitoring.local_exporter import LocalExporter
+from builder.core import assets
+from builder.core.errors import ServerError, UserInputError
+from builder.core.processes import http_get as _http, refuse_taken_ports, stop_signals
 from builder.monitoring.configured_service import ConfiguredService, find_binary
-from builder.processes import http_get as _http
-from builder.processes import refuse_taken_ports, stop_signals
+from builder.monitoring.local_exporter import LocalExporter
 
 __all__ = [
     "DEFAULT_CONFIG",

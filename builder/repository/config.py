@@ -16,10 +16,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder import assets
-from builder.errors import BuilderError, InternalError, UserInputError, unknown_choice
-from builder.spec import NAME_PATTERN, TRITON_DTYPES
-from builder.spec_fields import TENSOR_NAME_PATTERN
+from builder.core import assets
+from builder.core.errors import BuilderError, InternalError, UserInputError, unknown_choice
+from builder.spec.fields import TENSOR_NAME_PATTERN
+from builder.spec.model import NAME_PATTERN, TRITON_DTYPES
 
 INSTANCE_KINDS = ("KIND_CPU", "KIND_GPU", "KIND_AUTO")
 # python backend parameter: the scalars of a model without a batch dimension (names, comma-separated)

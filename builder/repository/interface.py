@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.repository.config import TensorConfig, parse_config
 from builder.repository.layout import existing_versions, model_dir
-from builder.spec import TRITON_DTYPES
+from builder.repository.metadata import read_metadata
+from builder.spec.model import TRITON_DTYPES
 
 Tensor = tuple[str, str | None, list[int], list[int] | None]  # name, data_type (None: unknown), dims, reshape
 
@@ -152,7 +153,6 @@ def interface_change(repository: Path, name: str, config_text: str,
     config_path = folder / "config.pbtxt"
     if not existing or not config_path.is_file():
         return None
-    from builder.repository.metadata import read_metadata
 
     new = parse_config(config_text)
     new_interface = config_interface(new)

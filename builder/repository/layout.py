@@ -14,7 +14,7 @@ version folder is renamed into place (it never replaces an existing version), th
 replaced atomically - only when the new version is the highest: one published below a higher version
 (``draft.config_replaced`` False, ``draft.note`` says so) leaves the config the higher one is served
 with. On error the staging folder is removed and the repository is as it was; a staging folder a
-killed build left is owned by nobody and removed by the next publish (builder/scratch.py).
+killed build left is owned by nobody and removed by the next publish (builder/core/scratch.py).
 """
 
 from __future__ import annotations
@@ -27,12 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from builder.errors import UserInputError
-from builder.scratch import OwnedFolder, staging_parent, staging_prefix, sweep
+from builder.core.errors import UserInputError
+from builder.core.scratch import WORK_PREFIX, OwnedFolder, staging_parent, staging_prefix, sweep
 
 RESERVATION_FILE = "reserved-version"  # in a staging folder: the model name and version, a line each
-from builder.spec import validate_model_name
-
+from builder.spec.model import validate_model_name
 
 #: deploy.monitor (builder/repository/monitored.py): ensemble <name> over <name>__model and <name>__monitor
 MODEL_SUFFIX = "__model"
@@ -410,3 +409,28 @@ def publish_version(repository: Path, name: str, version: int | None = None,
                 _place_model_files(root, target_model, draft.model_files)  # before the config that reads them
                 os.replace(staged_model / "config.pbtxt", target_model / "config.pbtxt")
         draft.path = destination
+
+
+def clean(repository: Path | None = None) -> list[Path]:
+    """Every scratch folder a dead build left: work folders in the temp dir and, with a repository,
+    its staging folders. Returns what was removed (``triton-builder clean``). ``repository`` must be
+    one (UserInputError otherwise, before anything is removed): its staging folders are looked for
+    beside it, and "nothing to clean" for a mistyped path would hide the mistake."""
+    if repository is not None:
+        repository = require_model_repository(repository)
+    removed = sweep(Path(tempfile.gettempdir()), WORK_PREFIX)
+    if repository is not None:
+        removed += sweep(staging_parent(repository), staging_prefix(repository))
+    return removed
+
+
+MODEL_FILES = {"onnx": "model.onnx", "torchscript": "model.pt", "openvino": "model.xml", "plan": "model.plan"}
+
+
+def companion_name(model_name: str, main: Path, companion: Path) -> str:
+    """A companion's name in the version folder: ONNX external data keeps its suffix after the main
+    file's name (``model.onnx.data``), a file sharing the main file's stem keeps its extension (an
+    OpenVINO IR's ``model.bin`` beside ``model.xml``)."""
+    if companion.name.startswith(main.name):
+        return model_name + companion.name[len(main.name):]
+    return Path(model_name).stem + companion.name[len(main.stem):]

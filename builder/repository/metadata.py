@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 
 
 def library_versions() -> dict[str, str]:

@@ -29,13 +29,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from builder import assets
-from builder.errors import UserInputError
+from builder.core import assets
+from builder.core.errors import UserInputError
 from builder.repository.config import (DynamicBatching, InstanceGroup, ModelConfig, TensorConfig, render_config,
                                        render_template)
 from builder.repository.layout import (MODEL_SUFFIX, MONITOR_SUFFIX, _repository_lock, atomic_write, is_monitored,
                                        model_dir, publish_version)
-from builder.spec import DeploySpec
+from builder.spec.model import DeploySpec
 
 #: the monitor step's input for model output X is X + PASSED_SUFFIX (templates/monitor/model.py reads it)
 PASSED_SUFFIX = "__model"

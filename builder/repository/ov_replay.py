@@ -32,7 +32,7 @@ def main(model, reference, out, input_names, output_names):
     try:
         core = ov.Core()
         ir = core.read_model(model)
-        mark = ["triton_builder", "inference_precision"]  # builder/openvino_tools.py F32_MARK: f32 only where marked
+        mark = ["triton_builder", "inference_precision"]  # builder/optimise/openvino_tools.py F32_MARK: f32 only where marked
         try:
             f32 = ir.has_rt_info(mark) and ir.get_rt_info(mark).astype(str) == "f32"
         except (AttributeError, TypeError, RuntimeError):  # an older OpenVINO's rt_info API: not marked

@@ -30,7 +30,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from builder import assets
+from builder.core import assets
+from builder.core.files import sha256_file
 from builder.repository.config import DynamicBatching, InstanceGroup, ModelConfig, TensorConfig, render_config
 from builder.repository.layout import MODEL_SUFFIX, POSTPROCESS_SUFFIX, PREPROCESS_SUFFIX, publish_version
 from builder.repository.monitored import EnsembleConfig, EnsembleStep, publish_ensemble, render_ensemble
@@ -179,7 +180,6 @@ def _step_files(config: ModelConfig, pipeline: HuggingFacePipeline) -> dict[str,
 def step_file_hashes(name: str, model: ModelConfig, pipeline: HuggingFacePipeline) -> dict[str, str]:
     """``<step>/<file>`` -> sha256 of every file the steps of a version are published with: recorded in the model
     version's metadata, so that `validate` finds a step file changed after the build."""
-    from builder.files import sha256_file
 
     return {f"{config.name}/{file_name}": sha256_file(Path(source))
             for config in step_configs(name, model, pipeline) for file_name, source in _step_files(config, pipeline).items()}

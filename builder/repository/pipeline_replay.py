@@ -20,13 +20,12 @@ from typing import Callable
 
 import numpy as np
 
-from builder.files import module_from_file
+from builder.core.files import module_from_file, sha256_file
 from builder.huggingface.reference import compare_pipeline, pipeline_limits
 from builder.huggingface.texts import published_encoder
 from builder.repository.config import parse_config
 from builder.repository.layout import existing_versions
 from builder.repository.pipeline import REFERENCE_FILE, pipeline_names
-
 
 
 def _step_module(version_folder: Path, file_name: str = "text_steps.py"):
@@ -56,7 +55,6 @@ def _folded_labels(outputs: dict) -> dict[str, np.ndarray] | None:
 
 def changed_step_files(root: Path, version: int, recorded: dict[str, str]) -> list[str]:
     """The step files beside model version ``version`` whose sha256 differs from its record (or that are gone)."""
-    from builder.files import sha256_file
 
     changed = []
     for relative, digest in sorted(recorded.items()):

@@ -29,7 +29,12 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
+from builder.core.extras import require
+from builder.repository.metadata import read_metadata
+from builder.repository.signing import (KEY_ENV, PASSWORD_ENV, SIGNATURE_FILE, SIGNED_CONFIG,
+                                        public_key as public_key_path, verify_version)
+from builder.repository.validate import hash_failures
 
 #: what identifies the build of a version in its metadata.yaml's spec (the interface it was built for)
 SPEC_KEYS = ("inputs", "outputs", "max_batch_size")
@@ -63,13 +68,11 @@ def verifying_key(public_key: str | Path | None, signing_key, repository: Path) 
     """The public key to verify candidates' signatures with: ``public_key`` (or $TRITON_BUILDER_PUBLIC_KEY),
     else the public half of ``signing_key`` (a SigningKey: what select signs with must only vouch for
     what it signed before), written to a temporary file outside the repository; None: neither given."""
-    from builder.repository.signing import PASSWORD_ENV, public_key as public_key_path
 
     given = public_key_path(public_key, repository)
     if given is not None or signing_key is None:
         yield given
         return
-    from builder.extras import require
     require("cryptography", "verifying signed versions")
     from cryptography.hazmat.primitives import serialization
 
@@ -91,9 +94,6 @@ def integrity_failure(folder: Path, number: int, key: Path | None, signed_reposi
     """"" where the version in ``folder`` (number ``number``) is what was published: every file in
     metadata.yaml's files_sha256 present with that sha256, and, where ``key`` is given, its signature
     valid for ``key`` (``signed_repository``: unsigned is a failure too). Else the failure, naming the file."""
-    from builder.repository.metadata import read_metadata
-    from builder.repository.signing import KEY_ENV, SIGNATURE_FILE, SIGNED_CONFIG, verify_version
-    from builder.repository.validate import hash_failures
 
     failures = hash_failures(folder, read_metadata(folder / "metadata.yaml").get("files_sha256") or {})
     if failures:

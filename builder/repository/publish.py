@@ -19,29 +19,28 @@ import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
-from builder import assets
-from builder.errors import UserInputError, VerificationError
-from builder.repository.config import (DynamicBatching, InstanceGroup, ModelConfig, TensorConfig, Warmup,
-                                       WarmupInput, backend_for, backend_info, render_config)
-from builder.tensorrt.gpu_config import gpu_optimization
+from builder.core import assets
+from builder.core.errors import UserInputError, VerificationError
+from builder.core.files import sha256_file
+from builder.repository.config import (DynamicBatching, InstanceGroup, ModelConfig, TensorConfig, Warmup, WarmupInput,
+                                       backend_for, backend_info, render_config)
 from builder.repository.description import FileContent, VersionDescription
 from builder.repository.interface import interface_change
-from builder.repository.layout import Reservation, publish_version
+from builder.repository.layout import MODEL_FILES, Reservation, companion_name, publish_version
 from builder.repository.metadata import write_metadata
 from builder.repository.signing import SIGNED_CONFIG, sign_version
 from builder.repository.warmup import warmup_failure
 from builder.repository.warmup_data import with_reference_warmup
-from builder.files import sha256_file
-from builder.spec import TRITON_DTYPES, ModelSpec
+from builder.spec.model import TRITON_DTYPES, ModelSpec
+from builder.tensorrt.gpu_config import gpu_optimization
 
 RUNTIME_FOR_FORMAT = {"onnx": "onnxruntime", "torchscript": "torchscript", "openvino": "openvino"}
-MODEL_FILES = {"onnx": "model.onnx", "torchscript": "model.pt", "openvino": "model.xml", "plan": "model.plan"}
 
 
 def config_for(spec: ModelSpec, variant_format: str, target: str, name: str,
                output_signature: dict[str, tuple[str, list[int]]], backend: str | None = None,
                sizing: tuple[int, int] | None = None, queue_delay_us: int | None = None) -> ModelConfig:
-    """``sizing`` (instances, intra_op_threads), from builder/host.py serving_size, applies on a CPU
+    """``sizing`` (instances, intra_op_threads), from builder/core/host.py serving_size, applies on a CPU
     target unless the spec sets deploy.instances itself; ``queue_delay_us`` (host.size_queue_delay) on
     a CPU target unless the spec sets deploy.max_queue_delay_microseconds."""
     backend = backend or backend_for(target, variant_format)
@@ -86,13 +85,6 @@ def _model_file_for(variant_format: str) -> str:
     return MODEL_FILES[variant_format]
 
 
-def companion_name(model_name: str, main: Path, companion: Path) -> str:
-    """A companion's name in the version folder: ONNX external data keeps its suffix after the main
-    file's name (``model.onnx.data``), a file sharing the main file's stem keeps its extension (an
-    OpenVINO IR's ``model.bin`` beside ``model.xml``)."""
-    if companion.name.startswith(main.name):
-        return model_name + companion.name[len(main.name):]
-    return Path(model_name).stem + companion.name[len(main.stem):]
 
 
 def python_backend_files(config: ModelConfig) -> dict[str, Path]:

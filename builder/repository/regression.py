@@ -23,7 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from builder.errors import UserInputError
+from builder.accuracy.tensors import UNMEASURED, compare_outputs, merge_case_metrics
+from builder.core.errors import UserInputError
+from builder.model.measure import AFTER_SLOW_START, measure_round_robin, warm_up
+from builder.model.runtime import open_runner
+from builder.repository.layout import existing_versions
+from builder.repository.metadata import numeric_output_names, read_metadata, read_reference
 
 LIMIT_KEYS = {"latency": "percent slower", "accuracy": "percentage points lost", "rel_l2": "relative L2 distance"}
 
@@ -98,11 +103,6 @@ def compare_with_previous(model_folder: Path, version: int, limits: dict[str, fl
                           clock: Callable[[], float] = time.perf_counter) -> RegressionCheck | None:
     """The comparison of ``version`` with the version before it (None when it is the first); ``clock``
     times the latency windows (injectable: tests)."""
-    from builder.measure import AFTER_SLOW_START, measure_round_robin, warm_up
-    from builder.repository.layout import existing_versions
-    from builder.repository.metadata import numeric_output_names, read_metadata, read_reference
-    from builder.runtime import open_runner
-    from builder.tensors import compare_outputs, merge_case_metrics
 
     limits = limits or {}
     older = [v for v in existing_versions(model_folder) if v < version]
@@ -148,8 +148,6 @@ def compare_with_previous(model_folder: Path, version: int, limits: dict[str, fl
 
 
 def _gate(check: RegressionCheck, limits: dict[str, float]) -> None:
-    from builder.tensors import UNMEASURED
-
     if "rel_l2" in limits:
         for name, m in check.outputs.items():
             # missing, reshaped or NaN/Inf in some case: no distance there, whatever the other cases read
@@ -180,7 +178,6 @@ def regression_vs_previous(model_folder: Path, version: int, limits: dict[str, f
                                                        "the --max-regression limits were not applied")
         return check
     except Exception as err:  # noqa: BLE001 - an old version built by an older triton-builder, a missing file
-        from builder.repository.layout import existing_versions
         previous = max((v for v in existing_versions(model_folder) if v < version), default=0)
         check = RegressionCheck(version, previous, skipped=f"{type(err).__name__}: {err}")
         if limits:

@@ -14,12 +14,15 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
-from builder.errors import UserInputError
-from builder.repository.config import thread_parameter
+from builder.core.errors import BuilderError, UserInputError
+from builder.repository.config import (DynamicBatching, ModelConfig, TensorConfig, config_as_dict, parse_config,
+                                       thread_parameter)
 from builder.repository.description import VersionDescription
 from builder.repository.layout import is_monitored, latest_version, model_dir, not_in_repository, reserve_version
 from builder.repository.metadata import read_metadata
+from builder.repository.publish import publish_model
 from builder.repository.rollback import restore_policy
+from builder.repository.signing import require_key_if_signed, resolve_signing_key
 from builder.repository.warmup_data import read_warmup_files
 
 COPIED_EXTRAS = ("drift_profile.json",)  # besides reference.npz: copied with the model files
@@ -43,7 +46,6 @@ def renamed_config(winner_model: Path, name: str, sizing: tuple[int, int | None]
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
-    from builder.repository.config import DynamicBatching, ModelConfig, TensorConfig, parse_config
 
     where = str(winner_model / "config.pbtxt")
     message = parse_config(text if text is not None else Path(where).read_text(), where)
@@ -67,25 +69,8 @@ def renamed_config(winner_model: Path, name: str, sizing: tuple[int, int | None]
     return text_format.MessageToString(message), config
 
 
-def resolve_signing_key(value, repository: Path):
-    """A SigningKey from ``value`` (a PEM path, a SigningKey, or None: $TRITON_BUILDER_SIGNING_KEY), or None."""
-    from builder.repository.signing import SigningKey, signing_key
-
-    return value if isinstance(value, SigningKey) else signing_key(value, repository)
 
 
-def require_key_if_signed(repository: Path, name: str, key) -> None:
-    """Refuse to publish an unsigned version on top of a signed latest one: the new version would be the
-    served one, and `serve --require-signature` would then refuse the whole repository."""
-    from builder.repository.signing import KEY_ENV, SIGNATURE_FILE
-
-    main = model_dir(repository, name)
-    number = latest_version(main) if main.is_dir() else None
-    if key is not None or number is None or not (main / str(number) / SIGNATURE_FILE).is_file():
-        return
-    raise UserInputError(f"{main / str(number) / SIGNATURE_FILE}: {name} version {number} is signed, but no signing "
-                         f"key was given, so the new version would be published unsigned (validate and serve "
-                         f"--require-signature refuse it); pass --signing-key PEM or set ${KEY_ENV}")
 
 
 def refuse_monitored(repository, name: str) -> None:
@@ -100,7 +85,6 @@ def republish(repository, name, model_format, model_files, runtime, extra, recor
               key=None) -> dict[str, Any]:
     """A new version of ``name`` from these parts, signed while staged when ``key`` is given (as build does);
     ``source``: the model folder ``text`` was taken from (its warm-up files travel with it)."""
-    from builder.repository.publish import publish_model
 
     refuse_monitored(repository, name)
     warmup_files = read_warmup_files(source, text)  # before a version is reserved: a missing file is the user's
@@ -121,8 +105,6 @@ def publish_tuned(repository: str | Path, name: str, config_text: str, tuning: d
     must stay: BuilderError otherwise)."""
     import json
 
-    from builder.errors import BuilderError
-    from builder.repository.config import config_as_dict
 
     repository = Path(repository)
     signer = resolve_signing_key(signing_key, repository)

@@ -12,13 +12,13 @@ reference.npz, which another model - or a tampered one - passes as well. The ser
 those checks refuses the whole select. Each candidate is replayed against its version's reference.npz (else
 ``<name>``'s latest version's; the candidate's own tolerance) and measured in-process here; the best
 by the build's objective (throughput or latency; a candidate further from the reference only when it is
-faster by more than the noise: builder/objective.py prefer_accurate) is published with this host's profile, its
-serving size (builder/host.py size_serving; only where the build sized it, not where the spec set
+faster by more than the noise: builder/model/objective.py prefer_accurate) is published with this host's profile, its
+serving size (builder/core/host.py size_serving; only where the build sized it, not where the spec set
 deploy.instances, `tune --publish` chose it on the running server, or the target is a GPU), its batching
 delay re-sized from the winner measured here at batch 1 and at a larger batch (host.size_queue_delay; only
 where the build sized the delay, not where the spec set it) and these measurements as its metadata.yaml
 ``benchmark`` (the build host's figures under ``benchmark_on_build_host``, with that host). Objective
-``tradeoff`` ranks by the build's J (builder/objective.py: the candidate's build-time accuracy, its p50
+``tradeoff`` ranks by the build's J (builder/model/objective.py: the candidate's build-time accuracy, its p50
 measured here, its recorded peak memory, the weights the build used). Where the winner,
 the size and the delay are what the latest version already serves, measured on a host like this one, nothing is
 published. Republishing the files (also `tune --publish`): builder/repository/republish.py.
@@ -38,16 +38,19 @@ from typing import Any, Callable
 
 import numpy as np
 
-from builder.errors import UserInputError
-from builder.host import compare_hosts, host_profile, size_queue_delay, size_serving
-from builder.objective import prefer_accurate, speed, tradeoff_terms
+from builder.accuracy.tensors import compare_outputs, merge_case_metrics, tolerance_failures, worst_metric
+from builder.core.errors import UserInputError
+from builder.core.host import compare_hosts, host_profile, size_queue_delay, size_serving
+from builder.model.measure import AFTER_SLOW_START, measure, warm_up
+from builder.model.objective import prefer_accurate, speed, tradeoff_terms
+from builder.model.runtime import open_runner
 from builder.repository.layout import existing_versions, latest_version, model_dir, not_in_repository, require_writable
 from builder.repository.metadata import read_metadata, read_reference
 from builder.repository.provenance import build_difference, integrity_failure, verifying_key
-# publish_tuned, resolve_signing_key: imported from here by tune (builder/tuning/tune.py)
-from builder.repository.republish import (COPIED_EXTRAS, TUNED, publish_tuned, refuse_monitored, renamed_config,  # noqa: F401
-                                          republish, require_key_if_signed, resolve_signing_key, version_model_files)
-from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures, worst_metric
+from builder.repository.republish import (COPIED_EXTRAS, TUNED, refuse_monitored, renamed_config, republish,
+                                          version_model_files)
+from builder.repository.signing import SIGNATURE_FILE, require_key_if_signed, resolve_signing_key
+from builder.spec.model import TRADEOFF_DEFAULTS
 
 # measure(candidate label, runner, batch-1 inputs, threads) -> {"throughput": inferences/s, "p50_ms": ...}
 Measure = Callable[[str, Callable, dict[str, np.ndarray], int], dict[str, float]]
@@ -62,7 +65,7 @@ class Candidate:
     meta: dict[str, Any]
     measured: dict[str, float] = field(default_factory=dict)
     excluded: str = ""
-    runner: Callable | None = field(default=None, repr=False)  # the variant opened here (builder/runtime.py)
+    runner: Callable | None = field(default=None, repr=False)  # the variant opened here (builder/model/runtime.py)
     rel_l2: float | None = None  # worst rel L2 of its replay against the reference (None: verified by task accuracy)
 
 
@@ -98,11 +101,10 @@ class SelectReport:
 
 
 def default_measure(seconds: float = 2.0, clock: Callable[[], float] | None = None) -> Measure:
-    """Batch-1 throughput and p50 latency in-process (builder/measure.py's warm-up and stability rule;
+    """Batch-1 throughput and p50 latency in-process (builder/model/measure.py's warm-up and stability rule;
     ``clock`` times the windows, injectable: tests)."""
     import time
 
-    from builder.measure import AFTER_SLOW_START, measure, warm_up
 
     def run(label: str, runner: Callable, inputs: dict[str, np.ndarray], threads: int) -> dict[str, float]:
         warm_up(lambda: runner(inputs))
@@ -147,7 +149,6 @@ def _checked_candidates(repository: Path, name: str, number: int, served: dict[s
     integrity_failure: files_sha256, the signature where there is a key) before anything is replayed:
     select copies the winner and signs the copy, so a tampered version would come out re-signed. The
     served version failing it refuses the whole select (UserInputError)."""
-    from builder.repository.signing import SIGNATURE_FILE
 
     main = model_dir(repository, name)
     served_folder = main / str(number)
@@ -181,7 +182,6 @@ def _score(measured: dict[str, float], objective: str) -> float:
 def _weights(served: dict[str, Any]) -> dict[str, float]:
     """J's weights as the build used them: metadata's selection.weights, else those in the served
     variant's benchmark, else the spec's defaults."""
-    from builder.spec import TRADEOFF_DEFAULTS
 
     recorded = (served.get("selection") or {}).get("weights") or (_build_benchmark(served).get("tradeoff") or {})
     return {k: float(recorded.get(k, v)) for k, v in TRADEOFF_DEFAULTS.items()}
@@ -211,7 +211,6 @@ def select_for_host(repository: str | Path, name: str, *, measure: Measure | Non
     ``signing_key`` (a PEM path or SigningKey; default $TRITON_BUILDER_SIGNING_KEY) signs the new version;
     ``public_key`` (default $TRITON_BUILDER_PUBLIC_KEY, else the signing key's public half) verifies the
     signatures of the served version and the candidates first."""
-    from builder.runtime import open_runner
 
     repository = Path(repository)
     key = resolve_signing_key(signing_key, repository)  # a bad key fails before any measuring

@@ -30,7 +30,6 @@ Usage::
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -39,12 +38,17 @@ from typing import Any, Callable
 
 import yaml
 
-from builder.errors import UserInputError, VerificationError
-from builder.repository.layout import (MODEL_SUFFIX, _repository_lock, atomic_write, existing_versions,
-                                       is_monitored, model_dir, not_in_repository, require_writable)
+from builder.core.errors import UserInputError, VerificationError
+from builder.repository.config import parse_config
+from builder.repository.layout import (MODEL_SUFFIX, _repository_lock, atomic_write, existing_versions, is_monitored,
+                                       model_dir, not_in_repository, require_writable)
+from builder.repository.metadata import read_metadata
+from builder.repository.signing import (RECORD_FILE, RECORD_SIGNATURE, SIGNATURE_FILE, SIGNED_CONFIG,
+                                        public_key as find_public_key, read_record, resolve_signing_key, sha256_text,
+                                        sign_version)
+from builder.repository.validate import validate_model
+from builder.storage.s3 import policy_versions
 
-RECORD_FILE = "rollout.yaml"
-RECORD_SIGNATURE = "rollout.sig"
 HISTORY_LIMIT = 200  # rollbacks kept in the record (the versions' own publish dates are never lost)
 
 
@@ -76,13 +80,10 @@ class RollbackReport:
         return out
 
 
-def sha256_text(text: str | bytes) -> str:
-    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
 
 
 def served_versions(config_text: str, available, where: str = "config.pbtxt") -> list[int]:
     """The versions Triton serves from ``available`` under the config's version_policy."""
-    from builder.storage.s3 import policy_versions
     return policy_versions(config_text, available, where)
 
 
@@ -90,7 +91,6 @@ def policy_text(config_text: str) -> str | None:
     """The version_policy of a config as text (None: unset, Triton's default latest 1)."""
     from google.protobuf import text_format
 
-    from builder.repository.config import parse_config
     config = parse_config(config_text)
     if not config.HasField("version_policy"):
         return None
@@ -101,22 +101,12 @@ def pinned_config(config_text: str, version: int, header: str, where: str = "con
     """``config_text`` serving only ``version``: version_policy specific [version], ``header`` above it."""
     from google.protobuf import text_format
 
-    from builder.repository.config import parse_config
     config = parse_config(config_text, where)
     config.version_policy.Clear()
     config.version_policy.specific.versions.append(int(version))
     return "".join(f"# {line}\n" for line in header.splitlines()) + text_format.MessageToString(config)
 
 
-def read_record(folder: Path) -> dict[str, Any]:
-    path = Path(folder) / RECORD_FILE
-    if not path.is_file():
-        return {}
-    try:
-        record = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError:
-        return {}
-    return record if isinstance(record, dict) else {}
 
 
 def restore_policy(folder: Path, config) -> bool:
@@ -139,7 +129,6 @@ def restore_policy(folder: Path, config) -> bool:
 
 
 def _version_dates(folder: Path, versions: list[int]) -> list[dict[str, Any]]:
-    from builder.repository.metadata import read_metadata
     events = []
     for number in versions:
         try:
@@ -201,9 +190,6 @@ def rollback_model(repository: str | Path, name: str, to: int | None = None, *, 
     ``repository``; see the module doc. Raises UserInputError (no such model/version, a signed repository
     without a key, an unwritable repository) or VerificationError (the version fails validate); nothing is
     written then."""
-    from builder.repository.republish import resolve_signing_key
-    from builder.repository.signing import SIGNATURE_FILE, SIGNED_CONFIG, public_key as find_public_key
-    from builder.repository.validate import validate_model
 
     root = Path(repository)
     if not (root / name / "config.pbtxt").is_file():
@@ -277,32 +263,13 @@ def _public_half(key) -> Path | None:
 def _write_signature(root: Path, folder: Path, body: str, key) -> None:
     """Sign ``body`` as ``rollout.yaml`` (in a temp folder of the same name, so the signature names it) and put
     the signature beside the record."""
-    from builder.repository.signing import sign_version
 
     scratch = Path(tempfile.mkdtemp(prefix="triton-builder-rollout-"))
     try:
         (scratch / RECORD_FILE).write_text(body)
         sign_version(scratch, key)
-        from builder.repository.signing import SIGNATURE_FILE
         atomic_write(root, folder / RECORD_SIGNATURE, (scratch / SIGNATURE_FILE).read_bytes())
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def record_vouches(folder: Path, config_bytes: bytes, key: Path) -> list[str]:
-    """Failures ([] when the signed rollout record of model ``folder`` vouches for ``config_bytes``)."""
-    from builder.repository.signing import SIGNATURE_FILE, verify_version
-
-    record_path, signature = Path(folder) / RECORD_FILE, Path(folder) / RECORD_SIGNATURE
-    if not record_path.is_file() or not signature.is_file():
-        return ["no signed rollout record"]
-    if read_record(folder).get("config_sha256") != sha256_text(config_bytes):
-        return [f"{RECORD_FILE}: names another config.pbtxt (its config_sha256 differs)"]
-    scratch = Path(tempfile.mkdtemp(prefix="triton-builder-rollout-"))
-    try:
-        shutil.copyfile(record_path, scratch / RECORD_FILE)
-        shutil.copyfile(signature, scratch / SIGNATURE_FILE)
-        return [line.replace(f"version 0: {SIGNATURE_FILE}", RECORD_SIGNATURE)
-                for line in verify_version(scratch, 0, key)]
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)

@@ -30,10 +30,15 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any, Callable
 
-from builder.errors import BuilderError
+from builder.accuracy.tensors import compare_outputs, merge_case_metrics, tolerance_failures, worst_metric
+from builder.core.errors import BuilderError
+from builder.core.processes import run_command
+from builder.core.side_env import cache_root, cached_virtualenv
+from builder.model.runtime import open_runner
+from builder.optimise.openvino_tools import ir_opsets
+from builder.repository.metadata import numeric_output_names, read_metadata, read_reference
 from builder.repository.triton_releases import (OPENVINO_MAX_OPSET, Runtime, TritonRelease, libtorch_failure,
                                                 onnx_runtime_for, triton_release)
-from builder.side_env import cache_root, cached_virtualenv
 
 INSTALL_TIMEOUT_S = 600
 REPLAY_TIMEOUT_S = 600
@@ -47,7 +52,7 @@ def runtimes_root() -> Path:
 def side_python(version: str, progress: Callable[[str], object] = lambda m: None,
                 package: str = "onnxruntime") -> Path:
     """The interpreter of a cached virtualenv holding ``package``==``version`` (onnxruntime, or openvino) and
-    numpy; built on first use (builder/side_env.py: a killed install leaves no half env)."""
+    numpy; built on first use (builder/core/side_env.py: a killed install leaves no half env)."""
     home = runtimes_root() / f"{package}-{version}"
     if not (home / "ready").is_file():
         progress(f"installing {package} {version} into {home} (once; reused afterwards) ...")
@@ -110,7 +115,6 @@ def _explain_load_error(text: str, release: Runtime) -> str:
 def runtime_gate(folder: Path, meta: dict[str, Any], release_name: str,
                  progress: Callable[[str], object] = lambda m: None) -> tuple[list[str], list[str]]:
     """(failures, notes) for the version in ``folder`` against Triton ``release_name``."""
-    from builder.repository.metadata import read_reference
 
     release = triton_release(release_name)
     artifact = meta["artifact"]
@@ -149,8 +153,6 @@ def _replay(python: Path, script_name: str, model: Path, folder: Path, meta: dic
             runtime: str) -> tuple[str | None, list[dict[str, Any]]]:
     """(load error or None, the outputs per reference case) of ``model`` run by ``script_name`` (a standalone
     replay script of this package) under the side environment's ``python``."""
-    from builder.processes import run_command
-    from builder.repository.metadata import numeric_output_names
 
     script = files("builder.repository").joinpath(script_name)
     output_names = numeric_output_names(meta)  # np.load without pickle: numbers only
@@ -175,7 +177,6 @@ def _replay(python: Path, script_name: str, model: Path, folder: Path, meta: dic
 def _compared(reference: list[dict[str, Any]], meta: dict[str, Any], got: list[dict[str, Any]],
               label: str) -> tuple[list[str], float]:
     """(failures beyond the build's tolerance, worst rel L2) of ``got`` against reference.npz's outputs."""
-    from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures, worst_metric
 
     metrics = merge_case_metrics([compare_outputs(ref, run) for ref, run in zip(reference, got)])
     tolerance = (meta.get("verification") or {}).get("tolerance") or {"rel_l2": 1e-5}
@@ -189,8 +190,6 @@ def torchscript_gate(folder: Path, meta: dict[str, Any], release: TritonRelease)
     a replay with this environment's torch (the python backend runs the torch docker/triton installs)."""
     import torch
 
-    from builder.repository.metadata import read_reference
-    from builder.runtime import open_runner
 
     artifact = meta["artifact"]
     saved_by = (meta.get("versions") or {}).get("torch") or torch.__version__
@@ -210,7 +209,6 @@ def torchscript_gate(folder: Path, meta: dict[str, Any], release: TritonRelease)
 
 def ir_failures(xml: Path, release: TritonRelease) -> list[str]:
     """The OpenVINO opsets of an IR that ``release``'s openvino backend cannot read, with the fix."""
-    from builder.openvino_tools import ir_opsets
 
     limit = OPENVINO_MAX_OPSET.get(release.openvino)
     too_new = [n for n in ir_opsets(xml) if limit is not None and n > limit]
@@ -226,7 +224,6 @@ def openvino_gate(folder: Path, meta: dict[str, Any], release: TritonRelease,
     """An OpenVINO IR version: Triton's openvino backend must read its opsets, and R's OpenVINO (from PyPI,
     in a side environment) must reproduce reference.npz; the python backend runs the openvino the image
     installs (docker/triton --build-arg OPENVINO_VERSION)."""
-    from builder.openvino_tools import ir_opsets
 
     xml = folder / meta["artifact"]["file"]
     built_with = (meta.get("versions") or {}).get("openvino", "?")
@@ -236,7 +233,6 @@ def openvino_gate(folder: Path, meta: dict[str, Any], release: TritonRelease,
     failures = ir_failures(xml, release)
     if failures:
         return failures, []
-    from builder.repository.metadata import read_reference
 
     _, reference = read_reference(folder / "reference.npz")
     python = side_python(release.openvino, progress, package="openvino")
@@ -253,7 +249,6 @@ def openvino_gate(folder: Path, meta: dict[str, Any], release: TritonRelease,
 def gate_version(check: Any, folder: Path, release_name: str, progress: Callable[[str], object]) -> None:
     """Add the gate's failures and notes to validate's VersionCheck ``check`` (a version that already
     failed or was skipped is left as it is)."""
-    from builder.repository.metadata import read_metadata
 
     if check.failures or check.skipped:
         return

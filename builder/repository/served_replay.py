@@ -1,5 +1,5 @@
 """Replay the served code path of a version before it is published. Verification runs each variant with
-the builder's own runners (builder/runtime.py); Triton's python backend runs the version's model.py
+the builder's own runners (builder/model/runtime.py); Triton's python backend runs the version's model.py
 instead, which feeds, reshapes and names tensors its own way. So for a python-backend version, its real
 model.py is imported here with a stand-in ``triton_python_backend_utils`` (pb_utils_stand_in.py),
 initialized with the config as Triton passes it, and executed on one request per reference case
@@ -31,15 +31,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from builder.accuracy.tensors import compare_outputs, from_wire, merge_case_metrics, to_wire, tolerance_failures
+from builder.core.scratch import OwnedFolder, sweep
+from builder.model.runtime import open_runner
 from builder.repository import pb_utils_stand_in
 from builder.repository.config import SCALAR_TENSORS, config_as_dict, render_config
+from builder.repository.layout import MODEL_FILES, companion_name
+from builder.repository.metadata import read_reference
 from builder.repository.warmup_data import WARMUP_FOLDER, warmup_array
 
 if TYPE_CHECKING:
     from builder.repository.description import VersionDescription
 
 _MODULE_NUMBERS = itertools.count()
-REPLAY_PREFIX = "triton-builder-served-replay-"  # the replay's temp folder, owned (builder/scratch.py)
+REPLAY_PREFIX = "triton-builder-served-replay-"  # the replay's temp folder, owned (builder/core/scratch.py)
 
 
 def served_path_failures(description: "VersionDescription") -> list[str]:
@@ -51,7 +56,6 @@ def served_path_failures(description: "VersionDescription") -> list[str]:
         return _onnx_interface_failures(description.model_files[0], config)
     if backend != "python" or "model.py" not in description.runtime_files or not description.model_files:
         return []
-    from builder.scratch import OwnedFolder, sweep
 
     root = Path(tempfile.gettempdir())
     sweep(root, REPLAY_PREFIX)  # those a killed build left (its lock is gone with it)
@@ -89,8 +93,6 @@ def _onnx_interface_failures(path: Path, config: dict[str, Any]) -> list[str]:
 
 
 def _replay(description: "VersionDescription", config: dict[str, Any], tmp: Path) -> list[str]:
-    from builder.repository.publish import MODEL_FILES, companion_name
-
     version = str(description.version or 1)
     folder = tmp / description.name / version
     folder.mkdir(parents=True)
@@ -140,8 +142,6 @@ def _set_threads(torch, threads: int | None) -> None:
 
 
 def _runner_opens(description: "VersionDescription") -> bool:
-    from builder.runtime import open_runner
-
     try:
         open_runner(description.model_format, description.model_files[0], [o.name for o in description.config.outputs])
     except Exception:  # noqa: BLE001
@@ -219,9 +219,6 @@ def _warmup_failures(instance, config: dict[str, Any], files: dict[str, bytes]) 
 
 
 def _reference_failures(instance, config: dict[str, Any], path: Path, meta: dict[str, Any]) -> list[str]:
-    from builder.repository.metadata import read_reference
-    from builder.tensors import compare_outputs, from_wire, merge_case_metrics, to_wire, tolerance_failures
-
     cases, outputs = read_reference(path)
     batching = int(config.get("max_batch_size", 0)) > 0
     wire_dims = {t["name"]: [int(d) for d in t.get("dims", [])] for t in config.get("input", [])}

@@ -25,13 +25,20 @@ Usage::
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from builder.errors import UserInputError
-from builder.repository.layout import existing_versions, latest_version
+import yaml
+
+from builder.core.errors import UserInputError, VerificationError
+from builder.core.extras import require
+from builder.repository.layout import existing_versions, latest_version, model_dir
 
 SIGNATURE_FILE = "model.sig"
 SIGNED_CONFIG = "signed_config.pbtxt"
@@ -80,7 +87,6 @@ def public_key(value: str | Path | None, repository: Path | None = None) -> Path
 
 
 def _model_signing():
-    from builder.extras import require
     require("model_signing", "signing and verifying versions")
     from model_signing import hashing, signing, verifying
     return hashing, signing, verifying
@@ -173,7 +179,6 @@ def verify_model(folder: Path, versions: list[int], key: Path | None, required: 
 
 def _rolled_back(folder: Path, served: bytes, key: Path) -> bool:
     """Whether a signed rollout record (``rollback``) vouches for the model folder's config.pbtxt ``served``."""
-    from builder.repository.rollback import record_vouches
     return not record_vouches(folder, served, key)
 
 
@@ -181,7 +186,6 @@ def verify_repository(repository: str | Path, key: str | Path | None, required: 
     """Before serving: verify every version of every model in ``repository`` (the key from ``key`` or
     $TRITON_BUILDER_PUBLIC_KEY; neither and not ``required``: nothing to do). Raises
     VerificationError listing each refused model, version and file."""
-    from builder.errors import VerificationError
     if str(repository).startswith("s3://"):
         if key or required or os.environ.get(PUBLIC_KEY_ENV):
             raise UserInputError("--public-key/--require-signature: verifying an s3:// repository is not supported; "
@@ -198,3 +202,61 @@ def verify_repository(repository: str | Path, key: str | Path | None, required: 
     if failures:
         raise VerificationError("refusing to serve: signature verification failed:\n  "
                                 + "\n  ".join(failures))
+
+
+RECORD_FILE = "rollout.yaml"
+
+
+RECORD_SIGNATURE = "rollout.sig"
+
+
+def sha256_text(text: str | bytes) -> str:
+    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
+
+
+def read_record(folder: Path) -> dict[str, Any]:
+    path = Path(folder) / RECORD_FILE
+    if not path.is_file():
+        return {}
+    try:
+        record = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError:
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def record_vouches(folder: Path, config_bytes: bytes, key: Path) -> list[str]:
+    """Failures ([] when the signed rollout record of model ``folder`` vouches for ``config_bytes``)."""
+
+    record_path, signature = Path(folder) / RECORD_FILE, Path(folder) / RECORD_SIGNATURE
+    if not record_path.is_file() or not signature.is_file():
+        return ["no signed rollout record"]
+    if read_record(folder).get("config_sha256") != sha256_text(config_bytes):
+        return [f"{RECORD_FILE}: names another config.pbtxt (its config_sha256 differs)"]
+    scratch = Path(tempfile.mkdtemp(prefix="triton-builder-rollout-"))
+    try:
+        shutil.copyfile(record_path, scratch / RECORD_FILE)
+        shutil.copyfile(signature, scratch / SIGNATURE_FILE)
+        return [line.replace(f"version 0: {SIGNATURE_FILE}", RECORD_SIGNATURE)
+                for line in verify_version(scratch, 0, key)]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def resolve_signing_key(value, repository: Path):
+    """A SigningKey from ``value`` (a PEM path, a SigningKey, or None: $TRITON_BUILDER_SIGNING_KEY), or None."""
+
+    return value if isinstance(value, SigningKey) else signing_key(value, repository)
+
+
+def require_key_if_signed(repository: Path, name: str, key) -> None:
+    """Refuse to publish an unsigned version on top of a signed latest one: the new version would be the
+    served one, and `serve --require-signature` would then refuse the whole repository."""
+
+    main = model_dir(repository, name)
+    number = latest_version(main) if main.is_dir() else None
+    if key is not None or number is None or not (main / str(number) / SIGNATURE_FILE).is_file():
+        return
+    raise UserInputError(f"{main / str(number) / SIGNATURE_FILE}: {name} version {number} is signed, but no signing "
+                         f"key was given, so the new version would be published unsigned (validate and serve "
+                         f"--require-signature refuse it); pass --signing-key PEM or set ${KEY_ENV}")

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 
 #: onnxruntime release -> (newest ONNX IR version, newest ai.onnx opset) it loads (measured: see above)
 ONNXRUNTIME_LIMITS = {"1.19.2": (10, 21), "1.20.1": (10, 21), "1.24.4": (13, 25), "1.27.0": (13, 26),

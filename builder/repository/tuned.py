@@ -18,9 +18,10 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from builder.errors import BuilderError, UserInputError
+from builder.core.errors import BuilderError, UserInputError
 from builder.repository.config import config_as_dict, parse_config
-from builder.repository.layout import _repository_lock, atomic_write, model_dir
+from builder.repository.layout import _repository_lock, atomic_write, latest_version, model_dir
+from builder.repository.signing import SIGNED_CONFIG
 
 TUNING_RECORD = "tuning.json"
 TUNED_MARK = "# Tuned by triton-builder tune"
@@ -77,8 +78,6 @@ def refuse_if_signed(repository: str | Path, name: str) -> None:
     """A signed latest version's signature covers a copy of the config it was published with
     (signing.SIGNED_CONFIG): rewriting config.pbtxt in place would make `serve --public-key` refuse it.
     Raises UserInputError naming the way that keeps it signed: ``tune --publish`` (a new, signed version)."""
-    from builder.repository.layout import latest_version
-    from builder.repository.signing import SIGNED_CONFIG
 
     folder = model_dir(Path(repository).resolve(), name)
     version = latest_version(folder) if folder.is_dir() else None

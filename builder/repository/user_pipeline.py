@@ -10,14 +10,14 @@ standard folder, callable directly with the model's tensors):
 
 Usage::
 
-    publish_user_pipeline(repository, "digits_text", 3, model_config, steps)   # steps: builder/user_steps.py
+    publish_user_pipeline(repository, "digits_text", 3, model_config, steps)   # steps: builder/model/user_steps.py
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from builder import assets
+from builder.core import assets
 from builder.repository.config import ModelConfig, TensorConfig, render_config
 from builder.repository.layout import publish_version
 from builder.repository.monitored import EnsembleConfig, EnsembleStep, publish_ensemble, render_ensemble

@@ -24,22 +24,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from builder.errors import UserInputError
-from builder.files import sha256_file
+from builder.accuracy.tensors import compare_outputs, merge_case_metrics, tolerance_failures, worst_metric
+from builder.core.errors import UserInputError
+from builder.core.files import sha256_file
+from builder.core.host import host_warnings
+from builder.model.runtime import open_runner, tensorrt_unavailable_reason
 from builder.repository.config import parse_config
 from builder.repository.interface import version_mismatch
-from builder.repository.warmup_data import read_warmup_files
 from builder.repository.layout import (MODEL_SUFFIX, existing_versions, is_monitored, is_pipeline, misnamed_versions,
                                        model_dir)
-from builder.repository.pipeline_replay import replay_pipeline
-from builder.host import host_warnings
 from builder.repository.metadata import read_metadata, read_reference
-from builder.repository.signing import SIGNATURE_FILE, SIGNED_CONFIG, public_key as signature_key, verify_model
-from builder.repository.runtime_gate import gate_version
+from builder.repository.pipeline_replay import replay_pipeline
 from builder.repository.regression import RegressionCheck, parse_limits, regression_vs_previous
-from builder.runtime import open_runner
-from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures, worst_metric
-
+from builder.repository.runtime_gate import gate_version
+from builder.repository.signing import SIGNATURE_FILE, SIGNED_CONFIG, public_key as signature_key, verify_model
+from builder.repository.warmup_data import read_warmup_files
+from builder.tensorrt.compatibility import check_plan_compatibility
 
 #: in a version folder but never in its files_sha256: the file holding the hashes, the signature's files
 _UNHASHED = {"metadata.yaml", SIGNATURE_FILE, SIGNED_CONFIG}
@@ -97,7 +97,7 @@ def validate_model(model_path: str | Path, version: int | None = None, *, gpu: s
                    progress: Callable[[str], object] = lambda message: None, max_regression: str | None = None,
                    regression_seconds: float = 1.0, current_host: dict | None = None,
                    config_text: str | None = None) -> ValidationReport:
-    """``current_host``: this host's profile (builder/host.py host_profile) unless injected; ``config_text``:
+    """``current_host``: this host's profile (builder/core/host.py host_profile) unless injected; ``config_text``:
     check the versions against this config instead of the model folder's config.pbtxt (rollback: the config it
     is about to write)."""
     limits = parse_limits(max_regression)  # a bad --max-regression fails before any work
@@ -309,8 +309,6 @@ def _check_version(folder: Path, number: int, gpu: str | None, tensorrt_version:
     check.notes += _unlisted_files(folder, meta.get("files_sha256") or {})
     artifact = meta["artifact"]
     if artifact["format"] == "plan":
-        from builder.tensorrt.compatibility import check_plan_compatibility
-        from builder.runtime import tensorrt_unavailable_reason
         compatibility = check_plan_compatibility(meta, gpu=gpu, tensorrt_version=tensorrt_version)
         check.failures.extend(compatibility.failures)
         if check.failures:

@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from builder.errors import VerificationError
+from builder.core.errors import VerificationError
+from builder.model.runtime import open_runner
 from builder.repository.config import config_as_dict, render_config
 from builder.repository.served_replay import model_shapes, served_path_failures
 from builder.repository.warmup_data import WARMUP_FOLDER, warmup_array
-from builder.spec import TRITON_DTYPES
+from builder.spec.model import TRITON_DTYPES
 
 if TYPE_CHECKING:
     from builder.repository.description import VersionDescription
@@ -76,8 +77,6 @@ def _check_served_path(description: "VersionDescription") -> None:
 
 
 def _runner_warmup_failure(description: "VersionDescription") -> str | None:
-    from builder.runtime import open_runner
-
     feeds = warmup_inputs(description)
     if not feeds or description.model_format not in REPLAYED_FORMATS or not description.model_files:
         return None

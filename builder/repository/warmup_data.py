@@ -29,10 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from builder.errors import UserInputError
+from builder.accuracy.tensors import to_wire
+from builder.core.errors import UserInputError
 from builder.repository.config import ModelConfig, Warmup, WarmupInput, config_as_dict
-from builder.spec import TRITON_DTYPES
-from builder.tensors import to_wire
+from builder.spec.model import TRITON_DTYPES
 
 WARMUP_FOLDER = "warmup"  # Triton reads input_data_file from <model>/warmup/
 NUMPY_DTYPES = {triton: numpy for numpy, triton in TRITON_DTYPES.items()}

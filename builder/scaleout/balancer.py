@@ -35,8 +35,8 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from builder.errors import ServerError, UserInputError
-from builder.processes import LocalService, free_port, port_open, run_command
+from builder.core.errors import ServerError, UserInputError
+from builder.core.processes import LocalService, free_port, port_open, run_command
 
 __all__ = ["NginxBalancer", "find_nginx", "render_config"]
 

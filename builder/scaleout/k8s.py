@@ -49,12 +49,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder import assets
-from builder.errors import UserInputError
-from builder.serving import control_key as control
-from builder.extras import require
-from builder.processes import run_command
+from builder.core import assets
+from builder.core.errors import UserInputError
+from builder.core.extras import require
+from builder.core.processes import run_command
 from builder.repository.triton_releases import DEFAULT_RELEASE, RELEASES
+from builder.serving import control_key as control
+from builder.spec.model import validate_model_name
+from builder.storage.s3 import parse_s3_url
 
 __all__ = ["METRICS", "render_manifests", "validate_manifests", "require_validator", "RenderResult", "DEFAULT_IMAGE"]
 
@@ -200,8 +202,6 @@ def render_manifests(repository_url: str, out: str | Path, *, replicas: int = 2,
     import jinja2
     import yaml
 
-    from builder.storage.s3 import parse_s3_url
-    from builder.spec import validate_model_name
 
     location = parse_s3_url(repository_url, "--repository-url")
     _check_args(replicas, min_replicas, max_replicas, metric, target, gpus, locust_workers, poll_seconds,

@@ -46,10 +46,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from builder.errors import ServerError, UserInputError, VerificationError
-from builder.processes import refuse_taken_ports, stop_signals
-from builder.scratch import OwnedFolder
+from builder.core.errors import ServerError, UserInputError, VerificationError
+from builder.core.processes import refuse_taken_ports, stop_signals
+from builder.core.scratch import OwnedFolder
+from builder.monitoring.prometheus import LocalPrometheus, find_prometheus, render_config
+from builder.repository.layout import existing_versions
+from builder.scaleout.balancer import NginxBalancer, find_nginx
 from builder.serving import control_key as control
+from builder.serving.embedded import EmbeddedServer
+from builder.storage.s3 import S3Location, S3Store, is_s3_url, parse_s3_url, policy_versions
+from builder.storage.served import check_served_at, served_versions
 
 REPLICAS_PREFIX = "triton-builder-replicas-"  # the temp log folder of a `replicas` session
 
@@ -89,15 +95,11 @@ def _fmt(versions: Sequence[int]) -> str:
 
 def target_versions(repository: Any, model: str) -> list[int]:
     """The versions the repository's config makes Triton load now (complete ones only for ``s3://``)."""
-    from builder.storage.s3 import S3Location, policy_versions
 
     if isinstance(repository, S3Location):
-        from builder.storage.s3 import S3Store
-        from builder.storage.served import served_versions
 
         wanted, incomplete = served_versions(S3Store(repository), model)
         return [v for v in wanted if v not in incomplete]
-    from builder.repository.layout import existing_versions
 
     folder = Path(repository) / model
     config = folder / "config.pbtxt"
@@ -126,7 +128,6 @@ class ReplicaSet:
                  http_port: int | None = None, grpc_port: int | None = None, prometheus: bool | None = None,
                  log_dir: str | Path | None = None, extra_args: Sequence[str] = (), ready_timeout: float = 120.0,
                  load_models: Sequence[str] | None = None):
-        from builder.storage.s3 import is_s3_url, parse_s3_url
 
         if not isinstance(replicas, int) or replicas < 1:
             raise UserInputError(f"--replicas {replicas!r}: must be a whole number >= 1")
@@ -174,7 +175,6 @@ class ReplicaSet:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def _new_replica(self, index: int):  # every replica takes the set's key: one key works through nginx
-        from builder.serving.embedded import EmbeddedServer
 
         self.log_dir.mkdir(parents=True, exist_ok=True)
         return EmbeddedServer(self.repository_arg, host=self.host, log_path=self.log_dir / f"replica-{index}.log",
@@ -185,7 +185,6 @@ class ReplicaSet:
 
     def start(self) -> "ReplicaSet":
         """Start the replicas (in parallel), then the balancer, then Prometheus; nothing left running on error."""
-        from builder.scaleout.balancer import NginxBalancer, find_nginx
 
         with self._lock:
             find_nginx()  # fail before starting any replica
@@ -209,8 +208,6 @@ class ReplicaSet:
             return self
 
     def _start_prometheus(self) -> None:
-        from builder.monitoring.prometheus import LocalPrometheus, find_prometheus, render_config
-
         targets = {"triton": [r.metrics_url for r in self.replicas]}
         if self.want_prometheus is False:
             return
@@ -326,7 +323,6 @@ class ReplicaSet:
         Raises ``RolloutError`` (exit 1) when a replica fails its check (it is rolled back first),
         ``ServerError`` if a replica cannot load the new version.
         """
-        from builder.storage.served import check_served_at
 
         say = progress or (lambda message: None)
         target = target_versions(self.repository, model)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.repository.config import BACKENDS, parse_config
 
 __all__ = ["EMBEDDED_BACKENDS", "STANDIN_BACKENDS", "PLATFORM_BACKENDS", "unsupported_models", "model_dirs"]

@@ -21,15 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder.errors import ServerError, UserInputError
-from builder.serving.check_pipeline import check_pipeline, read_pipeline_reference
-from builder.serving.client import TritonClient, TritonError
+from builder.accuracy.tensors import compare_outputs, from_wire, merge_case_metrics, to_wire, tolerance_failures
+from builder.core.errors import ServerError, UserInputError
+from builder.core.host import host_warnings
 from builder.repository.config import config_as_dict
 from builder.repository.layout import is_pipeline, latest_version, model_dir, not_in_repository
-from builder.host import host_warnings
 from builder.repository.metadata import read_metadata, read_reference
 from builder.repository.monitored import ENSEMBLE_VERSION
-from builder.tensors import compare_outputs, from_wire, merge_case_metrics, to_wire, tolerance_failures
+from builder.serving.check_pipeline import check_pipeline, read_pipeline_reference
+from builder.serving.client import TritonClient, TritonError
 
 
 @dataclass
@@ -76,7 +76,7 @@ def _split_url(url: str) -> tuple[str, int]:
 def check_served(name: str, *, repository: str | Path = "model_repository", url: str = "127.0.0.1:8000",
                  grpc_url: str | None = None, protocol: str = "both", version: int | None = None,
                  timeout: float = 30.0, current_host: dict | None = None) -> CheckReport:
-    """``current_host``: this host's profile (builder/host.py host_profile) unless injected."""
+    """``current_host``: this host's profile (builder/core/host.py host_profile) unless injected."""
     folder = model_dir(Path(repository), name)
     if not folder.is_dir():
         raise not_in_repository(name, Path(repository))

@@ -23,7 +23,6 @@ from builder.huggingface.reference import compare_pipeline, pipeline_limits
 from builder.serving.client import TritonClient, TritonError
 
 
-
 def read_pipeline_reference(version_folder: Path) -> dict[str, Any] | None:
     """A Hugging Face pipeline's record (texts and the library's answers), or your own steps' (user_steps: the .npz
     of raw inputs and the answers expected), or None."""

@@ -9,7 +9,7 @@ used to parse config text with Triton's schema, is not a client).
   ``protocol=`` for a bare ``host:port`` (the form the CLI's ``--url`` takes); default HTTP.
 - Answers are the same over both protocols: dicts, lists and numpy arrays, shaped as HTTP gives
   them (gRPC's protobuf answers are turned into the same dicts: defaults filled in, int64s as ints).
-- Failures raise ``TritonError``, a ``builder.errors.ServerError`` naming the address and what was
+- Failures raise ``TritonError``, a ``builder.core.errors.ServerError`` naming the address and what was
   asked, with ``.reason`` (Triton's own words) and ``.unreachable`` (no answer at all).
 - Model control (load, unload, the repository index) sends the server's control key
   (builder/serving/control_key.py): ``control_key=``, else the key of a server this process started at
@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from builder.errors import ServerError, UserInputError
+from builder.core.errors import ServerError, UserInputError
 from builder.serving import control_key as _control_key
 
 PROTOCOLS = ("http", "grpc")

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builder.serving.client import TritonClient, TritonError
+from builder.core.processes import LocalService
+from builder.serving import control_key
+from builder.serving.client import TritonClient, TritonError, split_url
+from builder.serving.startup import remove_new_bytecode
 
 #: how long ``control_when_back``'s process waits for a hung server to take its requests
 CLEANUP_PATIENCE_S = 600.0
@@ -32,9 +35,6 @@ def control_when_back(url: str, protocol: str | None, unload=(), load=(), patien
     import os
     import sys
 
-    from builder.processes import LocalService
-    from builder.serving import control_key
-    from builder.serving.client import split_url
 
     key = control_key.key_for(split_url(url, protocol)[0])  # handed over in its environment, not its arguments
 
@@ -69,7 +69,6 @@ def control_now(url: str, protocol: str | None, unload: list[str], load: list[st
                 repository: str | None = None, keep_bytecode: list[str] = ()) -> None:
     """What ``control_when_back``'s process does: the requests, each given ``patience`` seconds, then the
     bytecode a load wrote into ``repository`` removed."""
-    from builder.serving.startup import remove_new_bytecode
 
     with TritonClient(url, protocol, network_timeout=patience, connection_timeout=patience) as client:
         for call, names in ((client.unload_model, unload), (client.load_model, load)):

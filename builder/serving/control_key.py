@@ -38,7 +38,7 @@ import secrets
 import threading
 from typing import Iterable, Sequence
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 
 __all__ = ["ENV", "HEADER", "GRPC_HEADER", "RESTRICTED", "new_key", "env_key", "server_args", "masked",
            "register", "forget", "key_for", "headers", "announcement", "is_refusal", "refusal_hint"]

@@ -21,7 +21,7 @@ Usage::
 
 Beside it: install.py (finding the binary), backends.py (``unsupported_models``), server_log.py
 (log excerpts), model_control.py (load, unload, model state), serve.py (``serve_forever``, what
-``triton-builder serve`` runs); the process itself is a ``builder.processes.LocalService``.
+``triton-builder serve`` runs); the process itself is a ``builder.core.processes.LocalService``.
 
 How it runs the binary (nvidia-pytriton 0.7.0; the backend directory, environment and addresses: install.py):
 
@@ -58,17 +58,19 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from builder.errors import ServerDiedError, ServerError, UserInputError
-from builder.processes import LocalService, client_host, free_ports, http_get
-from builder.serving import control_key as control
-from builder.serving.backends import EMBEDDED_BACKENDS, PLATFORM_BACKENDS, STANDIN_BACKENDS, model_dirs, \
-    unsupported_models
-from builder.serving.install import TritonInstall, build_backend_dir, find_tritonserver, make_workdir, \
-    server_environment, stub_safe_repository
+from builder.core.errors import ServerDiedError, ServerError, UserInputError
+from builder.core.processes import LocalService, client_host, free_ports, http_get
+from builder.serving import control_key as control, server_log, startup
+from builder.serving.backends import (EMBEDDED_BACKENDS, PLATFORM_BACKENDS, STANDIN_BACKENDS, model_dirs,
+                                      unsupported_models)
+from builder.serving.client import TritonClient
+from builder.serving.install import (TritonInstall, build_backend_dir, find_tritonserver, make_workdir,
+                                     server_environment, stub_safe_repository)
 from builder.serving.model_control import ModelControl
 from builder.serving.native_backends import backend_files
 from builder.serving.server_log import describe_exit as _describe_exit
-from builder.serving import server_log, startup
+from builder.storage.s3 import is_s3_url, parse_s3_url
+from builder.storage.served import inspect_repository
 
 if TYPE_CHECKING:
     from builder.serving.client import TritonClient
@@ -145,7 +147,6 @@ class EmbeddedServer(ModelControl, LocalService):
         if ready_timeout <= 0:
             raise UserInputError(f"ready_timeout must be positive, got {ready_timeout}")
         # an s3:// URL: Triton reads the bucket itself; builder.storage.served judges its models
-        from builder.storage.s3 import is_s3_url, parse_s3_url
         self.remote = parse_s3_url(repository, "repository") if is_s3_url(repository) else None
         self.repository = self.remote if self.remote is not None else Path(repository).expanduser().resolve()
         super().__init__(host, ready_timeout)
@@ -188,7 +189,6 @@ class EmbeddedServer(ModelControl, LocalService):
             if self.is_running():
                 return self
             if self.remote is not None:
-                from builder.storage.served import inspect_repository
                 install = find_tritonserver()
                 available, self.left_out, _ = inspect_repository(self.remote)
             else:
@@ -460,7 +460,6 @@ class EmbeddedServer(ModelControl, LocalService):
     def triton(self, network_timeout: float = 60.0) -> TritonClient:
         """A new ``TritonClient`` (HTTP) for this server (close it, or use ``with``); its errors
         become ``ServerDiedError`` when the process has ended."""
-        from builder.serving.client import TritonClient
 
         self._ports_or_raise()
         return TritonClient(self.http_url, "http", network_timeout=network_timeout, connection_timeout=5.0,

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable
 
-from builder.processes import http_get
+from builder.core.processes import http_get
 from builder.serving import server_log
 
 if TYPE_CHECKING:

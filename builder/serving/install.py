@@ -34,12 +34,14 @@ import os
 import shlex
 import shutil
 import sys
-import tempfile
 import sysconfig
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.errors import ServerError, UserInputError
+from builder.core import assets
+from builder.core.errors import ServerError, UserInputError
+from builder.serving.backends import STANDIN_BACKENDS
 
 __all__ = ["INSTALL_HINT", "TritonInstall", "find_tritonserver", "build_backend_dir", "server_environment"]
 
@@ -119,8 +121,6 @@ def build_backend_dir(install: TritonInstall, backends: Path, native: dict[str, 
     C++ backend built by builder/serving/native_backends.py, its library first), links to them; for the others the
     stand-in ``model.py`` (a Python-based backend: Triton runs it with the python backend's library) and
     ``served_model.py`` beside it."""
-    from builder import assets
-    from builder.serving.backends import STANDIN_BACKENDS
 
     target = backends / "python"
     target.mkdir(parents=True, exist_ok=True)

@@ -11,8 +11,9 @@ Usage (through ``EmbeddedServer``, which mixes this in)::
 
 from __future__ import annotations
 
-from builder.errors import ServerError
+from builder.core.errors import ServerError
 from builder.serving import startup
+from builder.serving.client import TritonError
 from builder.serving.server_log import readable
 
 __all__ = ["ModelControl"]
@@ -40,7 +41,6 @@ class ModelControl:
         Raises ``ServerError`` quoting Triton's reason (and the log lines about the model) if it
         fails, ``ServerDiedError`` if the server died meanwhile.
         """
-        from builder.serving.client import TritonError
 
         if name in self.left_out:
             raise ServerError(f"model '{name}' cannot be served by the embedded server: {self.left_out[name]}")
@@ -68,7 +68,6 @@ class ModelControl:
 
     def wait_for_model(self, name: str, timeout: float = 60.0) -> None:
         """Wait until model ``name`` is READY; ``ServerError`` with Triton's reason if it became UNAVAILABLE."""
-        from builder.serving.client import TritonError
 
         try:
             self._call(f"load of model '{name}'", lambda c: c.wait_for_model(name, timeout))

@@ -38,11 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from builder.errors import UserInputError
-from builder.processes import CommandError, TimeoutExpired, run_command
+from builder.core.errors import UserInputError
+from builder.core.processes import CommandError, TimeoutExpired, run_command
+from builder.core.side_env import cache_root, install_atomically
 from builder.serving.install import find_tritonserver
 from builder.serving.native_recipes import RECIPES, SOURCES_ENV, BackendBuildError, Recipe, download
-from builder.side_env import cache_root, install_atomically
 
 __all__ = ["RELEASE", "SOURCES_ENV", "MODE_ENV", "RECIPES", "BackendRow", "InstallReport", "install_backends",
            "built_backend", "served_kinds", "backend_home", "backend_files"]

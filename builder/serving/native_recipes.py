@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from builder.side_env import WheelDownloadError, download_wheel
+from builder.core.side_env import WheelDownloadError, download_wheel
 
 __all__ = ["Recipe", "BuildPlan", "RECIPES", "BackendBuildError", "SOURCES_ENV", "torch_version", "torch_libraries"]
 

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from builder.core.side_env import cache_root
 from builder.repository.layout import model_dir
 from builder.serving import startup
 from builder.serving.client import TritonClient
-from builder.side_env import cache_root
 
 __all__ = ["RunningServer", "ServedVersion", "announced", "servers_of", "await_version", "records_dir",
            "served_after_rollback"]

@@ -15,16 +15,23 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from builder.errors import ServerDiedError, UserInputError
-from builder.processes import stop_signals
+from builder.core.errors import ServerDiedError, UserInputError
+from builder.core.host import host_warnings
+from builder.core.processes import stop_signals
+from builder.repository.layout import latest_version, model_dir
+from builder.repository.metadata import read_metadata
+from builder.repository.signing import verify_repository
+from builder.repository.triton_releases import EMBEDDED_RELEASE, triton_release
 from builder.serving import control_key
-from builder.serving.backends import EMBEDDED_BACKENDS, STANDIN_BACKENDS
+from builder.serving.backends import EMBEDDED_BACKENDS, STANDIN_BACKENDS, model_dirs
 from builder.serving.embedded import EmbeddedServer
 from builder.serving.hang_watch import HANG_PROBE_INTERVAL_S, HANG_PROBE_MISSES, HangWatch
 from builder.serving.native_backends import served_kinds
 from builder.serving.running import announced
 from builder.serving.server_log import describe_exit as _describe_exit
 from builder.serving.watch import WATCH_INTERVAL_S, RepositoryWatch
+from builder.storage.s3_location import is_s3_url
+from builder.storage.served import s3_host_warnings
 
 __all__ = ["checked_server", "serve_forever"]
 
@@ -67,7 +74,7 @@ def serve_forever(
     the others are served; it fails (exit 2) only if none loads. Models asked for must all load. ``announce`` gets one
     line at a time (the default prints and flushes). Signal handlers are installed only when
     called from the main thread, and the previous ones are restored on return. Each served model
-    whose build measured on a different host (ISA class, usable cores, GPU; builder/host.py) gets a
+    whose build measured on a different host (ISA class, usable cores, GPU; builder/core/host.py) gets a
     warning line saying what to run (``current_host`` injects this host's profile). With ``watch`` (the
     default; explicit model control on a local repository), a model folder that changes while it serves - a
     new version, a rollback, a tuned config - is loaded again with the server's own key, without a restart or
@@ -122,7 +129,6 @@ def checked_server(repository: Path | str, *, http_port: int | None = None, grpc
     repository with nothing to serve is refused, and (with a public key, or $TRITON_BUILDER_PUBLIC_KEY)
     every version's signature is verified before anything loads. Serving the whole repository (no
     ``load_models``), a model that fails to load leaves the others served (``server.failed`` names it)."""
-    from builder.repository.signing import verify_repository
     _refuse_empty(repository, load_models)
     verify_repository(repository, public_key, require_signature)
     return EmbeddedServer(
@@ -143,8 +149,6 @@ def checked_server(repository: Path | str, *, http_port: int | None = None, grpc
 def _refuse_empty(repository: Path | str, load_models: Sequence[str] | None) -> None:
     """A server with nothing to serve is a mistake in --repository (a model folder, or one not built
     into yet), not a running service to leave up."""
-    from builder.serving.backends import model_dirs
-    from builder.storage.s3_location import is_s3_url
     folder = Path(repository)
     if is_s3_url(str(repository)) or not folder.is_dir():
         return
@@ -162,10 +166,7 @@ def served_host_warnings(repository: Path | str, models: Sequence[str], current_
     """compare_hosts for each model's latest version in ``repository`` (models without metadata: none);
     for an ``s3://`` repository, its newest served complete version's metadata.yaml in the bucket.
     ``metas``: latest_metadata's, when the caller has read them already."""
-    from builder.host import host_warnings
-    from builder.storage.s3_location import is_s3_url
     if is_s3_url(str(repository)):
-        from builder.storage.served import s3_host_warnings
         return s3_host_warnings(str(repository), list(models), current_host)
     metas = latest_metadata(repository, models) if metas is None else metas
     out = []
@@ -177,7 +178,6 @@ def served_host_warnings(repository: Path | str, models: Sequence[str], current_
 
 def latest_metadata(repository: Path | str, models: Sequence[str]) -> dict[str, dict | None]:
     """{model: its latest version's metadata.yaml, or None} of a local repository ({} for ``s3://``)."""
-    from builder.storage.s3_location import is_s3_url
 
     if is_s3_url(str(repository)):
         return {}
@@ -185,9 +185,6 @@ def latest_metadata(repository: Path | str, models: Sequence[str]) -> dict[str, 
 
 
 def _latest_metadata(repository: Path, name: str) -> dict | None:
-    from builder.repository.layout import latest_version, model_dir
-    from builder.repository.metadata import read_metadata
-
     folder = model_dir(repository, name)
     number = latest_version(folder) if folder.is_dir() else None
     meta_path = folder / str(number) / "metadata.yaml"
@@ -198,7 +195,6 @@ def served_release_warnings(repository: Path | str, models: Sequence[str],
                             metas: dict[str, dict | None] | None = None) -> list[str]:
     """One line per served model whose latest version was built for another Triton release than the
     embedded server's (metadata ``artifact.triton_release``): what is served here is not that release."""
-    from builder.repository.triton_releases import EMBEDDED_RELEASE
 
     metas = latest_metadata(repository, models) if metas is None else metas
     out = []
@@ -231,8 +227,6 @@ def python_backend_notes(repository: Path | str, models: Sequence[str],
 
 def _announce_started(server: EmbeddedServer, announce: Callable[[str], object], warnings: Sequence[str] = (),
                       temporary_log: bool = False, follows: bool = False) -> None:
-    from builder.repository.triton_releases import EMBEDDED_RELEASE, triton_release
-
     announce(f"Triton server (embedded: Triton {triton_release(EMBEDDED_RELEASE).triton} = NGC {EMBEDDED_RELEASE}, "
              f"backends: {', '.join(EMBEDDED_BACKENDS)}) is ready, pid {server.pid}")
     for backend, how in served_kinds(STANDIN_BACKENDS, server.native_backends).items():  # which are Triton's own, which stand-ins

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from builder.errors import ServerError
-from builder.processes import http_get, pid_alive
+from builder.core.errors import ServerError
+from builder.core.processes import http_get, pid_alive
 from builder.serving.server_log import readable
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from builder.errors import ServerError, UserInputError
+from builder.core.errors import ServerError, UserInputError
 from builder.repository.config import parse_config
 from builder.repository.layout import reading_lock
 from builder.serving.backends import model_dirs, unsupported_models

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from builder.accuracy.tensors import run_batched
 from builder.repository.triton_releases import COMPOSE_RELEASE
-from builder.spec import ModelSpec
+from builder.spec.model import ModelSpec
 
 
 class Status(str, enum.Enum):
@@ -80,7 +81,7 @@ class Variant:
     selected: bool = False
     selection_reason: str = ""
     published_as: str = ""
-    search: list[dict[str, Any]] | None = None  # the quantisation search table (builder/quant_search.py)
+    search: list[dict[str, Any]] | None = None  # the quantisation search table (builder/optimise/quant_search.py)
     # stage compress: variants that change the function by design are verified by task accuracy, not by
     # closeness; reference.npz of their published version holds their OWN outputs (what check compares)
     verified_by: str = "reference"  # reference | task_accuracy
@@ -117,7 +118,7 @@ class Reference:
     outputs: list[dict[str, Any]]  # per case {name: array}
     validation_inputs: dict[str, Any] | None = None  # full validation set (for the task metric)
     validation_outputs: dict[str, Any] | None = None
-    labels: Any = None  # checked by builder.data_checks.check_labels
+    labels: Any = None  # checked by builder.accuracy.data_checks.check_labels
     top1_output: str | None = None  # the output the labels score (tensors.top1_output); set with labels
     output_dtypes: dict[str, str] = field(default_factory=dict)
     output_shapes: dict[str, list[int]] = field(default_factory=dict)  # per sample, -1 dynamic
@@ -128,7 +129,6 @@ class Reference:
 
     def run_validation(self, run: Callable, max_batch_size: int) -> dict[str, Any]:
         """``run``'s outputs on all of data.validation, in batches of ``max_batch_size`` (0: one call)."""
-        from builder.tensors import run_batched
 
         inputs = self.validation_inputs
         return run_batched(run, inputs, max_batch_size) if max_batch_size else run(inputs)
@@ -186,7 +186,7 @@ class BuildContext:
     not_made: dict[str, tuple[str, str]] = field(default_factory=dict)
     source_hashes: dict[str, str] = field(default_factory=dict)
     pipeline: Any = None  # a Hugging Face source: builder/repository/pipeline.py HuggingFacePipeline (stage load)
-    user_steps: Any = None  # spec preprocess/postprocess: builder/user_steps.py UserSteps (stage load)
+    user_steps: Any = None  # spec preprocess/postprocess: builder/model/user_steps.py UserSteps (stage load)
     # a pipeline's steps timed in-process (stage benchmark: builder/huggingface/step_timing.py); stage publish adds
     # labels_in_graph where it folded a classifier's post-processing into the model (builder/huggingface/label_head.py)
     step_timings: dict[str, Any] = field(default_factory=dict)

@@ -7,7 +7,7 @@ RSS growth from loading it and running its largest batch (peak memory, approxima
 included).
 
 Each batch size is measured in windows repeated until the last three agree within 10 %
-(perf_analyzer's stability rule, builder/measure.py) or the variant's share of its time cap is
+(perf_analyzer's stability rule, builder/model/measure.py) or the variant's share of its time cap is
 spent (``--benchmark-seconds``, default 2 s per variant; every batch size gets at least one
 window; 0 skips the stage). The variants take turns window by window (round robin), so a burst of
 load from other processes falls on all of them alike; models too big to hold together (over
@@ -33,12 +33,13 @@ from typing import Callable
 
 import numpy as np
 
+from builder.accuracy.tensors import generated_inputs
 from builder.huggingface.step_timing import time_steps
-from builder.measure import (STABLE_TOLERANCE, STABLE_WINDOWS, batch_sizes, cpu_cores, human, load_average,
-                             measure_round_robin, rss_mb, warm_up)
-from builder.runtime import open_runner
+from builder.model.measure import (STABLE_TOLERANCE, STABLE_WINDOWS, batch_sizes, cpu_cores, human, load_average,
+                                   measure_round_robin, rss_mb, warm_up)
+from builder.model.runtime import open_runner
+from builder.optimise.openvino_tools import version
 from builder.stages.base import BuildContext, StageResult, Variant
-from builder.tensors import generated_inputs
 
 STAGE = "benchmark"
 DEFAULT_SECONDS = 2.0  # cap per variant: 6 digits variants measure in under ~15 s
@@ -95,9 +96,8 @@ def _runtime(variant: Variant, threads: int, device: str = "cpu") -> str:
         import onnxruntime as ort
         return f"onnxruntime {ort.__version__} CPUExecutionProvider, intra_op_num_threads={threads} (all cores)"
     if variant.format == "plan":
-        return "TensorRT on the first CUDA GPU (builder.runtime plan runner)"
+        return "TensorRT on the first CUDA GPU (builder.model.runtime plan runner)"
     if variant.format == "openvino":
-        from builder.openvino_tools import version
         return (f"openvino {version()} CPU plugin, PERFORMANCE_HINT LATENCY, INFERENCE_NUM_THREADS={threads}, "
                 "inference precision f32, one synchronous request")
     import torch

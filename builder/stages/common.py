@@ -21,8 +21,11 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from builder.tensors import generated_inputs, trace_example
-from builder.verification import verify_one
+from builder.accuracy.tensors import default_dynamic_sizes, generated_inputs, trace_example
+from builder.accuracy.verification import verify_one
+from builder.core.errors import UserInputError
+from builder.core.scratch import WORK_PREFIX
+from builder.optimise import onnx_tools
 
 if TYPE_CHECKING:
     from builder.stages.base import BuildContext, Variant
@@ -75,8 +78,6 @@ def make_each(ctx: "BuildContext", wanted: list[str], make: Callable[[str], str]
     """Make each wanted variant with ``make(name)`` (returns its one-line summary). One failing is recorded
     - its short error in ``ctx.notes``, its work folder removed - and does not stop the others; one whose
     base failed (BaseFailed) is recorded as skipped; a UserInputError (the spec is wrong) goes up. Returns (made, failed, one line for the stage result)."""
-    from builder import onnx_tools
-    from builder.errors import UserInputError
 
     made, failed, skipped = {}, {}, {}
     for name in wanted:
@@ -120,8 +121,6 @@ def file_system_cause(exc: BaseException) -> OSError | None:
 
 def work_folder_error(err: OSError, workdir: Path):
     """A UserInputError (exit 2) naming the build's work folder, the file and $TMPDIR as the fix."""
-    from builder.errors import UserInputError
-    from builder.scratch import WORK_PREFIX
 
     workdir = next((p for p in (workdir, *workdir.parents) if p.name.startswith(WORK_PREFIX)), workdir)
     where = f" (writing {err.filename})" if err.filename else ""
@@ -209,8 +208,6 @@ def finish_export(exporter: str, spec, raw: Path, dest: Path) -> int:
 def check_runs_at_profile_sizes(spec, path: Path) -> None:
     """Run the ONNX model at the smallest and largest dynamic size (batch 1, and a batch > 1 when batching);
     raises RuntimeError saying where it does not run."""
-    from builder import onnx_tools
-    from builder.tensors import default_dynamic_sizes
 
     example = trace_example(spec)
     dynamic = spec.has_dynamic_dims

@@ -1,5 +1,5 @@
 """Stage `compress`: the only stage that trains. Training-time compression of the user's PyTorch
-model, fine-tuned on ``data.training`` within the ``compression:`` budget (builder/spec_compression.py):
+model, fine-tuned on ``data.training`` within the ``compression:`` budget (builder/spec/compression.py):
 
 - ``onnx_pruned``: structured channel pruning (torch-pruning's dependency graph, so residual and
   concatenated branches stay consistent), iterative prune + fine-tune toward
@@ -29,13 +29,17 @@ import shutil
 
 import numpy as np
 
-from builder import onnx_tools
+from builder.accuracy.tensors import compare_outputs, top1_accuracy
 from builder.compression.data import load_training, training_output  # noqa: F401 - load_training: the stage's API
-from builder.errors import UserInputError
+from builder.compression.distill import distill, import_student
+from builder.compression.prune import count_params_macs, prune_iteratively
+from builder.compression.train import (Budget, TaskLoss, TrainingData, accuracy, fine_tune, model_outputs,
+                                       torch_threads, training_threads)
+from builder.core.errors import UserInputError
+from builder.model.variants import register_variant
+from builder.optimise import onnx_tools
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import BaseFailed, check_base, export_module_onnx, make_each, not_made, skipped_for_base
-from builder.tensors import top1_accuracy
-from builder.variants import register_variant
 
 STAGE = "compress"
 VERIFIED_BY = "task_accuracy"
@@ -79,9 +83,6 @@ class _Session:
     """What the three makers share within one build: data, the evaluator, the pruned model."""
 
     def __init__(self, ctx: BuildContext) -> None:
-        from builder.compression.prune import count_params_macs
-        from builder.compression.train import TrainingData, accuracy
-
         spec, ref = ctx.spec, ctx.reference
         self.ctx = ctx
         self.settings = spec.compression
@@ -100,12 +101,10 @@ class _Session:
         self.pruned = None  # PruneResult, made once
 
     def budget(self):
-        from builder.compression.train import Budget
         return Budget(self.settings.steps, self.settings.seconds)
 
     def prune(self):
         if self.pruned is None:
-            from builder.compression.prune import prune_iteratively
             self.ctx.progress(f"  pruning toward ratio {self.settings.prune_ratio:g} in {self.settings.prune_steps} "
                               f"steps (accuracy floor {self.floor:.2f}%) ...")
             budget = self.budget()
@@ -121,7 +120,6 @@ class _Session:
         that reaches an output by a path pruning did not see)."""
         import torch
 
-        from builder.compression.train import model_outputs
 
         with torch.no_grad():
             theirs = [list(t.shape[1:]) for t in model_outputs(self.ctx.model.eval()(*self.example))]
@@ -148,8 +146,6 @@ class _Session:
         wrong otherwise (missing, another shape, NaN/Inf); {} when the task output is the only one."""
         import torch
 
-        from builder.compression.train import model_outputs
-        from builder.tensors import compare_outputs
 
         ref = self.ctx.reference
         others = {n: a for n, a in ref.validation_outputs.items() if n != self.task}
@@ -256,8 +252,6 @@ def make_pruned(s: _Session) -> str:
                   description="ONNX FP32, a student distilled from the model (soft targets; data.training; "
                               "verified by task accuracy)")
 def make_distilled(s: _Session) -> str:
-    from builder.compression.distill import distill, import_student
-
     settings = s.settings
     if settings.student:
         student, origin = import_student(settings.student, s.ctx.spec.spec_dir), f"compression.student {settings.student}"
@@ -285,8 +279,7 @@ def make_distilled(s: _Session) -> str:
                   description="ONNX INT8 (QDQ) from quantisation-aware fine-tuning (data.training; verified by "
                               "task accuracy)")
 def make_qat(s: _Session) -> str:
-    from builder.compression import qat
-    from builder.compression.train import TaskLoss, fine_tune
+    from builder.compression import qat  # deferred: it defines torch modules, so importing it imports torch
 
     settings = s.settings
     s.ctx.progress("  quantisation-aware fine-tuning ...")
@@ -344,7 +337,6 @@ def run(ctx: BuildContext) -> StageResult:
         for name in wanted:
             not_made(ctx, name, reason, skipped=True)
         return StageResult.skipped(STAGE, f"{', '.join(wanted)}: {reason}", skipped={n: reason for n in wanted})
-    from builder.compression.train import torch_threads, training_threads
 
     try:  # exported by the same exporter as onnx: an export that failed verification would fail them too
         check_base(ctx, [ctx.variant("onnx")])

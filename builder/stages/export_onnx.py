@@ -3,7 +3,7 @@ fallback when it fails; which one ran and why is recorded. The batch axis and ev
 exported dynamic; outputs are renamed to the spec's names; onnx.checker and shape inference run;
 large weights go to ``model.onnx.data`` beside the model. The legacy exporter TRACES: whatever made it
 the one used (the spec, or a dynamo failure), a trace that froze control flow on the input values
-(builder/trace_safety.py) is refused when no verification case can show that (``_unseen_by_the_cases``)."""
+(builder/optimise/trace_safety.py) is refused when no verification case can show that (``_unseen_by_the_cases``)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,15 @@ import shutil
 import warnings
 from pathlib import Path
 
-from builder.onnx_tools import copy_with_external_data
+from builder.accuracy.tensors import compare_outputs, merge_case_metrics, tolerance_failures
+from builder.accuracy.verification import judged_precision
+from builder.model.runtime import open_runner
+from builder.model.variants import register_variant
+from builder.optimise.onnx_tools import copy_with_external_data
+from builder.optimise.trace_safety import froze_text, frozen_conversions
 from builder.stages.base import BuildContext, StageResult, Variant
-from builder.stages.common import (example_args, export_dynamo, export_legacy, finalize_onnx, finish_export,
-                                   not_made, stop_if_work_folder_refused)
-from builder.trace_safety import froze_text, frozen_conversions
-from builder.variants import register_variant
-from builder.verification import judged_precision
+from builder.stages.common import (example_args, export_dynamo, export_legacy, finalize_onnx, finish_export, not_made,
+                                   stop_if_work_folder_refused)
 
 STAGE = "export_onnx"
 #: a variant note with this prefix is a hint shown with the variant's verification failure (builder/pipeline.py)
@@ -98,8 +100,6 @@ def _unseen_by_the_cases(ctx: BuildContext, path: Path) -> bool:
     """Whether the export agrees with the reference on every verification case: then the control flow
     its trace froze is never exercised by verification, which would publish it (where a case does take
     another path, verification rejects it with its own numbers, and the variant is left to it)."""
-    from builder.runtime import open_runner
-    from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures
 
     spec = ctx.spec
     try:

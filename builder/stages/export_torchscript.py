@@ -5,7 +5,7 @@ that differ from the trace example (other batch sizes, values and dynamic sizes,
 example); a trace that disagrees with the eager model there is *trace-unsafe* and is not shipped.
 A rare branch (``if x.abs().max() > 8:``) is never reached by the probes, so the tracer's own
 warnings are read too: a trace that turned a tensor computed from the input VALUES into a Python
-bool or number froze that control flow, and is trace-unsafe as well (builder/trace_safety.py).
+bool or number froze that control flow, and is trace-unsafe as well (builder/optimise/trace_safety.py).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import warnings
 
 import numpy as np
 
+from builder.accuracy.tensors import compare_outputs, merge_case_metrics, tolerance_failures, trace_example
+from builder.model.runtime import torch_runner
+from builder.model.variants import register_variant
+from builder.optimise.trace_safety import froze_text, frozen_conversions
 from builder.stages.base import BuildContext, StageResult, Variant
-from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures, trace_example
-from builder.runtime import torch_runner
-from builder.trace_safety import froze_text, frozen_conversions
-from builder.variants import register_variant
 
 STAGE = "export_torchscript"
 

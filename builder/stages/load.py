@@ -7,19 +7,25 @@ from pathlib import Path
 
 import numpy as np
 
-from builder.data_checks import (CHECK_BATCHES, calibration_warning, check_label_array, check_labels, run_on_data,
-                                  spec_input)
-from builder.errors import UserInputError
-from builder.files import sha256_file
+from builder.accuracy.data_checks import (CHECK_BATCHES, calibration_warning, check_label_array, check_labels,
+                                          run_on_data, spec_input)
+from builder.accuracy.input_rules import from_data, rule_for, rule_lines
+from builder.accuracy.tensors import (build_cases, default_batch_sizes, default_dynamic_sizes, generated_inputs,
+                                      run_batched, trace_example)
+from builder.core.errors import UserInputError
+from builder.core.files import sha256_file
 from builder.huggingface.source import load_source
-from builder.input_rules import from_data, rule_for, rule_lines
-from builder.user_steps import UserSteps, read_raw
-from builder.model_source import (check_batch_independent, check_deterministic, check_onnx_external_data,
-                                  import_factory, load_weights)
-from builder.spec import TRITON_DTYPES
+from builder.model.runtime import open_runner, torch_runner
+from builder.model.source import (check_batch_independent, check_deterministic, check_onnx_external_data,
+                                  forward_parameters, import_factory, load_weights)
+from builder.model.user_steps import UserSteps, read_raw
+from builder.repository.config import render_config
+from builder.repository.interface import interface_change
+from builder.repository.publish import config_for
+from builder.repository.runtime_gate import limit_failures
+from builder.repository.triton_releases import onnx_runtime_for, triton_release
+from builder.spec.model import TRITON_DTYPES
 from builder.stages.base import BuildContext, Reference, StageResult
-from builder.tensors import build_cases, run_batched, trace_example
-from builder.runtime import open_runner, torch_runner
 
 STAGE = "load"
 
@@ -165,9 +171,6 @@ def _check_repository_interface(ctx: BuildContext) -> None:
     """A model folder's versions share one config.pbtxt: where the spec's version_policy would serve older
     versions built for another interface, refuse now rather than after export and verification (stage
     publish checks again, with the chosen variant's backend, and warns under latest)."""
-    from builder.repository.config import render_config
-    from builder.repository.interface import interface_change
-    from builder.repository.publish import config_for
 
     signature = ctx.reference.output_signature()
     try:
@@ -186,24 +189,6 @@ def _with_origin(ctx: BuildContext, exc: UserInputError) -> UserInputError:
     return exc if text.startswith(_origin(ctx)) else UserInputError(f"{_origin(ctx)}: {text}")
 
 
-def forward_parameters(model) -> tuple[list[str], int, bool] | None:
-    """(names of forward()'s positional parameters, how many of them are required, whether it also
-    takes *args) of an eager or TorchScript module; None where the signature cannot be read."""
-    import inspect
-
-    schema = getattr(getattr(model, "forward", None), "schema", None)
-    if schema is not None:  # TorchScript: the compiled schema (its first argument is self)
-        arguments = [a for a in schema.arguments[1:] if not a.kwarg_only]
-        return [a.name for a in arguments], sum(not a.has_default_value() for a in arguments), False
-    try:
-        signature = inspect.signature(model.forward)
-    except (TypeError, ValueError):
-        return None
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    positional = [p for p in signature.parameters.values() if p.kind in kinds]
-    required = sum(p.default is inspect.Parameter.empty for p in positional)
-    varargs = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in signature.parameters.values())
-    return [p.name for p in positional], required, varargs
 
 
 def _check_inputs_against_forward(ctx: BuildContext, model) -> None:
@@ -303,7 +288,6 @@ def _probe_id_ranges(runner, ctx: BuildContext) -> dict[str, list[int]]:
 
 def _rejection(runner, ctx: BuildContext) -> str | None:
     """None when the model runs on several generated batches, else its error (one line)."""
-    from builder.tensors import generated_inputs
     rng = np.random.default_rng(7)
     batch = min(4, ctx.spec.max_batch_size) if ctx.spec.batching else None
     try:
@@ -337,7 +321,6 @@ def _call_checked(runner, inputs: dict[str, np.ndarray], ctx: BuildContext) -> d
 def _narrower_fix(runner, inputs: dict[str, np.ndarray], ctx: BuildContext) -> str | None:
     """When the model runs on one sample, or at the opt size, but not on what the builder chose (a
     batch > 1, a dynamic size between min and max), that choice is the fix - not inputs[].shape."""
-    from builder.tensors import generated_inputs
     spec = ctx.spec
     batch = len(next(iter(inputs.values()))) if spec.batching else None
     if batch and batch > 1 and _runs(runner, {k: v[:1] for k, v in inputs.items()}):
@@ -388,7 +371,6 @@ def _signature_samples(runner, ctx: BuildContext, count: int = 12) -> list[dict[
     dynamic size), so an output whose length depends on the data (detections above a threshold) is
     seen to vary: its dims come from many runs, never from one. The export stages also mark dims the
     exported graph leaves symbolic."""
-    from builder.tensors import default_batch_sizes, default_dynamic_sizes, generated_inputs
     rng = np.random.default_rng(2024)
     sizes = [(b, d) for d in default_dynamic_sizes(ctx.spec) for b in default_batch_sizes(ctx.spec)]
     outputs = []
@@ -425,8 +407,6 @@ def _infer_output_signature(ctx: BuildContext, samples: list[dict[str, np.ndarra
 def _check_onnx_release(ctx: BuildContext, path: Path) -> None:
     """The user's ONNX file beyond what the build's Triton release loads is the user's to convert: refused
     now (exit 2), not as every variant failing verification."""
-    from builder.repository.runtime_gate import limit_failures
-    from builder.repository.triton_releases import onnx_runtime_for, triton_release
 
     backend = "python" if ctx.target == "python" else "onnxruntime"
     failures = limit_failures(path, onnx_runtime_for(triton_release(ctx.options.triton_release), backend), given=True)

@@ -1,7 +1,7 @@
 """Stage `openvino`: OpenVINO IR variants of the ONNX export, for the CPU plugin.
 
 - ``openvino``: the ONNX export read by OpenVINO's ONNX frontend and saved as IR (``model.xml`` +
-  ``model.bin``, FP32 weights); it runs with FP32 inference precision (builder/openvino_tools.py).
+  ``model.bin``, FP32 weights); it runs with FP32 inference precision (builder/optimise/openvino_tools.py).
 - ``openvino_int8``: NNCF post-training quantisation (``nncf.quantize``, its default preset) of that
   model on the spec's calibration data (the same samples as onnx_int8_static). With labelled
   validation data, when the plain result drops more top-1 than ``verify.max_accuracy_drop``, NNCF's
@@ -9,7 +9,7 @@
   that cost the most accuracy in FP32); what was done is in the variant's notes.
 
 Both are verified (stage verify: FP32 resp. INT8 tolerance, accuracy drop) and measured like every
-other variant (builder/runtime.py runs them in-process: latency hint, threads = usable cores);
+other variant (builder/model/runtime.py runs them in-process: latency hint, threads = usable cores);
 selection publishes one only when it measures better here. Both are in the CPU targets' default variants
 (the stage takes about a second on small models; the benchmark ~2 s per variant); where OpenVINO's CPU
 plugin does not run they are skipped, with the reason.
@@ -30,12 +30,14 @@ import warnings
 
 import numpy as np
 
-from builder import openvino_tools, transformer_fusion
+from builder.accuracy.tensors import top1_accuracy, top1_hits
+from builder.accuracy.verification import accuracy_drop_failure
+from builder.model.variants import CPU_TARGETS, register_variant
+from builder.optimise import openvino_tools, transformer_fusion
+from builder.repository.runtime_gate import ir_failures
+from builder.repository.triton_releases import triton_release
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import BaseFailed, calibration_samples, check_base, make_each, not_made
-from builder.tensors import top1_accuracy, top1_hits
-from builder.variants import CPU_TARGETS, register_variant
-from builder.verification import accuracy_drop_failure
 
 STAGE = "openvino"
 CALIBRATION_BATCH = 16
@@ -99,8 +101,6 @@ def _release_check(ctx: BuildContext, ir) -> None:
     OpenVINO cannot read (builder/repository/runtime_gate.py), before anything is verified or published."""
     if ctx.target != "cpu":
         return
-    from builder.repository.runtime_gate import ir_failures
-    from builder.repository.triton_releases import triton_release
 
     failures = ir_failures(ir, triton_release(ctx.options.triton_release))
     if failures:
@@ -116,7 +116,7 @@ def _batches(samples) -> list[dict[str, np.ndarray]]:
 
 @contextlib.contextmanager
 def _quiet():
-    """NNCF prints progress bars and warnings: the library never prints (builder/progress.py)."""
+    """NNCF prints progress bars and warnings: the library never prints (builder/core/progress.py)."""
     import logging
 
     nncf = openvino_tools.import_nncf()

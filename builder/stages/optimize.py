@@ -7,7 +7,7 @@
   gpu (extended fusions are made for the provider that optimised them, here the CPU one).
 - ``onnx_fp16``: FP16 weights and compute, inputs/outputs kept in the spec's dtypes (Casts at the
   boundaries). Tried by default on target gpu only; on CPU when asked for.
-- ``torchscript_fp16``: the same for the shipped TorchScript (builder/torch_fp16.py: half weights,
+- ``torchscript_fp16``: the same for the shipped TorchScript (builder/optimise/torch_fp16.py: half weights,
   channels_last where an input is 4-D, casts at the boundary); target gpu, and the python backend on a
   GPU instance (deploy.instance_kind gpu). Measured on the GPU where this machine has one.
 
@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import warnings
 
-from builder import onnx_tools, transformer_fusion
+from builder.accuracy.tensors import trace_example
+from builder.model.variants import register_variant
+from builder.optimise import onnx_tools, transformer_fusion
+from builder.optimise.torch_fp16 import half_torchscript
+from builder.optimise.trace_safety import froze_text, frozen_conversions
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import check_base, example_args, export_legacy, finish_export, make_each
-from builder.trace_safety import froze_text, frozen_conversions
-from builder.variants import register_variant
 
 STAGE = "optimize"
 
@@ -73,7 +75,7 @@ def make_onnx_opt(ctx: BuildContext) -> str:
 
 
 def _transformer_fused(ctx: BuildContext, base: Variant, out_dir, folded) -> tuple[list[str], str] | None:
-    """A Hugging Face encoder (builder/transformer_fusion.py): its legacy export with onnxruntime's transformer
+    """A Hugging Face encoder (builder/optimise/transformer_fusion.py): its legacy export with onnxruntime's transformer
     fusions, written to ``folded``; (passes, exporter), or None (not an encoder, or nothing fused: the usual
     passes run; a failure's reason is said in the build's progress)."""
     shape = transformer_fusion.encoder_shape(ctx.model) if ctx.spec.source.eager else None
@@ -140,8 +142,6 @@ def make_onnx_fp16(ctx: BuildContext) -> str:
 def make_torchscript_fp16(ctx: BuildContext) -> str:
     import torch
 
-    from builder.tensors import trace_example
-    from builder.torch_fp16 import half_torchscript
 
     base = ctx.variant("torchscript")
     if base is None or not base.path.exists():

@@ -10,22 +10,21 @@ import dataclasses
 import datetime as dt
 from pathlib import Path
 
-from builder.host import host_profile, serving_size, size_queue_delay
-from builder.monitoring.drift_profile import build_profile, profile_text
+from builder.core.host import host_profile, serving_size, size_queue_delay
 from builder.huggingface.label_head import fold_label_head
+from builder.huggingface.texts import bucket_decision
+from builder.monitoring.drift_profile import build_profile, profile_text
+from builder.report.build_report import report_files
 from builder.repository.config import backend_for, render_config, thread_parameter
 from builder.repository.description import VersionDescription
 from builder.repository.interface import InterfaceChange, interface_change
-from builder.repository.layout import check_version_free, reserve_version
+from builder.repository.layout import MODEL_FILES, check_version_free, latest_version, reserve_version
 from builder.repository.metadata import library_versions, reference_bytes
 from builder.repository.monitored import monitored_names, publish_monitor, refuse_mixed
-from builder.huggingface.texts import bucket_decision
 from builder.repository.pipeline import (REFERENCE_FILE, classification_outputs, head_folded, pipeline_names,
-                                        pipeline_steps, publish_pipeline, step_file_hashes)
-from builder.repository.user_pipeline import REFERENCE_FILE as STEPS_REFERENCE_FILE
-from builder.repository.user_pipeline import publish_user_pipeline
-from builder.repository.publish import MODEL_FILES, config_for, publish_model, python_backend_files
-from builder.report import report_files
+                                         pipeline_steps, publish_pipeline, step_file_hashes)
+from builder.repository.publish import config_for, publish_model, python_backend_files
+from builder.repository.user_pipeline import REFERENCE_FILE as STEPS_REFERENCE_FILE, publish_user_pipeline
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.tensorrt.plan_build import BUILD_PLANS, RECIPE_FILE
 from builder.tensorrt.plan_recipe import tensorrt_parts
@@ -280,7 +279,6 @@ def ensemble_layout(ctx: BuildContext) -> bool:
 def _earlier_companions(ctx: BuildContext, publishing: set[str]) -> list[str]:
     """The ``<name>__<variant>`` models an earlier build published that this one does not replace: they go on
     serving that build's model (older weights, perhaps) beside this one, and nothing else says so."""
-    from builder.repository.layout import latest_version
 
     root, name = Path(ctx.options.repository), ctx.spec.name
     stale = []

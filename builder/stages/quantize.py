@@ -22,18 +22,19 @@ from pathlib import Path
 
 import numpy as np
 
-from builder import onnx_tools, quant_search
-from builder.onnx_quantize import move_model, preprocess, quantize_dynamic, quantize_static, remove
-from builder.host import host_isa_flags
-from builder.measure import measure_round_robin
-from builder.runtime import open_runner
+from builder.accuracy.task_metrics import on_cases
+from builder.accuracy.tensors import (beyond_the_cases, compare_outputs, merge_case_metrics, tolerance_failures,
+                                      top1_accuracy, trace_example, worst_metric)
+from builder.accuracy.verification import accuracy_drop_failure
+from builder.core.host import host_isa_flags
+from builder.model.measure import measure_round_robin
+from builder.model.runtime import open_runner
+from builder.model.variants import CPU_TARGETS, register_variant
+from builder.optimise import onnx_tools, quant_search
+from builder.optimise.onnx_quantize import move_model, preprocess, quantize_dynamic, quantize_static, remove
+from builder.optimise.openvino_tools import cpu_plugin_problem
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import BaseFailed, calibration_samples, check_base, not_made, skipped_for_base
-from builder.task_metrics import on_cases
-from builder.tensors import (beyond_the_cases, compare_outputs, merge_case_metrics, tolerance_failures,
-                             top1_accuracy, trace_example, worst_metric)
-from builder.variants import CPU_TARGETS, register_variant
-from builder.verification import accuracy_drop_failure
 
 STAGE = "quantize"
 CALIBRATION_BATCH = 16
@@ -54,7 +55,7 @@ class NotApplicable(Exception):
 
 def small_dynamic_share(ctx: BuildContext, variant: str, layers: str, weights: tuple[int, int] = (0, 0)) -> NotApplicable | None:
     """Why a dynamic INT8 variant is skipped on a convolutional model (None: it is made): ``layers`` (what its
-    quantizer takes) hold under MIN_DYNAMIC_SHARE of the multiply-adds of the ONNX export (builder/onnx_tools.py
+    quantizer takes) hold under MIN_DYNAMIC_SHARE of the multiply-adds of the ONNX export (builder/optimise/onnx_tools.py
     macs_by_op), or without one, of the ``weights`` (dynamic, convolution) elements. A variant the spec or --variants
     names is always made."""
     named = ctx.options.variants or ctx.spec.variants or []
@@ -81,7 +82,6 @@ def static_on_an_encoder(ctx: BuildContext) -> NotApplicable | None:
     this host (NNCF's transformer scheme keeps the encoder's task: cosine 0.996) and onnx_int8_dynamic is the
     other INT8 route, it is skipped. Named in the spec or --variants, or with quantization.search other than auto,
     it is made."""
-    from builder.openvino_tools import cpu_plugin_problem
 
     named = ctx.options.variants or ctx.spec.variants or []
     if ("onnx_int8_static" in named or ctx.spec.quantization.search != "auto" or not ctx.wants("openvino_int8")
@@ -208,7 +208,7 @@ def _nothing_quantized(graph_file: Path, quantizer: str) -> NotApplicable:
 # the search's real evaluation: quantise, check against the reference, measure against FP32 here
 
 SEARCH_WINDOW_SECONDS = 0.05
-SEARCH_MEASURE_SECONDS = 0.6  # per candidate, FP32 and INT8 in turn (builder.measure round robin)
+SEARCH_MEASURE_SECONDS = 0.6  # per candidate, FP32 and INT8 in turn (builder.model.measure round robin)
 SENSITIVE_OPS = ("Conv", "MatMul", "Gemm", "ConvTranspose")
 
 
@@ -220,7 +220,7 @@ TRANSFORMER_STATIC = ("a transformer encoder: the static search tried the defaul
 
 def _search(ctx: BuildContext, base: Variant, prepared: Path, quantize, first, out_dir: Path, candidates=None,
             fallback: bool = True):
-    """Run builder.quant_search with the real evaluate; the chosen recipe's model is left in
+    """Run builder.optimise.quant_search with the real evaluate; the chosen recipe's model is left in
     out_dir/candidate.onnx. Returns (rows, chosen candidate)."""
     q = ctx.spec.quantization
     clock = time.monotonic
@@ -291,7 +291,7 @@ def _remeasurer(ctx: BuildContext, quantize, fp32, out_dir: Path, names):
 
 def _fastest(measurement) -> float:
     """The fastest window's throughput: other processes only ever slow a window down, and in a round
-    robin one model may settle while another still meets a burst (builder/measure.py)."""
+    robin one model may settle while another still meets a burst (builder/model/measure.py)."""
     return max((w.throughput for w in measurement.windows), default=0.0)
 
 

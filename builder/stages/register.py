@@ -10,7 +10,7 @@ Usage::
 
 from __future__ import annotations
 
-from builder.errors import BuilderError
+from builder.core.errors import BuilderError
 from builder.stages.base import BuildContext, StageResult
 from builder.storage.mlflow_registry import register_version
 

@@ -4,7 +4,7 @@ With measurements (stage `benchmark`), the objective decides: highest throughput
 lowest p50 latency at batch 1, among variants that passed verification (per-precision tolerance)
 and the accuracy constraint (drop <= verify.max_accuracy_drop); a variant further from the reference
 (INT8 next to FP32) must beat a closer one by more than the measurement noise, else the closer one is
-published (builder/objective.py ``prefer_accurate``). Every variant gets the reason it won
+published (builder/model/objective.py ``prefer_accurate``). Every variant gets the reason it won
 or lost, with the numbers. Without measurements, a fixed preference per target applies and says so.
 Objective ``tradeoff`` (spec ``objective: {alpha: .., beta: .., gamma: ..}``) picks the highest
 J = alpha*accuracy - beta*p50 latency (ms) - gamma*memory (MB) (see ``tradeoff``); the report shows J.
@@ -15,11 +15,11 @@ A base export that was built only because a derived variant needs it (e.g. ``onn
 
 from __future__ import annotations
 
-from builder.measure import human
-from builder.objective import NOISE, prefer_accurate, speed, tradeoff_terms
+from builder.accuracy.tensors import worst_metric
+from builder.accuracy.verification import accuracy_drop_failure
+from builder.model.measure import human
+from builder.model.objective import NOISE, prefer_accurate, speed, tradeoff_terms
 from builder.stages.base import BuildContext, StageResult, Variant
-from builder.tensors import worst_metric
-from builder.verification import accuracy_drop_failure
 
 STAGE = "select"
 
@@ -33,7 +33,7 @@ PREFERENCE = {
 
 def tradeoff(variant: Variant, weights: dict[str, float]) -> dict[str, float] | None:
     """J = alpha * accuracy - beta * latency - gamma * memory, with its terms (None: not measured);
-    builder/objective.py defines the terms (`triton-builder select` ranks by the same J)."""
+    builder/model/objective.py defines the terms (`triton-builder select` ranks by the same J)."""
     bench = variant.benchmark or {}
     return tradeoff_terms(variant.accuracy, (bench.get("latency_ms_b1") or {}).get("p50"),
                           bench.get("peak_memory_mb"), weights)

@@ -7,7 +7,7 @@
 
 With the ``tensorrt`` Python package (extra ``[gpu]``) and a CUDA GPU, the plan is built here with
 the TensorRT Python API, on one optimisation profile (min/opt/max from builder/tensorrt/profiles.py),
-then verified and measured like every other variant (builder.runtime's plan runner) and published
+then verified and measured like every other variant (builder.model.runtime's plan runner) and published
 with ``platform: "tensorrt_plan"``. Its metadata.yaml records, under ``tensorrt``: the GPU name and
 compute capability, the TensorRT version, the profiles and the precision; ``triton-builder validate
 --gpu X.Y --tensorrt-version A.B.C`` refuses it for any other target (builder/tensorrt/compatibility.py).
@@ -27,13 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from builder.runtime import tensorrt_unavailable_reason
-from builder.spec import NAME_PATTERN
+from builder.model.runtime import tensorrt_unavailable_reason
+from builder.model.variants import register_variant, variants_of_stage
+from builder.spec.model import NAME_PATTERN
 from builder.stages.base import BuildContext, StageResult, TensorRTOutput, Variant
 from builder.stages.common import BaseFailed, check_base, not_made, skipped_for_base
 from builder.tensorrt.profiles import (InputProfile, derive_profiles, is_static, opt_batch_size, profiles_as_dict,
                                        tensorrt_api_shapes)
-from builder.variants import register_variant, variants_of_stage
 
 STAGE = "tensorrt"
 RECIPE_VARIANT = "tensorrt_fp16"  # what build-plans makes on the GPU host

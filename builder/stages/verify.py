@@ -1,18 +1,18 @@
 """Stage `verify`: every variant against the reference, on every case, with the per-precision
 tolerance; with labelled validation data also the top-1 accuracy and its drop. A variant that fails
 is never published; the reason lists every failing output with its numbers. TensorRT plans run on
-the GPU through builder.runtime's plan runner; where that cannot run, a plan is rejected, never
+the GPU through builder.model.runtime's plan runner; where that cannot run, a plan is rejected, never
 passed unchecked. A variant must also load on the Triton release it is built for (``build
 --triton-release``, default the newest in builder/repository/triton_releases.py): an ONNX IR version or
 opset beyond that release's onnxruntime, or a TorchScript saved by a torch newer than its libtorch
 (Triton's own pytorch backend, targets cpu/gpu), is rejected here, with the fix, before anything is
-published. The judgement itself is builder/verification.py's (the stages that derive a variant use it
+published. The judgement itself is builder/accuracy/verification.py's (the stages that derive a variant use it
 on the base first)."""
 
 from __future__ import annotations
 
+from builder.accuracy.verification import verify_one
 from builder.stages.base import BuildContext, StageResult
-from builder.verification import verify_one
 
 STAGE = "verify"
 

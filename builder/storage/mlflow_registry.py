@@ -33,9 +33,16 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
-from builder.errors import ServerError, UserInputError
-from builder.processes import LocalService, free_port, http_get
+from builder.core.errors import ServerError, UserInputError
+from builder.core.processes import LocalService, free_port, http_get
+from builder.core.side_env import cache_root, cached_virtualenv
+from builder.repository.config import parse_config
+from builder.repository.interface import version_mismatch
+from builder.repository.layout import existing_versions, latest_version
+from builder.repository.metadata import read_metadata
+from builder.repository.signing import SIGNED_CONFIG
 from builder.repository.warmup_data import referenced_files
+from builder.storage.s3 import local_version_files
 
 MLFLOW_VERSION = "3.17.2"
 EXPERIMENT = "triton-builder"
@@ -44,9 +51,8 @@ TAG_LIMIT = 5000  # MLflow's tag value limit (older servers)
 
 
 def mlflow_python(progress: Callable[[str], object] = lambda m: None) -> Path:
-    """The interpreter of a cached virtualenv with mlflow==MLFLOW_VERSION (builder/side_env.py; built on
+    """The interpreter of a cached virtualenv with mlflow==MLFLOW_VERSION (builder/core/side_env.py; built on
     first use)."""
-    from builder.side_env import cache_root, cached_virtualenv
 
     home = cache_root() / "tools" / f"mlflow-{MLFLOW_VERSION}"
     if not (home / "ready").is_file():
@@ -166,9 +172,6 @@ def register_version(registry: str, model_folder: Path, version: int | None = No
     registered with (_version_config). A Triton version already registered under ``name`` with the same
     files and config is not registered again (its registry version is returned, "already" True, and
     "note" says so); another build with the same number, or another config, is a new registry version."""
-    from builder.repository.layout import existing_versions, latest_version
-    from builder.repository.metadata import read_metadata
-    from builder.storage.s3 import local_version_files
 
     folder = _model_folder(Path(model_folder))
     version = latest_version(folder) if version is None else version
@@ -246,10 +249,6 @@ def _version_config(folder: Path, version: int, meta: dict[str, Any]) -> tuple[P
     version is registered with its own signed copy where it has one; without one, with the current config
     only when that still describes its interface (said in the note and a tag), else refused: a registry
     version whose config does not fit its model fails validate and serve."""
-    from builder.repository.config import parse_config
-    from builder.repository.interface import version_mismatch
-    from builder.repository.layout import latest_version
-    from builder.repository.signing import SIGNED_CONFIG
 
     own = folder / str(version) / SIGNED_CONFIG
     if own.is_file():

@@ -23,8 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from builder.errors import ServerError, UserInputError
-from builder.processes import LocalService, free_port, http_get
+from builder.core.errors import ServerError, UserInputError
+from builder.core.processes import LocalService, free_port, http_get
 
 __all__ = ["MotoS3Server"]
 

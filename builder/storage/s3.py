@@ -52,8 +52,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from builder.errors import ServerError, UserInputError
+from builder.core.errors import ServerError, UserInputError
+from builder.core.files import sha256_file
 from builder.repository.config import parse_config
+from builder.repository.layout import MODEL_SUFFIX, MONITOR_SUFFIX, existing_versions, is_monitored, model_dir
+from builder.repository.metadata import read_metadata
+from builder.repository.validate import hash_failures, record_problem
 from builder.repository.warmup_data import read_warmup_files
 from builder.storage.s3_location import S3Location, is_s3_url, parse_s3_url
 from builder.storage.s3_store import MARKER, MARKER_FORMAT, S3Store, _now
@@ -131,9 +135,6 @@ def local_version_files(folder: Path, action: str = "publish") -> dict[str, tupl
     every file metadata.yaml's ``files_sha256`` lists is there and unchanged, and metadata.yaml names
     this folder's version. ``UserInputError`` naming every problem otherwise; ``action`` (publish,
     register) is what the message says was refused."""
-    from builder.files import sha256_file
-    from builder.repository.metadata import read_metadata
-    from builder.repository.validate import hash_failures, record_problem
 
     problem = record_problem(folder / "metadata.yaml", fields=False)
     if problem:
@@ -189,8 +190,6 @@ def _name_files(names: Iterable[str], shown: int = 5) -> str:
 
 def _local_versions(repository: Path, models: Sequence[str] | None,
                     version: int | None) -> list[tuple[str, list[int]]]:
-    from builder.repository.layout import MODEL_SUFFIX, MONITOR_SUFFIX, existing_versions, is_monitored, model_dir
-
     if not repository.is_dir():
         raise UserInputError(f"--repository {repository}: not a directory; pass the local model repository "
                              "folder (one sub-folder per model) to publish from")

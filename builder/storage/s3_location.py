@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
 _SEGMENT = re.compile(r"^[A-Za-z0-9._-]+\Z")

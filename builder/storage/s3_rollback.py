@@ -25,9 +25,12 @@ from typing import Any, Callable
 
 import yaml
 
-from builder.errors import UserInputError
-from builder.repository.rollback import (RECORD_FILE, RollbackReport, pinned_config, policy_text, refuse_failed,
-                                         served_versions, sha256_text, target_version)
+from builder.core.errors import UserInputError
+from builder.repository.rollback import (RollbackReport, pinned_config, policy_text, refuse_failed, served_versions,
+                                         target_version)
+from builder.repository.signing import RECORD_FILE, sha256_text
+from builder.repository.validate import validate_model
+from builder.repository.warmup_data import read_warmup_files, referenced_files
 from builder.storage.s3_location import parse_s3_url
 from builder.storage.s3_store import MARKER, S3Store
 
@@ -56,7 +59,6 @@ def rollback_s3(url: str, name: str, to: int | None = None, *, client: Any = Non
                 progress: Callable[[str], object] = lambda message: None,
                 now: Callable[[], dt.datetime] | None = None) -> RollbackReport:
     """Serve version ``to`` (default: the one before the served one) of ``name`` in the s3:// repository ``url``."""
-    from builder.repository.validate import validate_model
 
     location = parse_s3_url(url, "--repository")
     store = S3Store(location, client=client)
@@ -83,7 +85,6 @@ def rollback_s3(url: str, name: str, to: int | None = None, *, client: Any = Non
         (folder / str(number)).mkdir(parents=True)
         (folder / "config.pbtxt").write_text(text)
         _download(store, name, number, folder / str(number))
-        from builder.repository.warmup_data import read_warmup_files, referenced_files
         for relative in referenced_files(text):
             data = store.get_bytes(name, *relative.split("/"))
             if data is not None:

@@ -19,8 +19,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from builder.errors import ServerError, UserInputError
-from builder.extras import require
+from builder.core.errors import ServerError, UserInputError
+from builder.core.extras import require
 from builder.storage.s3_location import S3Location, parse_s3_url
 
 MARKER = ".complete"
@@ -66,8 +66,13 @@ class S3Store:
 
     def _call(self, what: str, fn: Callable[[], Any]) -> Any:
         try:
-            from botocore.exceptions import (BotoCoreError, ClientError, EndpointConnectionError,
-                                             NoCredentialsError, PartialCredentialsError)
+            from botocore.exceptions import (
+                BotoCoreError,
+                ClientError,
+                EndpointConnectionError,
+                NoCredentialsError,
+                PartialCredentialsError,
+            )
         except ImportError:  # a test double for the client: nothing to translate
             return fn()
         try:

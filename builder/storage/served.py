@@ -23,9 +23,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from builder.storage.s3 import MARKER, S3Location, S3Store, is_s3_url, parse_s3_url, policy_versions, \
-    snapshot_for_check
-from builder.spec import NAME_PATTERN
+from builder.core.host import host_warnings
+from builder.serving.backends import unsupported_models
+from builder.serving.check import check_served
+from builder.spec.model import NAME_PATTERN
+from builder.storage.s3 import MARKER, S3Location, S3Store, is_s3_url, parse_s3_url, policy_versions, snapshot_for_check
 
 __all__ = ["inspect_repository", "check_served_at", "served_versions", "s3_host_warnings"]
 
@@ -43,7 +45,6 @@ def served_versions(store: S3Store, model: str) -> tuple[list[int], list[int]]:
 def inspect_repository(location: S3Location | str, client: Any = None
                        ) -> tuple[list[str], dict[str, str], dict[str, list[int]]]:
     """``(model names, {left-out name: reason}, {served name: versions})`` of an object-store repository."""
-    from builder.serving.backends import unsupported_models
 
     store = S3Store(location, client=client)
     store.check_bucket()
@@ -80,7 +81,6 @@ def inspect_repository(location: S3Location | str, client: Any = None
 def check_served_at(name: str, repository: str | Path, **kwargs: Any):
     """``check_served`` for a local folder or an ``s3://`` repository (its reference files fetched
     into a scratch folder first); same arguments and report as ``builder.serving.check.check_served``."""
-    from builder.serving.check import check_served
 
     if not is_s3_url(repository):
         return check_served(name, repository=repository, **kwargs)
@@ -92,11 +92,10 @@ def check_served_at(name: str, repository: str | Path, **kwargs: Any):
 
 def s3_host_warnings(location: S3Location | str, models: list[str], current_host: dict | None = None,
                      client: Any = None) -> list[str]:
-    """builder/host.py's warnings for each model's newest served version in an object-store repository
+    """builder/core/host.py's warnings for each model's newest served version in an object-store repository
     (its metadata.yaml read from the bucket), as ``serve`` gives them for a local folder."""
     import yaml
 
-    from builder.host import host_warnings
 
     store = S3Store(location, client=client)
     out: list[str] = []

@@ -34,8 +34,8 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.errors import UserInputError
-from builder.processes import TimeoutExpired, run_command
+from builder.core.errors import UserInputError
+from builder.core.processes import TimeoutExpired, run_command
 
 REBUILD_HINT = "rebuild the plan on the target: docker compose --profile plans run --rm build-plans"
 TRTEXEC_DEFAULT = "/usr/src/tensorrt/bin/trtexec"  # where the NGC images keep it

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from builder.spec import ModelSpec
+from builder.spec.model import ModelSpec
+from builder.tensorrt.profiles import LEVELS, derive_profiles, is_static, shape_string
 
 
 def gpu_optimization(spec: ModelSpec, backend: str, target: str) -> dict[str, Any]:
@@ -34,7 +35,6 @@ def gpu_optimization(spec: ModelSpec, backend: str, target: str) -> dict[str, An
 
 def onnx_tensorrt_parameters(spec: ModelSpec, settings: dict[str, Any]) -> dict[str, str]:
     """The accelerator's parameters as Triton wants them: strings, booleans as "true"/"false"."""
-    from builder.tensorrt.profiles import LEVELS, derive_profiles, is_static, shape_string
 
     parameters: dict[str, str] = {}
     for key, value in settings.items():

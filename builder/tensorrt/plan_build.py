@@ -4,7 +4,7 @@ the plan path; the builder's half is builder/tensorrt/plan_recipe.py).
 Run by ``scripts/build-plans.sh`` (compose service ``build-plans``, in the pinned NGC Triton image,
 so the plan is made by the same TensorRT as the server that loads it). That image has bash, python3,
 trtexec and nvidia-smi, not the builder's packages: this module uses the standard library only
-(and builder.errors, builder.files, builder.processes and builder.tensorrt.compatibility, which do too).
+(and builder.core.errors, builder.core.files, builder.core.processes and builder.tensorrt.compatibility, which do too).
 
 For each recipe (``<repo>/<model>/<version>/plan_recipe.json``; per model, the latest version that
 has one):
@@ -50,11 +50,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from builder.errors import BuilderError, UserInputError
-from builder.files import sha256_file
-from builder.processes import TimeoutExpired, run_command
-from builder.tensorrt.compatibility import (find_trtexec, probe_trtexec_version, query_gpus,
-                                              tensorrt_version_from_log)
+from builder.core.errors import BuilderError, UserInputError
+from builder.core.files import sha256_file
+from builder.core.processes import TimeoutExpired, run_command
+from builder.tensorrt.compatibility import find_trtexec, probe_trtexec_version, query_gpus, tensorrt_version_from_log
 
 RECIPE_FILE = "plan_recipe.json"
 RECIPE_SCHEMA = 1

@@ -24,10 +24,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from builder.files import sha256_file
+from builder.core.files import sha256_file
+from builder.repository.config import render_config
 from builder.repository.metadata import _plain
+from builder.repository.publish import config_for
 from builder.tensorrt.plan_build import BUILD_PLANS, RECIPE_FILE, RECIPE_SCHEMA
-from builder.tensorrt.profiles import LEVELS, derive_profiles, is_static, profiles_as_dict, shape_string, trtexec_shape_args
+from builder.tensorrt.profiles import (LEVELS, derive_profiles, is_static, profiles_as_dict, shape_string,
+                                       trtexec_shape_args)
 
 
 @dataclass(frozen=True)
@@ -71,9 +74,6 @@ def recipe_source_ok(variant) -> bool:
 
 def make_recipe(ctx, variant, name: str, version: int, record: dict[str, Any], deferred: dict[str, Any],
                 onnx_sha256: str) -> dict[str, Any]:
-    from builder.repository.config import render_config
-    from builder.repository.publish import config_for
-
     spec = ctx.spec
     plan_model = deferred["plan_model"]
     profiles = derive_profiles(spec)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from builder.spec import ModelSpec
+from builder.spec.model import ModelSpec
 
 LEVELS = ("min", "opt", "max")
 

@@ -7,7 +7,7 @@ machine against the embedded server (digits_cnn), threads of ``tritonclient.grpc
 threads it is (the GIL is released while a call waits). Client and server share the CPU here; the
 client type is recorded with every measurement.
 
-A level is measured in windows until stable: perf_analyzer's rule as ``builder.measure.is_stable``
+A level is measured in windows until stable: perf_analyzer's rule as ``builder.model.measure.is_stable``
 implements it (the last 3 windows agree within 10 % on throughput and p50), capped in time; a level
 that never settles is flagged and reports its 3 least disturbed (fastest) windows. The server's
 statistics are read at every window boundary, so queue/compute time and the batch sizes formed
@@ -30,7 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from builder.measure import STABLE_TOLERANCE, STABLE_WINDOWS, is_stable
+from builder.model.measure import STABLE_TOLERANCE, STABLE_WINDOWS, is_stable
+from builder.serving.client import TritonClient, prepare_request
+from builder.tuning.stats import server_view
 
 CLIENT_KINDS = {
     "grpc": "in-process closed loop: one thread per request in flight, each with its own synchronous tritonclient.grpc client",
@@ -111,7 +113,6 @@ class _Worker(threading.Thread):
 
 def _protocol_functions(url: str, protocol: str, model: str, outputs: list[str], timeout: float):
     """One ``TritonClient`` per worker; requests prepared once; ``send`` does no conversion of the answer."""
-    from builder.serving.client import TritonClient, prepare_request
 
     def make_client() -> TritonClient:
         return TritonClient(url, protocol, network_timeout=timeout)
@@ -129,7 +130,6 @@ def measure_level(url: str, protocol: str, model: str, requests: list[dict[str, 
                   concurrency: int, *, window_s: float = 0.5, max_s: float = 6.0, timeout: float = 10.0,
                   stats=None, windows: int = STABLE_WINDOWS, tolerance: float = STABLE_TOLERANCE) -> LevelResult:
     """Measure one concurrency level until stable (or ``max_s``); ``stats``: a ``StatsReader`` or None."""
-    from builder.tuning.stats import server_view
 
     make_client, infer, prepare = _protocol_functions(url, protocol, model, outputs, timeout)
     prepared = [prepare(r) for r in requests]

@@ -24,8 +24,10 @@ from typing import Callable
 
 import numpy as np
 
-from builder.errors import UserInputError
-from builder.tuning.client import LevelResult
+from builder.core.errors import UserInputError
+from builder.tuning.client import LevelResult, measure_level
+from builder.tuning.pa_measure import input_data, measure_with_perf_analyzer, shape_args, uniform_samples
+from builder.tuning.perf_analyzer import PerfAnalyzerMissing, find_perf_analyzer, install_perf_analyzer, manual_steps
 
 ENGINES = ("auto", "perf_analyzer", "python")
 
@@ -41,8 +43,6 @@ class PythonEngine:
         self.requests, self.outputs = requests, interface.outputs
 
     def measure(self, concurrency: int, *, window_s: float, max_s: float, stats=None) -> LevelResult:
-        from builder.tuning.client import measure_level
-
         return measure_level(self.url, self.protocol, self.model, self.requests, self.outputs, concurrency,
                              window_s=window_s, max_s=max_s, stats=stats)
 
@@ -59,7 +59,6 @@ class PerfAnalyzerEngine:
                 batch_size: int = 1, work_dir: Path | None = None) -> None:
         import tempfile
 
-        from builder.tuning.pa_measure import input_data, shape_args, uniform_samples
 
         self.url, self.protocol, self.model, self.batch_size = url, protocol, interface.name, batch_size
         self.work_dir = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="triton-builder-pa-"))
@@ -71,8 +70,6 @@ class PerfAnalyzerEngine:
         self.shapes = shape_args(interface.inputs, samples, interface.batching)
 
     def measure(self, concurrency: int, *, window_s: float, max_s: float, stats=None) -> LevelResult:
-        from builder.tuning.pa_measure import measure_with_perf_analyzer
-
         return measure_with_perf_analyzer(self.tool, self.url, self.protocol, self.model, concurrency, self.data,
                                           work_dir=self.work_dir, batch_size=self.batch_size, window_s=window_s,
                                           max_s=max_s, stats=stats, shapes=self.shapes)
@@ -81,7 +78,6 @@ class PerfAnalyzerEngine:
 def choose_engine(choice: str = "auto", say: Callable[[str], object] = lambda m: None, *,
                   install: bool = True) -> PythonEngine | PerfAnalyzerEngine:
     """The engine for ``--engine choice``; ``install``: download perf_analyzer if it is missing."""
-    from builder.tuning.perf_analyzer import PerfAnalyzerMissing, find_perf_analyzer, install_perf_analyzer
 
     if choice not in ENGINES:
         raise UserInputError(f"unknown --engine {choice!r}; supported: {', '.join(ENGINES)}; to add one: a class "
@@ -91,7 +87,6 @@ def choose_engine(choice: str = "auto", say: Callable[[str], object] = lambda m:
     try:
         tool = install_perf_analyzer(progress=say) if install else find_perf_analyzer()
         if tool is None:
-            from builder.tuning.perf_analyzer import manual_steps
             raise PerfAnalyzerMissing(f"perf_analyzer is not installed; {manual_steps()}")
     except PerfAnalyzerMissing as exc:
         if choice == "perf_analyzer":

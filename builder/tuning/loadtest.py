@@ -43,10 +43,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from builder import assets
-from builder.errors import ServerError, UserInputError
-from builder.files import output_folder
-from builder.processes import LocalService, free_port, stop_all
+from builder.core import assets
+from builder.core.errors import ServerError, UserInputError
+from builder.core.files import output_folder
+from builder.core.processes import LocalService, free_port, stop_all
+from builder.tuning.payload import check_batch_size, fetch_model, locust_payload
+from builder.tuning.stats import StatsReader, format_batch_sizes, server_view
+from builder.tuning.steps import ensemble_steps, model_step
 
 #: loadtest/ as installed (package data): the locustfile, its load shapes, what it sends and locust.conf
 LOADTEST_DIR = assets.loadtest_dir()
@@ -145,9 +148,6 @@ def run_loadtest(model: str, url: str, protocol: str = "http", users: int = 8, r
     Returns the summary (also written to ``out_dir/summary.json``). Raises ``UserInputError`` for bad
     arguments and ``ServerError`` if the server or model cannot be reached before the run.
     """
-    from builder.tuning.payload import check_batch_size, fetch_model, locust_payload
-    from builder.tuning.stats import StatsReader, server_view
-    from builder.tuning.steps import ensemble_steps, model_step
 
     _validate(protocol, users, run_time_s, workers, shape, timeout_s, slo_p99_ms, slo_max_failure_ratio,
               spawn_rate, batch_size)
@@ -315,7 +315,6 @@ def _fmt_ms(value: Any) -> str:
 def format_summary(summary: dict[str, Any]) -> str:
     """One line: client numbers, the server's queue/compute split and batches, the SLO verdict; when
     requests failed, a second line with the most common failure reason."""
-    from builder.tuning.stats import format_batch_sizes
 
     c, s = summary.get("client", {}), summary.get("server", {})
     text = (f"{summary.get('model')} over {summary.get('protocol')}, {summary.get('users')} users: "

@@ -34,10 +34,12 @@ from typing import Any
 
 import numpy as np
 
-from builder.errors import UserInputError
-from builder.measure import STABLE_TOLERANCE, STABLE_WINDOWS
-from builder.tuning.client import LevelResult
+from builder.core.errors import UserInputError
+from builder.core.processes import TimeoutExpired, run_command
+from builder.model.measure import STABLE_TOLERANCE, STABLE_WINDOWS
+from builder.tuning.client import LevelResult, _snapshot
 from builder.tuning.perf_analyzer import PerfAnalyzer
+from builder.tuning.stats import server_view
 
 UNSTABLE = "Failed to obtain stable measurement"
 RELAXED_STABILITY_PCT = 1000  # any 3 windows "agree": the fallback for a level that never settles
@@ -203,9 +205,6 @@ def measure_with_perf_analyzer(tool: PerfAnalyzer, url: str, protocol: str, mode
                                tolerance: float = STABLE_TOLERANCE) -> LevelResult:
     """Measure one level with perf_analyzer (module doc). A perf_analyzer that fails for another reason
     gives a level with ``failures=1`` and its message in ``errors``."""
-    from builder.processes import TimeoutExpired, run_command
-    from builder.tuning.client import _snapshot
-    from builder.tuning.stats import server_view
 
     report = work_dir / f"{model}_c{concurrency}.csv"
     # the time cap covers both runs: a level that never settles is measured again over 3 windows

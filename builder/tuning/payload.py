@@ -6,7 +6,7 @@ Sources, in order of preference:
    ``input/<case>/<input name>``) or a plain file keyed by input name (validation data; other keys,
    e.g. ``labels``, are ignored), rows along the first axis when the model batches;
 2. the latest version's ``reference.npz`` in the repository: its validation cases alone where it has
-   any (case keys ``<n>_val_b<batch>``, ``<n>_val``: builder/tensors.py ``build_cases``), else all
+   any (case keys ``<n>_val_b<batch>``, ``<n>_val``: builder/accuracy/tensors.py ``build_cases``), else all
    its cases. The generated ones hold random values over each input's value_range, at every dynamic
    size the build checked: sent to a server in production they fill its drift windows with data
    that is not its traffic, and the drift alerts fire for minutes. The source says which
@@ -40,8 +40,14 @@ from typing import Any
 
 import numpy as np
 
-from builder.errors import ServerError, UserInputError
-from builder.tuning.text_payload import model_step_samples
+from builder.accuracy.tensors import to_wire
+from builder.core.errors import ServerError, UserInputError
+from builder.core.scratch import OwnedFolder, sweep
+from builder.repository.layout import (is_pipeline, latest_version, model_dir, not_in_repository,
+                                       require_model_repository)
+from builder.serving.client import TritonClient
+from builder.tuning.text_payload import (BYTES, as_bytes, generated_text_array, model_step_samples, pipeline_texts,
+                                         write_texts_npz)
 
 #: Triton datatype (metadata spelling) -> numpy dtype.
 DATATYPES = {"FP32": np.float32, "FP16": np.float16, "FP64": np.float64, "INT64": np.int64, "INT32": np.int32,
@@ -49,7 +55,7 @@ DATATYPES = {"FP32": np.float32, "FP16": np.float16, "FP64": np.float64, "INT64"
 GENERATED_DYNAMIC_SIZE = 16
 MAX_SAMPLES = 256
 VALIDATION_CASE = re.compile(r"^\d+_val(_|$)")  # a reference.npz case key (<index>_<case id>) of data.validation
-COPY_PREFIX = "triton-builder-payload-"  # default_payload's copies, in the temp dir (builder/scratch.py)
+COPY_PREFIX = "triton-builder-payload-"  # default_payload's copies, in the temp dir (builder/core/scratch.py)
 _COPIES = None  # the OwnedFolder of this process's copies, made on first use
 
 
@@ -71,7 +77,6 @@ def fetch_model(url: str, protocol: str, model: str, timeout: float = 10.0) -> M
 
     Raises ``ServerError`` (exit 2) if the server cannot be reached or the model is not ready.
     """
-    from builder.serving.client import TritonClient
 
     if protocol not in ("http", "grpc"):
         raise UserInputError(f"--protocol {protocol!r}: use http or grpc")
@@ -118,7 +123,6 @@ def default_payload(repository: str | Path | None, model: str, text_input: str =
     ``<temp>/triton-builder-payload-*/<model>-v<version>-texts/texts.npz``."""
     texts = _pipeline_texts(repository, model)
     if texts is not None:
-        from builder.tuning.text_payload import write_texts_npz
 
         return write_texts_npz(_owned_path(f"{model}-v{texts[1].parent.name}-texts/texts.npz"), text_input, texts[0])
     path = reference_payload(repository, model)
@@ -143,8 +147,6 @@ def locust_payload(model: ModelInterface, payload: str | Path | None,
 
 
 def _pipeline_texts(repository: str | Path | None, model: str) -> tuple[list[str], Path] | None:
-    from builder.tuning.text_payload import pipeline_texts
-
     return pipeline_texts(repository, model)
 
 def reference_payload(repository: str | Path | None, model: str) -> Path | None:
@@ -153,8 +155,6 @@ def reference_payload(repository: str | Path | None, model: str) -> Path | None:
     inputs would load-test with other data than the user pointed at."""
     if repository is None:
         return None
-    from builder.repository.layout import (is_pipeline, latest_version, model_dir, not_in_repository,
-                                           require_model_repository)
 
     root = require_model_repository(Path(repository))
     folder = model_dir(root, model)
@@ -216,7 +216,6 @@ def _owned_path(relative: str) -> Path:
     import atexit
     import tempfile
 
-    from builder.scratch import OwnedFolder, sweep
 
     global _COPIES
     if _COPIES is None:
@@ -275,7 +274,6 @@ def read_npz_samples(path: str | Path, input_names: list[str], batching: bool,
 def generated_samples(model: ModelInterface, count: int = 16, seed: int = 0) -> list[dict[str, np.ndarray]]:
     """Inputs made from the model's metadata: right names, dtypes and shapes, never all zeros for floats;
     short ASCII sentences for a text (BYTES) input, one per element (its dynamic dims 1)."""
-    from builder.tuning.text_payload import BYTES, generated_text_array
 
     rng = np.random.default_rng(seed)
     samples = []
@@ -313,7 +311,6 @@ def load_samples(model: ModelInterface, payload: str | Path | None = None,
         return tokenized
     path = Path(payload) if payload is not None else reference_payload(repository, model.name)
     if path is not None:
-        from builder.tensors import to_wire
         cases, source = payload_cases(path) if payload is None else (None, str(path))
         dims = {name: shape for name, _, shape in model.inputs}
         samples = read_npz_samples(path, names, model.batching, cases)
@@ -327,7 +324,6 @@ def load_samples(model: ModelInterface, payload: str | Path | None = None,
 
 def _text_samples(model: ModelInterface, texts: list[str]) -> list[dict[str, np.ndarray]]:
     """One sample per text for the pipeline ensemble's one text input."""
-    from builder.tuning.text_payload import BYTES, as_bytes
 
     inputs = [(name, shape) for name, datatype, shape in model.inputs if datatype == BYTES]
     if len(model.inputs) != 1 or not inputs:
@@ -343,7 +339,6 @@ def _as_model_dtypes(samples: list[dict[str, np.ndarray]], datatypes: dict[str, 
     """Payload arrays in the dtypes the model takes: a cast within a kind (numpy's float64 default for
     an FP32 input) is made; across kinds (floats for INT64 ids) it is refused here, not as every request
     of a run failing on the server."""
-    from builder.tuning.text_payload import BYTES, as_bytes
 
     first = samples[0] if samples else {}
     texts = [name for name in first if datatypes.get(name) == BYTES]

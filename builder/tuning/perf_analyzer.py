@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from builder.errors import BuilderError
-from builder.side_env import WheelDownloadError, cache_root, download_wheel, install_atomically
+from builder.core.errors import BuilderError
+from builder.core.processes import CommandError, TimeoutExpired, run_command
+from builder.core.side_env import WheelDownloadError, cache_root, download_wheel, install_atomically
 
 VERSION = "2.51.0"
 BINARY_ENV = "TRITON_BUILDER_PERF_ANALYZER"
@@ -153,7 +154,6 @@ def install_perf_analyzer(progress: Callable[[str], object] = lambda m: None) ->
     if given:
         raise PerfAnalyzerMissing(f"${BINARY_ENV} names {given}, which is not an executable file: point it at "
                                   f"a perf_analyzer binary, or unset it to use the one triton-builder installs")
-    from builder.processes import CommandError, TimeoutExpired, run_command
 
     home = install_dir()
     progress(f"installing perf_analyzer {VERSION} into {home} (once; only the binary from the tritonclient "

@@ -22,9 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder.errors import LoadRefused, ServerError, UserInputError
+from builder.core.errors import LoadRefused, ServerError, UserInputError
 from builder.repository.config import thread_parameter
-from builder.serving.client import ServerGone
+from builder.serving.check import config_differences
+from builder.serving.client import ServerGone, TritonError, WatchedClient
+from builder.serving.control_helper import CLEANUP_PATIENCE_S, control_when_back
+from builder.tuning.engine import PythonEngine
+from builder.tuning.stats import StatsReader
 
 SATURATION_GAIN = 1.05  # a level that adds less than 5 % throughput counts as saturated
 REFINE_STEPS = 2  # bisection steps between the last level within the budget and the first over it
@@ -112,7 +116,6 @@ class ModelControl:
 
     def __init__(self, url: str, protocol: str, model: str, timeout: float = 120.0,
                  files: dict[str, bytes] | None = None):
-        from builder.serving.client import WatchedClient
 
         self.url, self.protocol, self.model, self.timeout, self.files = url, protocol, model, timeout, files
         self.client = WatchedClient(url, protocol, network_timeout=timeout, connection_timeout=10)
@@ -129,7 +132,6 @@ class ModelControl:
         2.51's python backend crashed the server (SIGSEGV in TRITONBACKEND_ModelInstanceExecute) when
         requests reached a model reloaded in place while its old instance was still unloading.
         """
-        from builder.serving.client import TritonError
 
         self.replaced = True  # from the unload on: interrupted or abandoned, it is loaded from its file again
         try:
@@ -142,7 +144,6 @@ class ModelControl:
     def serve(self, config: dict[str, Any], on_file: bool = False) -> tuple[str, dict[str, Any]]:
         """Serve ``config`` for a measurement: ``(the model name to send requests to, the config as sent)``.
         ``on_file``: it is the config the model serves from its file now (no load when copies are made)."""
-        from builder.serving.client import TritonError
 
         if self.files is None:
             self.load(config)
@@ -164,7 +165,6 @@ class ModelControl:
     def drop_copy(self) -> None:
         """Unload the copy loaded now, if any, without waiting for it (it ends while the next one loads).
         The python backend's 1 s per instance is spent while the next copy loads, not before."""
-        from builder.serving.client import TritonError
 
         if self.copy_name is not None:
             name, self.copy_name = self.copy_name, None
@@ -194,7 +194,6 @@ class ModelControl:
     def abandon(self) -> str:
         """The server stopped answering: what ``drop_copy`` and a reload from the file would ask, handed to a
         process that waits for it (``control_when_back``); what was asked, for the error."""
-        from builder.serving.control_helper import CLEANUP_PATIENCE_S, control_when_back
 
         unload, load = [self.copy_name] if self.copy_name else [], [self.model] if self.replaced else []
         self.copy_name, self.replaced = None, False
@@ -243,7 +242,6 @@ class Search:
 
     def __init__(self, url, protocol, model, base, requests, outputs, levels, budget, window_s, per_level_s,
                  max_candidates, say, engine=None, files=None):
-        from builder.tuning.stats import StatsReader
 
         self.url, self.protocol, self.model, self.base = url, protocol, model, base
         self.requests, self.outputs, self.levels, self.budget = requests, outputs, levels, budget
@@ -263,7 +261,6 @@ class Search:
         if engine is None:  # the in-process Python client on these requests
             from types import SimpleNamespace
 
-            from builder.tuning.engine import PythonEngine
             engine = PythonEngine()
             engine.prepare(url, protocol, SimpleNamespace(name=model, outputs=outputs), None, requests)
         self.engine = engine  #: builder/tuning/engine.py, prepared
@@ -323,7 +320,6 @@ class Search:
 
     def measure(self, candidate: Candidate, confirm_round: bool = False) -> Candidate:
         """Load ``candidate`` and measure it (or, ``confirm_round``, measure its best level once more)."""
-        from builder.serving.check import config_differences
 
         if not confirm_round:
             if candidate.key in self.measured:

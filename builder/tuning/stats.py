@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.errors import ServerError
+from builder.core.errors import ServerError
+from builder.serving.client import TritonClient
 
 _PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
 
@@ -62,8 +63,6 @@ class StatsReader:
     """Reads a model's statistics over HTTP or gRPC (whichever the measurement uses)."""
 
     def __init__(self, url: str, protocol: str, timeout: float = 10.0):
-        from builder.serving.client import TritonClient
-
         self.url, self.protocol, self.timeout = url, protocol, timeout
         self._client = TritonClient(url, protocol, network_timeout=timeout)
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from builder.serving.client import TritonClient
+
 
 @dataclass
 class Record:
@@ -58,8 +60,6 @@ class _Worker(threading.Thread):
         self.stop_flag = threading.Event()
 
     def run(self) -> None:
-        from builder.serving.client import TritonClient
-
         client = None
         index = self.offset
         while not self.stop_flag.is_set():

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from builder.errors import ServerError
+from builder.core.errors import ServerError
 from builder.tuning.stats import StatsReader, StatsSnapshot
 
 #: step name suffix -> what the step does (builder/repository/layout.py names them)

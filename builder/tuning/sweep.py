@@ -26,8 +26,12 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from builder.errors import UserInputError
-from builder.files import output_folder
+from builder.core.errors import UserInputError
+from builder.core.files import output_folder
+from builder.tuning.engine import choose_engine
+from builder.tuning.payload import check_batch_size, fetch_model, load_samples, make_requests
+from builder.tuning.stats import StatsReader, format_batch_sizes
+from builder.tuning.steps import StepTimer, ensemble_steps, format_step_table, model_step
 
 
 def concurrency_levels(max_concurrency: int) -> list[int]:
@@ -51,10 +55,6 @@ def run_sweep(model: str, url: str, protocol: str = "grpc", max_concurrency: int
 
     Raises ``UserInputError`` for bad arguments, ``ServerError`` if the model cannot be reached.
     """
-    from builder.tuning.engine import choose_engine
-    from builder.tuning.payload import check_batch_size, fetch_model, load_samples, make_requests
-    from builder.tuning.stats import StatsReader, format_batch_sizes
-    from builder.tuning.steps import StepTimer, ensemble_steps, format_step_table, model_step
 
     levels = sorted(set(levels)) if levels else concurrency_levels(max_concurrency)
     if any(c < 1 for c in levels):

@@ -29,9 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.huggingface.texts import published_encoder
-from builder.repository.layout import MODEL_SUFFIX, PREPROCESS_SUFFIX, latest_version
+from builder.repository.layout import (MODEL_SUFFIX, PREPROCESS_SUFFIX, is_pipeline, latest_version, model_dir,
+                                       require_model_repository)
 
 BYTES = "BYTES"
 REFERENCE_FILE = "pipeline_reference.json"  # builder/repository/pipeline.py writes it into the model step's version
@@ -84,7 +85,6 @@ def pipeline_texts(repository: str | Path | None, model: str) -> tuple[list[str]
     in ``repository``; None when ``model`` is no text pipeline there or its latest version has no texts."""
     if repository is None:
         return None
-    from builder.repository.layout import is_pipeline, latest_version, model_dir, require_model_repository
 
     root = require_model_repository(Path(repository))
     if not is_pipeline(root, model):

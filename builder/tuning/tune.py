@@ -84,14 +84,24 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from builder.errors import ServerError, UserInputError
-from builder.files import output_folder
-from builder.processes import terminate_as_interrupt
-from builder.repository.config import thread_parameter
-from builder.repository.tuned import monitored_step
-from builder.serving.client import ServerGone
+from builder.core.errors import ServerError, UserInputError
+from builder.core.files import output_folder
+from builder.core.host import usable_cores, usable_cores as host_cores
+from builder.core.local_server import server_usable_cores
+from builder.core.processes import terminate_as_interrupt
+from builder.repository.config import config_as_dict, thread_parameter
+from builder.repository.layout import model_dir, not_in_repository, require_writable
+from builder.repository.republish import publish_tuned
+from builder.repository.signing import require_key_if_signed, resolve_signing_key
+from builder.repository.tuned import (TUNED_MARK, config_text_from_dict, monitored_step, original_header,
+                                      refuse_if_signed, write_tuned_config)
+from builder.serving.check import config_differences
+from builder.serving.client import ServerGone, TritonClient
 from builder.serving.startup import bytecode_dirs, remove_new_bytecode
-from builder.tuning.search import Candidate, ModelControl, Search, best_candidate as _best, built_candidate
+from builder.tuning.engine import choose_engine
+from builder.tuning.payload import fetch_model, load_samples, make_requests
+from builder.tuning.search import (COPY_UPLOAD_LIMIT, Candidate, ModelControl, Search, best_candidate as _best,
+                                   built_candidate, served_copy_files)
 
 DEFAULT_DELAYS = (0, 100, 500, 2000)
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64)
@@ -125,9 +135,6 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
     Raises ``UserInputError`` for bad arguments or a server without model control, ``ServerError`` if
     the model cannot be reached or the server stops answering (module doc).
     """
-    from builder.serving.check import config_differences
-    from builder.tuning.engine import choose_engine
-    from builder.tuning.payload import fetch_model, load_samples, make_requests
 
     say = progress or (lambda message: None)
     model = monitored_step(repository, model, say)
@@ -138,15 +145,12 @@ def run_tune(model: str, repository: str | Path, url: str, *, protocol: str = "g
         raise UserInputError("--write and --publish: choose one (--write changes the served config.pbtxt in place, "
                              "--publish adds the winner as a new version)")
     if write or publish:  # the winner is written at the end: a read-only repository is refused before the search
-        from builder.repository.layout import require_writable
         require_writable(Path(repository), staged=publish)
     config_path, base_text, base = _read_config(repository, model, max_batch_sizes, batch_size)
     if write and not publish:  # a signed version refuses an in-place config: say so before the search, not after
-        from builder.repository.tuned import refuse_if_signed
         refuse_if_signed(repository, model)
     key = None
     if publish:  # a bad key fails before the search; $TRITON_BUILDER_SIGNING_KEY when none is given
-        from builder.repository.reselect import require_key_if_signed, resolve_signing_key
         key = resolve_signing_key(signing_key, Path(repository))
         require_key_if_signed(Path(repository), model, key)
     default = built_candidate(base)
@@ -250,9 +254,6 @@ def _cleanup(search: Search) -> str:
 
 def _copy_files(url: str, protocol: str, repository, model: str, say) -> dict[str, bytes] | None:
     """The files for serving candidates as copies of the model (module doc), or None: reload in place."""
-    from builder.repository.layout import model_dir
-    from builder.serving.client import TritonClient
-    from builder.tuning.search import COPY_UPLOAD_LIMIT, served_copy_files
 
     with TritonClient(url, protocol) as client:
         versions = [int(v) for v in client.model_metadata(model).get("versions", []) if str(v).isdigit()]
@@ -324,8 +325,6 @@ def host_layouts(cores: int, threaded: bool, max_instances: int = 16) -> list[tu
 def _server_cores(url: str, say) -> int | None:
     """The usable cores of a server listening on this machine where they differ from this process's (it
     runs under another affinity: the load generator kept off the server's cores); None otherwise."""
-    from builder.host import usable_cores
-    from builder.local_server import server_usable_cores
 
     found, mine = server_usable_cores(url), usable_cores()
     if found is None or found[0] == mine:
@@ -338,13 +337,12 @@ def _server_cores(url: str, say) -> int | None:
 def _layouts(base: dict, default: Candidate, instance_counts, usable_cores: int | None) -> list[tuple[int, int]]:
     """The (instances, threads) pairs of stage 2, without the config as built; threads 0: as built.
     ``instance_counts`` given (--instances): those at the built threads; else ``host_layouts`` from the
-    usable cores (builder/host.py; ``usable_cores`` injects them)."""
+    usable cores (builder/core/host.py; ``usable_cores`` injects them)."""
     built = _built_threads(base)
     built_threads = int(built) if built and built.isdigit() else 0
     if instance_counts is not None:
         pairs = [(count, 0) for count in instance_counts]
     else:
-        from builder.host import usable_cores as host_cores
         pairs = host_layouts(usable_cores or host_cores(), built is not None)
     out = []
     for instances, threads in pairs:
@@ -356,8 +354,6 @@ def _layouts(base: dict, default: Candidate, instance_counts, usable_cores: int 
 
 def _read_config(repository, model: str, max_batch_sizes: list[int], batch_size: int) -> tuple[Path, str, dict]:
     """``(config path, its text, its JSON form)``; ``UserInputError`` if the model cannot be tuned so."""
-    from builder.repository.config import config_as_dict
-    from builder.repository.layout import model_dir, not_in_repository
 
     config_path = model_dir(Path(repository), model) / "config.pbtxt"
     if not config_path.is_file():  # the folder the server serves
@@ -409,9 +405,6 @@ def _write_winner(server: ModelControl, repository, model, config_path: Path, ba
     """The winner into ``config.pbtxt`` + ``tuning.json`` (``publish``: as a new version of the model, the
     latest version's files with the tuned config; builder/repository/reselect.py), then served from the
     file (checked)."""
-    from builder.repository.config import config_as_dict
-    from builder.repository.tuned import TUNED_MARK, config_text_from_dict, original_header, write_tuned_config
-    from builder.serving.check import config_differences
 
     record["written"] = True
     record["files"] = {"config": str(config_path), "record": str(config_path.parent / "tuning.json")}
@@ -422,7 +415,6 @@ def _write_winner(server: ModelControl, repository, model, config_path: Path, ba
     ]
     text = config_text_from_dict(winner.config(base), header)
     if publish:
-        from builder.repository.reselect import publish_tuned
         published = publish_tuned(repository, model, text, record, signing_key=key)
         record["published_version"] = published["version"]
         config_file, record_file = config_path, Path(published["path"]) / "tuning.json"

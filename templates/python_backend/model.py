@@ -114,7 +114,7 @@ class TritonPythonModel:
         elif runtime == "openvino":
             ov = _import_openvino()
 
-            # the settings the build verified and measured with (builder/openvino_tools.py): f32 where the IR is
+            # the settings the build verified and measured with (builder/optimise/openvino_tools.py): f32 where the IR is
             # marked so (made for this backend), else the CPU plugin's default, as Triton's openvino backend runs it
             core = ov.Core()
             ir = core.read_model(path)
@@ -210,7 +210,7 @@ class TritonPythonModel:
 
 
 def _tensors(result):
-    """A TorchScript result as builder/runtime.py flatten_outputs takes it: tuples, lists and dict values
+    """A TorchScript result as builder/model/runtime.py flatten_outputs takes it: tuples, lists and dict values
     in order, nested ones flattened (an LSTM's (out, (h, c)) is three tensors)."""
     if isinstance(result, dict):
         result = list(result.values())
@@ -222,7 +222,7 @@ def _tensors(result):
 def _import_openvino():
     """import openvino with its usage telemetry declined: openvino_telemetry declines in CI (CI=true),
     checked once while openvino is imported; the variable is restored right after (as the builder's
-    builder/openvino_tools.py import_openvino does)."""
+    builder/optimise/openvino_tools.py import_openvino does)."""
     import sys
 
     if "openvino" not in sys.modules:

@@ -17,10 +17,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from builder.errors import ServerError
+from builder.core.errors import ServerError
 from builder.monitoring.alertmanager import LocalAlertmanager
 from builder.monitoring.prometheus import LocalPrometheus
-from builder.processes import free_port
+from builder.core.processes import free_port
 from tests.conftest import in_ci
 
 RULES = """groups:

@@ -12,7 +12,7 @@ import shutil
 import pytest
 import yaml
 
-from builder.openvino_tools import cpu_plugin_problem
+from builder.optimise.openvino_tools import cpu_plugin_problem
 from builder.pipeline import build
 from tests.conftest import ROOT, require
 

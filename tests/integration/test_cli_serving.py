@@ -66,7 +66,7 @@ def test_run_stopped_by_sigterm_stops_its_server(digits_copy, tmp_path):
     import sys
     import time
 
-    from builder.processes import port_open
+    from builder.core.processes import port_open
 
     edit_spec(digits_copy, variants=["onnx"])
     proc = subprocess.Popen([sys.executable, "-m", "builder", "run", str(digits_copy / "spec.yaml"), "--keep-serving",

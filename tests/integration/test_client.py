@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from builder.errors import ServerError, UserInputError
+from builder.core.errors import ServerError, UserInputError
 from builder.serving.client import TritonClient, split_url
 
 MODEL = "digits_cnn"

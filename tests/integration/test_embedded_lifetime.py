@@ -20,8 +20,8 @@ import psutil
 import pytest
 from tritonclient.http import InferInput
 
-from builder.errors import ServerError
-from builder.processes import free_ports, http_get
+from builder.core.errors import ServerError
+from builder.core.processes import free_ports, http_get
 from builder.serving.embedded import EmbeddedServer
 from builder.serving.startup import answers_as
 from tests.integration.python_models import python_model

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from builder.errors import ServerError, UserInputError
+from builder.core.errors import ServerError, UserInputError
 from builder.serving import embedded
 from builder.serving.embedded import EmbeddedServer
 from builder.serving.server_log import crash_lines

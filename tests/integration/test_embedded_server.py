@@ -24,7 +24,7 @@ import numpy as np
 import psutil
 import pytest
 
-from builder.errors import ServerDiedError, ServerError, UserInputError
+from builder.core.errors import ServerDiedError, ServerError, UserInputError
 from builder.serving.backends import unsupported_models
 from builder.serving.embedded import EmbeddedServer
 from builder.serving.install import find_tritonserver

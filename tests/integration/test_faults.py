@@ -16,7 +16,7 @@ import pytest
 
 from builder.repository.layout import existing_versions
 from builder.repository.validate import validate_model
-from builder.scratch import WORK_PREFIX, staging_prefix
+from builder.core.scratch import WORK_PREFIX, staging_prefix
 from builder.serving.check import check_served
 from builder.serving.embedded import EmbeddedServer
 from tests.conftest import ROOT

@@ -30,10 +30,10 @@ def _local_cc() -> str:
 
 def test_fp16_path_through_torch_cuda(tmp_path):
     """The eager model in FP16 on the GPU stays within the FP16 tolerance of the FP32 CPU reference."""
-    from builder.spec import load_spec
+    from builder.spec.model import load_spec
     from builder.stages import load
     from builder.stages.base import BuildContext, BuildOptions
-    from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures
+    from builder.accuracy.tensors import compare_outputs, merge_case_metrics, tolerance_failures
 
     spec = load_spec(DIGITS)
     ctx = BuildContext(spec=spec, options=BuildOptions(repository=tmp_path / "repo", target="gpu"), workdir=tmp_path,
@@ -126,7 +126,7 @@ def test_embedded_server_serves_torchscript_fp16_on_a_gpu_instance(tmp_path):
     from builder.pipeline import build
     from builder.serving.check import check_served
     from builder.serving.embedded import EmbeddedServer
-    from builder.spec import load_spec
+    from builder.spec.model import load_spec
 
     spec = load_spec(DIGITS)
     spec.deploy.instance_kind = "gpu"

@@ -22,7 +22,7 @@ from builder.repository.validate import validate_model
 from builder.serving.check import check_served
 from builder.serving.client import TritonClient, TritonError
 from builder.serving.embedded import EmbeddedServer
-from builder.spec import load_spec
+from builder.spec.model import load_spec
 from tests.conftest import ROOT, load_script
 
 pytestmark = [pytest.mark.slow]

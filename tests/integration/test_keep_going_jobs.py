@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from builder.errors import ServerError
+from builder.core.errors import ServerError
 
 pytestmark = pytest.mark.integration
 
@@ -90,16 +90,14 @@ def _fake_build(own_code: str):
 def job(monkeypatch):
     """The main job with everything but its server start stubbed: the build, the runtime gate, the check
     and the load tests (their own tests cover them)."""
-    from builder import main_job, pipeline, spec
-    from builder.repository import validate
-    from builder.serving import check
+    from builder import main_job  # it binds what it calls: build, load_spec, validate_model, check_served
 
     def use(own_code: str):
-        monkeypatch.setattr(pipeline, "build", _fake_build(own_code))
+        monkeypatch.setattr(main_job, "build", _fake_build(own_code))
         # the job reads its spec before anything (its target, a typo in the path): the fake build needs none
-        monkeypatch.setattr(spec, "load_spec", lambda path: SimpleNamespace(deploy=SimpleNamespace(target="embedded")))
-        monkeypatch.setattr(validate, "validate_model", lambda *a, **k: SimpleNamespace(ok=True, lines=lambda: []))
-        monkeypatch.setattr(check, "check_served", lambda *a, **k: SimpleNamespace(ok=True, version=1,
+        monkeypatch.setattr(main_job, "load_spec", lambda path: SimpleNamespace(deploy=SimpleNamespace(target="embedded")))
+        monkeypatch.setattr(main_job, "validate_model", lambda *a, **k: SimpleNamespace(ok=True, lines=lambda: []))
+        monkeypatch.setattr(main_job, "check_served", lambda *a, **k: SimpleNamespace(ok=True, version=1,
                                                                                   lines=lambda: ["OK"]))
         monkeypatch.setattr(main_job, "_load", lambda *a, **k: None)
         monkeypatch.setattr(main_job, "_perf_analyzer", lambda *a, **k: None)

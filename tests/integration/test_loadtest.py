@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.errors import ServerError
+from builder.core.errors import ServerError
 from builder.serving.embedded import EmbeddedServer
 from builder.tuning.loadtest import LOADTEST_DIR, format_summary, run_loadtest
 from tests.conftest import run_cli
@@ -398,7 +398,7 @@ def test_statistics_deltas_from_either_client():
 
 
 def test_tuned_config_is_validated_before_anything_is_written(built_repository, tmp_path):
-    from builder.errors import BuilderError
+    from builder.core.errors import BuilderError
     from builder.repository.config import config_as_dict
     from builder.repository.tuned import config_text_from_dict, write_tuned_config
 
@@ -424,7 +424,7 @@ def test_tuned_config_is_validated_before_anything_is_written(built_repository, 
 def test_payload_layouts(built_repository, tmp_path):
     import numpy as np
 
-    from builder.errors import UserInputError
+    from builder.core.errors import UserInputError
     from builder.tuning.payload import make_requests, read_npz_samples
 
     reference = read_npz_samples(built_repository / MODEL / "1" / "reference.npz", ["image"], batching=True)

@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
-from builder.errors import UserInputError
-from builder.processes import free_ports
+from builder.core.errors import UserInputError
+from builder.core.processes import free_ports
 from builder.storage import mlflow_registry
 from tests.conftest import ROOT, in_ci, run_cli
 
@@ -107,8 +107,8 @@ def test_build_registers_what_it_publishes(server, digits_copy, tmp_path):
 
 
 def test_register_stage_failing_after_publish_names_the_manual_fix(built_repository, tmp_path):
-    from builder.processes import free_port
-    from builder.spec import load_spec
+    from builder.core.processes import free_port
+    from builder.spec.model import load_spec
     from builder.stages import register
     from builder.stages.base import BuildContext, BuildOptions, Status
 

@@ -10,12 +10,12 @@ import urllib.request
 import numpy as np
 import pytest
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.repository.config import parse_config
 from builder.serving.check import check_served
 from builder.serving.client import TritonClient
 from builder.serving.embedded import EmbeddedServer
-from builder.spec import load_spec
+from builder.spec.model import load_spec
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.slow]

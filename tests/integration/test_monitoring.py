@@ -49,7 +49,7 @@ from tritonclient.utils import InferenceServerException
 
 from builder.pipeline import build
 from builder.serving.embedded import EmbeddedServer
-from builder.spec import load_spec
+from builder.spec.model import load_spec
 from builder.monitoring.prometheus import LocalExporter, LocalPrometheus
 from tests.conftest import EXAMPLES, ROOT, in_ci
 from tests.unit.test_dashboard import metric_names

@@ -16,7 +16,7 @@ import threading
 
 import pytest
 
-from builder.processes import free_ports, pid_alive
+from builder.core.processes import free_ports, pid_alive
 from tests.conftest import ROOT, in_ci
 from tests.integration.test_embedded_server import _read_until
 

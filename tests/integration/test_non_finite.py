@@ -15,7 +15,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from builder.serving.embedded import EmbeddedServer
-from builder.spec import load_spec
+from builder.spec.model import load_spec
 from tests.conftest import EXAMPLES
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.processes import free_port, pid_alive, stop_signals
+from builder.core.processes import free_port, pid_alive, stop_signals
 from tests.conftest import run_cli
 from tests.integration.test_embedded_server import _read_until
 from tests.integration.test_replica_logs import nginx, spaced_repo  # noqa: F401 (fixtures)

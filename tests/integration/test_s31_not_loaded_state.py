@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from builder.errors import ServerError
+from builder.core.errors import ServerError
 from builder.serving.embedded import EmbeddedServer
 from builder.tuning.payload import fetch_model
 from tests.integration.python_models import python_model

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.errors import ServerDiedError
+from builder.core.errors import ServerDiedError
 from builder.serving.embedded import EmbeddedServer
 from tests.integration.python_models import ADD_ONE_PY, python_model
 from tests.integration.test_embedded_server import _read_until, _tree, _wait_gone

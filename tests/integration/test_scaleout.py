@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from builder.files import sha256_file
+from builder.core.files import sha256_file
 from builder.repository.layout import publish_version
 from builder.repository.metadata import read_metadata, read_reference, write_metadata, write_reference
 from builder.storage.s3 import publish_repository

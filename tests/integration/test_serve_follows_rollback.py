@@ -17,7 +17,7 @@ import pytest
 
 from builder import api
 from builder.pipeline import build
-from builder.processes import free_ports
+from builder.core.processes import free_ports
 from builder.serving.running import servers_of
 from builder.tuning.steady import SteadyLoad, Switch, summarise
 from tests.conftest import ROOT

@@ -20,7 +20,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from builder.errors import ServerError
+from builder.core.errors import ServerError
 from builder.pipeline import build
 from builder.serving.check import check_served
 from builder.serving.embedded import EmbeddedServer

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from builder.errors import ServerError
+from builder.core.errors import ServerError
 from builder.repository.config import parse_config
 from builder.repository.metadata import read_metadata
 from builder.serving.check import check_served

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from builder.host import usable_cores
-from builder.local_server import pin_process, server_usable_cores
+from builder.core.host import usable_cores
+from builder.core.local_server import pin_process, server_usable_cores
 from builder.serving.embedded import EmbeddedServer
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux affinity")

@@ -12,7 +12,7 @@ import shutil
 import pytest
 import yaml
 
-from builder.errors import ServerError, UserInputError
+from builder.core.errors import ServerError, UserInputError
 from builder.monitoring import alertmanager
 from builder.monitoring.prometheus import render_config as prometheus_config
 from tests.conftest import ROOT, in_ci
@@ -98,7 +98,7 @@ def test_prometheus_alerting_block():
 
 
 def test_missing_binaries_say_what_was_looked_for_and_how_to_install(monkeypatch, tmp_path):
-    from builder.errors import ServerError
+    from builder.core.errors import ServerError
     from builder.monitoring.alertmanager import find_alertmanager
     from builder.monitoring.prometheus import find_prometheus
 

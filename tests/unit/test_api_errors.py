@@ -1,13 +1,13 @@
 """The Python API's errors name its parameters where the shared checks name the CLI's flags
-(builder/api_errors.py); the CLI keeps its flags."""
+(builder/core/errors.py); the CLI keeps its flags."""
 
 from __future__ import annotations
 
 import pytest
 
 import builder
-from builder.api_errors import as_parameters
-from builder.errors import UserInputError
+from builder.core.errors import as_parameters
+from builder.core.errors import UserInputError
 
 
 def test_flags_that_are_parameters_are_written_as_the_parameters_others_are_kept():

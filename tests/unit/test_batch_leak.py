@@ -12,8 +12,8 @@ import pytest
 import torch
 import yaml
 
-from builder.errors import UserInputError
-from builder.model_source import batch_independence_limit, check_batch_independent
+from builder.core.errors import UserInputError
+from builder.model.source import batch_independence_limit, check_batch_independent
 from builder.pipeline import build
 
 LEAK = "field 'max_batch_size': the model's answer for a sample depends on the other samples of its batch"

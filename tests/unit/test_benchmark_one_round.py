@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from builder.measure import Measurement, Window
+from builder.model.measure import Measurement, Window
 from builder.pipeline import BuildOptions
-from builder.report import variant_rows
-from builder.spec import load_spec
+from builder.report.build_report import variant_rows
+from builder.spec.model import load_spec
 from builder.stages import benchmark, select
 from builder.stages.base import BuildContext, Status, Variant
 from tests.conftest import EXAMPLES

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from builder.measure import WARMUP_CALLS, Measurement, Window
+from builder.model.measure import WARMUP_CALLS, Measurement, Window
 from builder.pipeline import BuildOptions
-from builder.spec import load_spec
+from builder.spec.model import load_spec
 from builder.stages import benchmark
 from builder.stages.base import BuildContext, Variant
 from tests.conftest import EXAMPLES

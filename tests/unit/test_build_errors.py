@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from builder.errors import UserInputError, VerificationError
+from builder.core.errors import UserInputError, VerificationError
 from builder.pipeline import build
 from tests.conftest import edit_spec, run_cli
 
@@ -173,7 +173,7 @@ def test_strict_fails_when_any_variant_fails(digits_copy, tmp_path, quiet):
 @pytest.mark.slow(reason="builds a model (in-process or through the CLI)")
 def test_a_variant_that_could_not_be_made_is_in_the_table_and_fails_strict(digits_copy, tmp_path, quiet,
                                                                           monkeypatch):
-    from builder.report import format_table
+    from builder.report.build_report import format_table
     from builder.stages import optimize
 
     def broken(ctx):
@@ -204,7 +204,7 @@ def test_existing_version_is_never_overwritten(digits_copy, tmp_path, quiet):
 
 
 def test_register_without_a_reachable_registry_fails_before_writing(digits_copy, tmp_path, monkeypatch):
-    from builder.processes import free_port
+    from builder.core.processes import free_port
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     repo = tmp_path / "repo"
@@ -285,9 +285,9 @@ def test_torchscript_for_libtorch_follows_the_release(digits_copy, tmp_path, qui
 
 @pytest.mark.parametrize("target", ["python", "cpu"])
 def test_a_tensorrt_variant_off_the_gpu_target_is_refused_up_front(target):
-    from builder.errors import UserInputError
+    from builder.core.errors import UserInputError
     from builder.pipeline import build  # noqa: F401 - imports every stage, so every variant is registered
-    from builder.variants import resolve_variants
+    from builder.model.variants import resolve_variants
 
     with pytest.raises(UserInputError, match=rf"variants tensorrt_fp16 \(--variants or the spec's variants\): "
                                              rf"TensorRT plans .* not on target '{target}'; build with --target gpu"):
@@ -297,7 +297,7 @@ def test_a_tensorrt_variant_off_the_gpu_target_is_refused_up_front(target):
 
 def test_cpu_int8_variants_are_defaults_on_cpu_targets_and_opt_in_on_gpu():
     from builder.pipeline import build  # noqa: F401 - imports every stage, so every variant is registered
-    from builder.variants import resolve_variants
+    from builder.model.variants import resolve_variants
 
     cpu_int8 = {"onnx_int8_static", "onnx_int8_dynamic", "torchscript_int8_dynamic"}
     for target in ("python", "cpu"):

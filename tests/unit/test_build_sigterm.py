@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.scratch import LOCK_NAME, WORK_PREFIX
+from builder.core.scratch import LOCK_NAME, WORK_PREFIX
 
 ROOT = Path(__file__).resolve().parents[2]
 

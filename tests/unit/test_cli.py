@@ -8,7 +8,7 @@ import io
 import pytest
 
 from builder.cli import make_parser
-from builder.progress import Reporter, bar, report
+from builder.core.progress import Reporter, bar, report
 from tests.conftest import EXAMPLES, run_cli
 
 VERBS = {"init", "build", "validate", "select", "clean", "releases", "run", "serve", "check", "loadtest", "sweep", "tune", "publish", "replicas", "k8s",
@@ -96,7 +96,7 @@ def test_serve_takes_tritons_default_ports_or_says_why_not(monkeypatch):
     import socket
 
     from builder.cli import serving
-    from builder.processes import free_ports
+    from builder.core.processes import free_ports
 
     args = make_parser().parse_args(["serve"])
     defaults = dict(zip(("http", "grpc", "metrics"), free_ports("127.0.0.1", 3)))
@@ -143,7 +143,7 @@ def test_nan_and_inf_are_refused_where_a_number_is_asked(argv, option, capsys):
 
 
 def test_sweep_window_errors_name_the_options_that_exist(tmp_path):
-    from builder.errors import UserInputError
+    from builder.core.errors import UserInputError
     from builder.tuning.sweep import run_sweep
 
     with pytest.raises(UserInputError, match=r"^--window 0: must be > 0 s$"):
@@ -167,7 +167,7 @@ class _Index:
 
 
 def test_check_of_an_unserved_version_says_its_own_state_and_which_version_is_served():
-    from builder.errors import ServerError
+    from builder.core.errors import ServerError
     from builder.serving.check import _require_ready
 
     index = _Index([{"name": "m", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"},
@@ -183,8 +183,8 @@ def test_check_of_an_unserved_version_says_its_own_state_and_which_version_is_se
 
 def test_a_sweep_whose_server_stopped_answering_is_a_server_error():
     from builder.cli.tuning import _raise_if_unreachable
-    from builder.errors import ServerError
-    from builder.processes import free_port
+    from builder.core.errors import ServerError
+    from builder.core.processes import free_port
 
     args = argparse.Namespace(url=f"127.0.0.1:{free_port()}", protocol="http", name="m")
     with pytest.raises(ServerError, match=r"every request of the sweep failed and the server no longer answers: "):
@@ -192,7 +192,7 @@ def test_a_sweep_whose_server_stopped_answering_is_a_server_error():
 
 
 def test_serve_refuses_a_model_folder_or_an_empty_repository(tmp_path):
-    from builder.errors import UserInputError
+    from builder.core.errors import UserInputError
     from builder.serving.serve import serve_forever
 
     model = tmp_path / "repo" / "digits_cnn"

@@ -144,7 +144,7 @@ def test_new_spellings_print_no_note(capsys):
 
 def test_the_old_model_folder_positional_works_with_a_note(tmp_path, capsys):
     from builder.cli.arguments import model_folder_form
-    from builder.errors import UserInputError
+    from builder.core.errors import UserInputError
 
     assert model_folder_form("m", "repo", "validate") == ("m", "repo")
     assert capsys.readouterr().err == ""
@@ -167,7 +167,7 @@ def _model(repository, name="m", versions=(1,)):
 
 def test_validate_takes_name_and_repository_and_the_old_folder_form(tmp_path, monkeypatch, capsys):
     from builder import cli
-    from builder.repository import validate as validate_module
+    from builder.cli import build as build_verbs  # the verb's module binds the library function it calls
 
     seen = []
 
@@ -177,7 +177,7 @@ def test_validate_takes_name_and_repository_and_the_old_folder_form(tmp_path, mo
         def lines(self):
             return ["  version 1: ok"]
 
-    monkeypatch.setattr(validate_module, "validate_model", lambda folder, version, **kw: seen.append(
+    monkeypatch.setattr(build_verbs, "validate_model", lambda folder, version, **kw: seen.append(
         (str(folder), version)) or Report())
     _model(tmp_path / "repo")
     assert cli.main(["validate", "m", "--repository", str(tmp_path / "repo"), "--model-version", "1"]) == 0
@@ -191,7 +191,7 @@ def test_validate_takes_name_and_repository_and_the_old_folder_form(tmp_path, mo
 
 def test_select_is_a_dry_run_unless_write_and_says_so_when_no_flag_was_given(monkeypatch, capsys):
     from builder import cli
-    from builder.repository import reselect
+    from builder.cli import build as build_verbs  # the verb's module binds the library function it calls
 
     calls = []
 
@@ -201,8 +201,8 @@ def test_select_is_a_dry_run_unless_write_and_says_so_when_no_flag_was_given(mon
         def lines(self):
             return ["would publish"]
 
-    monkeypatch.setattr(reselect, "default_measure", lambda seconds: None)
-    monkeypatch.setattr(reselect, "select_for_host", lambda repository, name, **kw: calls.append(kw["dry_run"])
+    monkeypatch.setattr(build_verbs, "default_measure", lambda seconds: None)
+    monkeypatch.setattr(build_verbs, "select_for_host", lambda repository, name, **kw: calls.append(kw["dry_run"])
                         or Report())
     assert cli.main(["select", "m"]) == 0
     assert calls[-1] is True and "select no longer publishes by default" in capsys.readouterr().err
@@ -214,7 +214,7 @@ def test_select_is_a_dry_run_unless_write_and_says_so_when_no_flag_was_given(mon
 
 def test_json_output_is_one_document_on_stdout_and_progress_goes_to_stderr(monkeypatch, capsys):
     from builder import cli
-    from builder.repository import reselect
+    from builder.cli import build as build_verbs  # the verb's module binds the library function it calls
 
     class Report:
         ok, model = True, "m"
@@ -227,8 +227,8 @@ def test_json_output_is_one_document_on_stdout_and_progress_goes_to_stderr(monke
         print("a stray print")
         return Report()
 
-    monkeypatch.setattr(reselect, "default_measure", lambda seconds: None)
-    monkeypatch.setattr(reselect, "select_for_host", select)
+    monkeypatch.setattr(build_verbs, "default_measure", lambda seconds: None)
+    monkeypatch.setattr(build_verbs, "select_for_host", select)
     assert cli.main(["select", "m", "--dry-run", "-o", "json"]) == 0
     out, err = capsys.readouterr()
     document = json.loads(out)  # the whole of stdout: one document
@@ -248,8 +248,7 @@ def test_releases_json_lists_every_release():
 def test_quiet_removes_progress_lines(monkeypatch, capsys):
     """-q: results stay, progress lines go (select, and publish, which ignored -q before)."""
     from builder import cli
-    from builder.repository import reselect
-    from builder.storage import s3
+    from builder.cli import build as build_verbs, scaleout as scaleout_verbs
 
     class Report:
         ok = True
@@ -269,9 +268,9 @@ def test_quiet_removes_progress_lines(monkeypatch, capsys):
         progress("uploading m version 1 ...")
         return [Published()]
 
-    monkeypatch.setattr(reselect, "default_measure", lambda seconds: None)
-    monkeypatch.setattr(reselect, "select_for_host", select)
-    monkeypatch.setattr(s3, "publish_repository", publish)
+    monkeypatch.setattr(build_verbs, "default_measure", lambda seconds: None)
+    monkeypatch.setattr(build_verbs, "select_for_host", select)
+    monkeypatch.setattr(scaleout_verbs, "publish_repository", publish)
     for argv, progress, result in ((["select", "m", "--dry-run"], "measuring m", "the result"),
                                    (["publish", "m", "--to", "s3://b/p"], "uploading m", "m version 1: published")):
         assert cli.main(argv) == 0
@@ -284,7 +283,7 @@ def test_quiet_removes_progress_lines(monkeypatch, capsys):
 
 def test_quiet_serve_keeps_the_addresses_only():
     from builder.cli.serving import quiet_announce
-    from builder.progress import Reporter
+    from builder.core.progress import Reporter
 
     printed = []
     import builtins
@@ -312,7 +311,7 @@ def test_k8s_needs_an_object_store_repository(capsys):
 
 def test_tune_without_a_candidate_in_the_budget_is_exit_1_as_documented(tmp_path, monkeypatch, capsys):
     from builder import cli
-    from builder.tuning import tune
+    from builder.cli import tuning as tuning_verbs
 
     page = (ROOT / "docs" / "reference" / "grammar.md").read_text()
     assert "`tune` exits 1 when no candidate met `--p99-budget-ms`" in page
@@ -320,7 +319,7 @@ def test_tune_without_a_candidate_in_the_budget_is_exit_1_as_documented(tmp_path
     _model(tmp_path)
     record = {"model": "m", "winner": None, "exit_code": 1, "table": ["candidate  p99"],
               "summary": "no candidate met p99 <= 1 ms: nothing to write (exit 1)"}
-    monkeypatch.setattr(tune, "run_tune", lambda *a, **kw: record)
+    monkeypatch.setattr(tuning_verbs, "run_tune", lambda *a, **kw: record)
     argv = ["tune", "m", "--repository", str(tmp_path), "--p99-budget-ms", "1", "--seconds-per-candidate", "2m"]
     assert cli.main(argv) == 1
     capsys.readouterr()

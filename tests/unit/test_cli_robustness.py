@@ -14,8 +14,8 @@ import textwrap
 import pytest
 
 from builder.cli import main, make_parser, serving
-from builder.errors import UserInputError
-from builder.spec_fields import read_yaml
+from builder.core.errors import UserInputError
+from builder.spec.fields import read_yaml
 from tests.conftest import ROOT, run_cli
 from tests.tiny_models import write_model
 
@@ -91,7 +91,7 @@ def test_an_error_into_a_closed_pipe_keeps_its_exit_code(tmp_path):
     code = """
         import sys
         import builder.cli, builder.cli.build
-        from builder.errors import UserInputError
+        from builder.core.errors import UserInputError
 
         def verb(args, reporter):
             reporter("a line")
@@ -167,8 +167,8 @@ def test_a_default_port_given_to_another_flag_is_not_taken_twice(monkeypatch):
 
 def test_a_port_needing_root_is_not_called_in_use(monkeypatch):
     """--http-port 80 as a user said "in use by another process": the fix is another port above 1023."""
-    from builder import ports
-    from builder.processes import port_in_use, refuse_taken_ports
+    from builder.core import ports
+    from builder.core.processes import port_in_use, refuse_taken_ports
 
     monkeypatch.setattr(ports, "_bind_error", lambda host, port: OSError(errno.EACCES, "Permission denied"))
     monkeypatch.setattr(ports, "_unprivileged_start", lambda: 1024)
@@ -183,7 +183,7 @@ def test_a_port_needing_root_is_not_called_in_use(monkeypatch):
 
 
 def test_other_bind_refusals_say_their_own_reason():
-    from builder.processes import port_in_use, refuse_taken_ports
+    from builder.core.processes import port_in_use, refuse_taken_ports
 
     with pytest.raises(UserInputError, match=r"^--port 70000: 127\.0\.0\.1:70000 is not a port: pick one from 1 to "
                                              r"65535, or leave --port out"):
@@ -199,15 +199,15 @@ def test_other_bind_refusals_say_their_own_reason():
 @pytest.mark.slow(reason="builds a model")
 def test_a_user_module_named_like_one_the_build_uses_is_refused_and_ours_stay(tmp_path):
     """A user's builder.py: import_factory dropped triton-builder's own modules and imported the user's
-    file in their place ("No module named 'builder.tensors'; 'builder' is not a package")."""
+    file in their place ("No module named 'builder.accuracy.tensors'; 'builder' is not a package")."""
     for name in ("builder", "onnx", "json"):
         (tmp_path / f"{name}.py").write_text("def build():\n    raise SystemExit('the user file ran')\n")
     done = _python(f"""
         import sys
         from pathlib import Path
-        import builder.tensors
-        from builder.errors import UserInputError
-        from builder.model_source import import_factory
+        import builder.accuracy.tensors
+        from builder.core.errors import UserInputError
+        from builder.model.source import import_factory
 
         for name in ("builder", "onnx", "json"):
             try:
@@ -245,7 +245,7 @@ def test_a_utf8_spec_reads_under_an_ascii_only_locale(tmp_path):
     spec.write_bytes("\ufeffname: m  # modèle à tester\ndescription: café\n".encode("utf-8"))  # with a BOM
     done = _python(f"""
         from pathlib import Path
-        from builder.spec_fields import read_yaml
+        from builder.spec.fields import read_yaml
         print(read_yaml(Path({str(spec)!r}))["description"].encode("unicode_escape").decode())
     """, tmp_path, PYTHONUTF8="0", PYTHONCOERCECLOCALE="0", LC_ALL="C")
     assert done.returncode == 0, done.stderr

@@ -1,4 +1,4 @@
-"""compare_outputs / tolerance_failures (builder/tensors.py), the one comparison behind verify, check,
+"""compare_outputs / tolerance_failures (builder/accuracy/tensors.py), the one comparison behind verify, check,
 validate, select and the regression gate: a variant's NaN where the reference is finite, a mixed-scale
 output whose small columns a variant lost, and which output top-1 accuracy is scored on."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from builder.repository.regression import RegressionCheck, _gate
-from builder.tensors import UNMEASURED, compare_outputs, merge_case_metrics, tolerance_failures, top1_output
+from builder.accuracy.tensors import UNMEASURED, compare_outputs, merge_case_metrics, tolerance_failures, top1_output
 
 INT8 = {"rel_l2": 0.1}
 

@@ -22,12 +22,12 @@ from torch import nn
 
 from builder.compression.prune import count_params_macs, prune_iteratively
 from builder.compression.train import Budget, TrainingData, cross_entropy, fine_tune
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.pipeline import build
 from builder.repository.metadata import read_metadata, read_reference
-from builder.runtime import open_runner
-from builder.spec import parse_spec
-from builder.spec_compression import CompressionSpec
+from builder.model.runtime import open_runner
+from builder.spec.model import parse_spec
+from builder.spec.compression import CompressionSpec
 from builder.stages.base import Status
 from builder.stages.common import export_module_onnx
 from tests.conftest import EXAMPLES
@@ -286,7 +286,7 @@ def test_qat_model_exports_as_qdq_both_ways(tmp_path):
 
 
 def test_report_pareto_front_and_qat_comparison():
-    from builder.report_compression import compression_lines, pareto_front
+    from builder.report.compression import compression_lines, pareto_front
 
     assert pareto_front([("onnx", 1.0, 0.0), ("pruned", 1.9, 0.0), ("int8", 2.5, 0.4), ("slow", 0.8, 0.5)]) == \
         ["pruned", "int8"]

@@ -14,8 +14,8 @@ from torch import nn
 from builder.compression.prune import check_prunable
 from builder.compression.qat import prepare_qat
 from builder.compression.train import TrainingData
-from builder.errors import UserInputError
-from builder.spec import parse_spec
+from builder.core.errors import UserInputError
+from builder.spec.model import parse_spec
 from builder.stages.compress import load_training, why_not
 
 

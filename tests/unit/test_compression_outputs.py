@@ -17,10 +17,10 @@ from torch import nn
 
 from builder.compression.prune import check_prunable, output_layers, prune_iteratively
 from builder.compression.train import Budget, TaskLoss, TrainingData, accuracy
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.pipeline import build
-from builder.spec import parse_spec
-from builder.spec_compression import CompressionSpec
+from builder.spec.model import parse_spec
+from builder.spec.compression import CompressionSpec
 from builder.stages.compress import load_training, training_output, why_not
 
 MODEL = '''
@@ -266,7 +266,7 @@ def _fails_in_fast_bias_correction():
 
 
 def test_openvino_int8_retries_nncf_without_fast_bias_correction(monkeypatch):
-    from builder import openvino_tools
+    from builder.optimise import openvino_tools
     from builder.stages import openvino
 
     monkeypatch.setattr(openvino_tools, "read_onnx", lambda path: "model")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.errors import BuilderError, UserInputError
+from builder.core.errors import BuilderError, UserInputError
 from builder.repository.config import (BACKENDS, DynamicBatching, InstanceGroup, ModelConfig, TensorConfig, Warmup,
                                        WarmupInput, backend_for, backend_info, config_as_dict, parse_config,
                                        render_config)
@@ -120,7 +120,7 @@ PUBLISHED = [("onnx", "cpu", "onnxruntime_onnx"), ("torchscript", "cpu", "pytorc
 
 def _published(fmt: str, target: str) -> str:
     from builder.repository.publish import config_for
-    from builder.spec import load_spec
+    from builder.spec.model import load_spec
 
     spec = load_spec(Path(__file__).resolve().parents[2] / "examples" / "digits" / "spec.yaml")
     return render_config(config_for(spec, fmt, target, "digits_cnn", {"logits": ("float32", [10])}, sizing=(2, 3),

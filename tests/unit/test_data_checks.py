@@ -1,4 +1,4 @@
-"""The user's data checked at stage load (builder/data_checks.py): labels against the output they
+"""The user's data checked at stage load (builder/accuracy/data_checks.py): labels against the output they
 score (which one, their count, dtype, shape and range), data files that are not .npz archives or hold
 no sample, and validation / calibration data the model fails on - each refused naming the file and
 array - plus the top-1 choice (a class-id output is scored as it is, not argmaxed)."""
@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import yaml
 
-from builder.errors import UserInputError
-from builder.spec import load_spec
+from builder.core.errors import UserInputError
+from builder.spec.model import load_spec
 from builder.stages import load
 from builder.stages.base import BuildContext, BuildOptions
-from builder.tensors import top1_accuracy, top1_output
+from builder.accuracy.tensors import top1_accuracy, top1_output
 from tests.tiny_models import write_model
 
 

@@ -62,7 +62,7 @@ def test_every_tuple_of_known_spec_keys_is_a_section_of_the_generator(gen):
 
 
 def test_the_generator_notices_a_missing_key(gen, monkeypatch):
-    from builder import spec
+    from builder.spec import model as spec
 
     monkeypatch.setattr(spec, "_DEPLOY_KEYS", (*spec._DEPLOY_KEYS, "not_a_real_key"))
     with pytest.raises(SystemExit, match="deploy.not_a_real_key"):

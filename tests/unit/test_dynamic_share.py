@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from builder.onnx_tools import macs_by_op
+from builder.optimise.onnx_tools import macs_by_op
 from builder.stages.quantize import MIN_DYNAMIC_SHARE, NotApplicable, small_dynamic_share
 
 
@@ -94,10 +94,10 @@ def _encoder_ctx(tmp_path: Path, named=None, search="auto", wants_openvino=True,
 ])
 def test_static_int8_on_an_encoder_is_skipped_only_where_openvino_int8_covers_it(tmp_path, monkeypatch, case, kwargs,
                                                                                   plugin, skipped):
-    from builder import openvino_tools
+    from builder.stages import quantize
     from builder.stages.quantize import static_on_an_encoder
 
-    monkeypatch.setattr(openvino_tools, "cpu_plugin_problem", lambda: plugin)
+    monkeypatch.setattr(quantize, "cpu_plugin_problem", lambda: plugin)
     skip = static_on_an_encoder(_encoder_ctx(tmp_path, **kwargs))
     assert (skip is not None) == skipped, case
     if skipped:

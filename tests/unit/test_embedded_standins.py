@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from builder import assets
+from builder.core import assets
 from builder.repository import pb_utils_stand_in
 from builder.repository.served_replay import import_model_py
 

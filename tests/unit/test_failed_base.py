@@ -14,8 +14,8 @@ import pytest
 import yaml
 from onnx import TensorProto, helper
 
-from builder.openvino_tools import cpu_plugin_problem
-from builder.spec import load_spec
+from builder.optimise.openvino_tools import cpu_plugin_problem
+from builder.spec.model import load_spec
 from builder.stages import load, openvino, quantize, verify
 from builder.stages.base import BuildContext, BuildOptions, Status, Variant
 from builder.stages.common import BaseFailed, check_base

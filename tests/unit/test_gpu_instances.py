@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.pipeline import BuildOptions
-from builder.spec import load_spec
+from builder.spec.model import load_spec
 from builder.stages import benchmark, select
 from builder.stages.base import BuildContext, Variant
-from builder.variants import resolve_variants
+from builder.model.variants import resolve_variants
 from tests.conftest import EXAMPLES, served_model_py
 
 torch = pytest.importorskip("torch")
@@ -66,7 +66,7 @@ def test_config_of_a_gpu_instance_is_kind_gpu_and_not_sized_from_cpu_cores():
 
 
 def test_half_torchscript_keeps_the_spec_dtypes_at_the_boundary():
-    from builder.torch_fp16 import half_torchscript
+    from builder.optimise.torch_fp16 import half_torchscript
 
     class TwoInputs(torch.nn.Module):
         def __init__(self):
@@ -148,7 +148,7 @@ def test_model_py_refuses_a_cpu_runtime_on_a_gpu_instance(tmp_path):
 def test_a_torchscript_opened_on_the_gpu_runs_fp32_without_tf32(monkeypatch):
     """Seen on an H100: torch's default TF32 convolutions put convnet64 1.2e-4 off its reference (fp32 tolerance
     1e-5), so the served replay refused the FP32 TorchScript; FP32 on the GPU is full FP32, as verified."""
-    from builder.runtime import open_runner
+    from builder.model.runtime import open_runner
 
     before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     loaded = []

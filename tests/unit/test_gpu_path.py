@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.tensorrt.compatibility import (check_plan_compatibility, parse_compute_capability,
                                               parse_nvidia_smi, parse_tensorrt_version, plan_compatibility_failures,
                                               tensorrt_version_from_log)
 from builder.repository.config import parse_config, render_config
 from builder.tensorrt.plan_build import load_recipe, parse_performance, trtexec_command
 from builder.repository.publish import config_for
-from builder.runtime import open_runner, tensorrt_unavailable_reason
-from builder.spec import parse_spec
+from builder.model.runtime import open_runner, tensorrt_unavailable_reason
+from builder.spec.model import parse_spec
 from builder.stages import tensorrt as tensorrt_stage
 from builder.stages import verify as verify_stage
 from builder.stages.base import BuildContext, BuildOptions, Status, Variant

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from builder.interrupts import stop_signals, terminate_as_interrupt
+from builder.core.interrupts import stop_signals, terminate_as_interrupt
 
 
 def test_a_hangup_is_a_stop_signal():

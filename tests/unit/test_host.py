@@ -1,4 +1,4 @@
-"""The host profile (builder/host.py): parsing, usable cores under a cgroup quota, comparing a recorded
+"""The host profile (builder/core/host.py): parsing, usable cores under a cgroup quota, comparing a recorded
 host with this one, and sizing serving to a host - all with injected hosts and timings, so nothing
 here depends on the machine the tests run on."""
 
@@ -9,7 +9,7 @@ import shutil
 import pytest
 import yaml
 
-from builder.host import (cgroup_cpu_limit, compare_hosts, cpu_info, host_profile, isa_class, serving_size,
+from builder.core.host import (cgroup_cpu_limit, compare_hosts, cpu_info, host_profile, isa_class, serving_size,
                           size_serving, usable_cores)
 
 EPYC_AVX2 = {"cpu_model": "AMD EPYC 7B13", "isa_flags": ["avx2"], "isa_class": "avx2", "usable_cores": 2}
@@ -56,8 +56,8 @@ def test_usable_cores_follow_the_cgroup_quota_not_the_host(tmp_path):
 def test_the_measuring_threads_and_tunes_layouts_follow_this_processs_quota(monkeypatch):
     """A 1-CPU quota on a 2-core affinity: measured with 2 threads and tuned for 2 cores before, while
     metadata recorded 1 usable core (a 64-core host's container measured with 64 threads)."""
-    from builder import host
-    from builder.measure import cpu_cores
+    from builder.core import host
+    from builder.model.measure import cpu_cores
     from builder.tuning.search import built_candidate
     from builder.tuning.tune import _layouts
 
@@ -82,7 +82,7 @@ def test_profile_of_this_host_is_plain_yaml(tmp_path):
 
 
 def test_gpus_from_nvidia_smi_csv():
-    from builder.host import parse_gpus
+    from builder.core.host import parse_gpus
 
     text = "NVIDIA H100 80GB HBM3, 9.0, 550.54.15\nNVIDIA H100 80GB HBM3, 9.0, 550.54.15\n"
     assert parse_gpus(text) == [{"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0",
@@ -139,7 +139,7 @@ def test_one_core_names_the_model_by_its_time_not_by_the_single_thread():
 
 def test_config_for_applies_the_size_unless_the_spec_sets_instances(digits_copy):
     from builder.repository.publish import config_for
-    from builder.spec import load_spec
+    from builder.spec.model import load_spec
     from tests.conftest import edit_spec
 
     signature = {"logits": ("float32", [10])}
@@ -157,7 +157,7 @@ def test_config_for_applies_the_size_unless_the_spec_sets_instances(digits_copy)
 
 def test_config_for_applies_the_sized_delay_unless_the_spec_sets_one(digits_copy):
     from builder.repository.publish import config_for
-    from builder.spec import load_spec
+    from builder.spec.model import load_spec
     from tests.conftest import edit_spec
 
     signature = {"logits": ("float32", [10])}
@@ -203,7 +203,7 @@ def test_serve_warns_for_each_model_built_elsewhere(built_repository):
 def test_a_measured_build_sizes_serving_to_its_host(tmp_path):
     """A real build with a short benchmark: whatever this host measures, the config holds the chosen
     instances x threads, within the usable cores, and metadata.yaml says why."""
-    from builder.host import usable_cores as host_cores
+    from builder.core.host import usable_cores as host_cores
     from builder.pipeline import build
     from builder.repository.config import config_as_dict
     from tests.conftest import EXAMPLES
@@ -225,7 +225,7 @@ def test_a_measured_build_sizes_serving_to_its_host(tmp_path):
 
 
 def test_queue_delay_is_sized_only_where_batching_pays_and_the_model_outweighs_the_overhead():
-    from builder.host import size_queue_delay
+    from builder.core.host import size_queue_delay
 
     # 4 ms a batch-1 inference (> 0.8 ms overhead) and batch 8 runs 3x the samples/s: wait a tenth of it
     delay, why = size_queue_delay(0.004, {1: 250.0, 4: 500.0, 8: 750.0}, overhead_seconds=0.0008)

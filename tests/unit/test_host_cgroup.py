@@ -1,9 +1,9 @@
-"""cgroup_cpu_limit (builder/host.py) against fake /proc and /sys trees: the quota of the process's OWN
+"""cgroup_cpu_limit (builder/core/host.py) against fake /proc and /sys trees: the quota of the process's OWN
 group and of every group above it binds, for cgroup v1 and v2, in a namespaced container and not."""
 
 from __future__ import annotations
 
-from builder.host import cgroup_cpu_limit, host_profile, usable_cores
+from builder.core.host import cgroup_cpu_limit, host_profile, usable_cores
 
 V1_CPU_MOUNT = "32 31 0:29 {root} /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n"
 V2_MOUNT = "41 31 0:38 {root} {point} rw,relatime - cgroup2 cgroup2 rw\n"

@@ -1,5 +1,5 @@
 """A damaged or hand-edited ``host`` record in metadata.yaml (metadata.yaml is not hashed): one warning
-naming the file and the field, never a traceback, and validate/serve/check go on (builder/host.py)."""
+naming the file and the field, never a traceback, and validate/serve/check go on (builder/core/host.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import shutil
 import pytest
 import yaml
 
-from builder.host import compare_hosts, host_warnings
+from builder.core.host import compare_hosts, host_warnings
 
 HERE = {"cpu_model": "AMD EPYC 9B14", "isa_flags": ["avx2", "avx512_vnni", "avx512f"], "isa_class": "avx512_vnni",
         "usable_cores": 2}

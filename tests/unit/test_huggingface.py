@@ -13,14 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.huggingface.folder import read_folder
 from builder.huggingface.reference import compare_pipeline
 from builder.huggingface.texts import encoder_for, generated_texts, read_texts, text_steps, tokenized
 from builder.repository.config import DynamicBatching, InstanceGroup, ModelConfig, TensorConfig, parse_config, render_config
 from builder.repository.monitored import render_ensemble
 from builder.repository.pipeline import HuggingFacePipeline, ensemble_config, step_configs
-from builder.spec import parse_spec
+from builder.spec.model import parse_spec
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
@@ -368,12 +368,12 @@ def test_image_statistics_count_the_servable_images_their_size_and_brightness(tm
 
 
 def test_a_huggingface_source_without_transformers_says_which_extra_to_install(folder, monkeypatch):
-    import builder.extras
+    import builder.core.extras
     import importlib.util
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a))
-    monkeypatch.setattr(builder.extras.importlib, "import_module",
+    monkeypatch.setattr(builder.core.extras.importlib, "import_module",
                         lambda name: (_ for _ in ()).throw(ModuleNotFoundError(name=name)))
     with pytest.raises(UserInputError, match=r"a Hugging Face source \(source.huggingface\) needs transformers: "
                                              r"pip install 'triton-builder\[examples\]'"):
@@ -383,7 +383,7 @@ def test_a_huggingface_source_without_transformers_says_which_extra_to_install(f
 def test_sweep_and_tune_send_a_text_pipelines_model_step_its_texts_at_their_bucket_lengths(tmp_path, folder):
     """Issue 51: without --payload, a pipeline's model step is measured (and tuned) with the reference texts
     tokenized as its tokenizer step does - several lengths, each a bucket - not one fixed shape."""
-    from builder import assets
+    from builder.core import assets
     from builder.tuning.payload import ModelInterface, load_samples
 
     repo = tmp_path / "repo"
@@ -424,7 +424,7 @@ def test_length_buckets_are_kept_only_where_batching_beats_their_padding_on_this
 def test_a_tokenizer_step_published_before_length_buckets_is_replayed_as_it_serves(tmp_path, folder):
     """validate and the model step's payload read an older version's own text_steps.py, which has no
     step_encoder: it pads to the longest text, and so must its replay."""
-    from builder import assets
+    from builder.core import assets
     from builder.huggingface.texts import published_encoder
 
     current = assets.pipeline_step("text_steps.py").read_text()

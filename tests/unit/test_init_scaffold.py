@@ -1,4 +1,4 @@
-"""`triton-builder init` (builder/scaffold.py): a commented spec.yaml drafted from an ONNX file, a TorchScript
+"""`triton-builder init` (builder/scaffold/draft.py): a commented spec.yaml drafted from an ONNX file, a TorchScript
 file, a model.py factory or a Hugging Face folder. Each draft loads with the project's own spec loader, marks
 every guess '# review:', and says what it could not infer; an existing file is never overwritten without
 --force, and an unknown kind of source names the supported ones."""
@@ -14,9 +14,9 @@ import pytest
 import torch
 from torch import nn
 
-from builder.errors import UserInputError
-from builder.scaffold import init_spec
-from builder.spec import load_spec
+from builder.core.errors import UserInputError
+from builder.scaffold.init import init_spec
+from builder.spec.model import load_spec
 
 
 class TwoInputs(nn.Module):
@@ -225,7 +225,7 @@ def test_hugging_face_wrapper_loads_and_runs_a_saved_model(tmp_path):
     assert not any("the weights" in item for item in result.not_inferred)
     spec = load_spec(tmp_path / "spec.yaml")
     assert spec.inputs[0].value_range == (0, 50) and spec.inputs[0].max_shape == [32]
-    from builder.model_source import import_factory
+    from builder.model.source import import_factory
     model, _ = import_factory(spec.source.value, spec.spec_dir, "spec.yaml")
     ids = torch.ones(2, 5, dtype=torch.int64)
     with torch.no_grad():

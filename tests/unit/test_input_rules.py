@@ -1,4 +1,4 @@
-"""Generated cases hold inputs the model could really get (builder/input_rules.py): the rule per input
+"""Generated cases hold inputs the model could really get (builder/accuracy/input_rules.py): the rule per input
 comes from the spec (values, kind, value_range), else the data, else transformers' names, else the
 old default; stage load records which, and `init` writes a name's rule into the draft."""
 
@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import yaml
 
-from builder.errors import UserInputError
-from builder.input_rules import from_data, rule_for
-from builder.scaffold import init_spec
-from builder.spec import TensorSpec, load_spec, parse_spec
+from builder.core.errors import UserInputError
+from builder.accuracy.input_rules import from_data, rule_for
+from builder.scaffold.init import init_spec
+from builder.spec.model import TensorSpec, load_spec, parse_spec
 from builder.stages import load
 from builder.stages.base import BuildContext, BuildOptions
-from builder.tensors import build_cases
+from builder.accuracy.tensors import build_cases
 
 SEQ = {"shape": [-1], "min_shape": [1], "opt_shape": [6], "max_shape": [12]}
 

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import yaml
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.repository.layout import existing_versions
 from builder.repository.validate import validate_model
-from builder.spec import parse_spec
+from builder.spec.model import parse_spec
 from builder.stages import publish as publish_stage
 from builder.stages.base import BuildContext, BuildOptions, Reference, Variant
 

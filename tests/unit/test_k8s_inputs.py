@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.scaleout.k8s import DEFAULT_IMAGE, render_manifests
 from tests.conftest import run_cli
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from tests.conftest import ROOT, require, run_cli
 
 # --------------------------------------------------------------------------------------------

@@ -14,8 +14,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from builder import assets
-from builder.files import module_from_file
+from builder.core import assets
+from builder.core.files import module_from_file
 from builder.huggingface.label_head import fold_label_head, head_refusal
 from builder.repository.config import (DynamicBatching, InstanceGroup, ModelConfig, TensorConfig, parse_config,
                                        render_config)
@@ -121,7 +121,7 @@ def test_the_steps_own_code_is_timed_per_request():
 
 @pytest.mark.parametrize("folded", [True, False], ids=["labels in the graph", "python post-processing step"])
 def test_the_build_report_splits_a_request_between_the_steps(folded):
-    from builder.report import step_lines, step_rows
+    from builder.report.build_report import step_lines, step_rows
 
     timings = {"preprocess_us": 500.0, "postprocess_us": 20.0, "inputs": 2, **({"labels_in_graph": True} if folded else {})}
     ctx = SimpleNamespace(pipeline=_timed_pipeline(), step_timings=timings, spec=SimpleNamespace(name="sentiment"),

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import yaml
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.repository import validate as validate_module
 from builder.repository.layout import existing_versions, publish_version, reserve_version
 from builder.repository.regression import parse_limits
 from builder.repository.validate import validate_model
-from builder.spec import parse_spec
+from builder.spec.model import parse_spec
 from builder.stages import publish as publish_stage
 from builder.stages.base import BuildContext, BuildOptions, Reference, Variant
 from builder.storage.mlflow_registry import register_version

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import yaml
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.pipeline import build
 
 
@@ -59,7 +59,7 @@ def test_a_model_whose_samples_are_independent_passes_the_batch_check(tmp_path, 
 def test_one_class_id_flipping_on_one_sample_is_a_near_tie_not_a_mixing_model():
     import numpy as np
 
-    from builder.model_source import check_batch_independent
+    from builder.model.source import check_batch_independent
 
     inputs = {"x": np.zeros((4, 2), np.float32)}
     batched = {"c": np.array([1, 2, 3, 4])}
@@ -120,8 +120,8 @@ def test_a_profile_size_the_model_refuses_names_the_opt_sizes_and_verify_dynamic
 
 
 def test_dynamic_dims_of_one_input_and_of_two_inputs_are_verified_at_different_sizes():
-    from builder.spec import parse_spec
-    from builder.tensors import build_cases
+    from builder.spec.model import parse_spec
+    from builder.accuracy.tensors import build_cases
 
     base = {"name": "m", "source": {"module": "model:build"}, "outputs": [{"name": "y"}], "max_batch_size": 4}
     image = parse_spec(dict(base, inputs=[{"name": "x", "shape": [3, -1, -1]}]))
@@ -147,7 +147,7 @@ def test_dynamic_dims_of_one_input_and_of_two_inputs_are_verified_at_different_s
      r"field 'verify.dynamic_sizes': 100 is outside input 'x' dim 0's range 1..8"),
 ])
 def test_spec_ranges_the_builder_could_not_honour_are_refused(change, message):
-    from builder.spec import parse_spec
+    from builder.spec.model import parse_spec
 
     base = {"name": "m", "source": {"module": "model:build"}, "outputs": [{"name": "y"}], "max_batch_size": 4}
     with pytest.raises(UserInputError, match=message):

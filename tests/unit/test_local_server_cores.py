@@ -1,4 +1,4 @@
-"""tune's layouts follow the cores of a server on this machine (builder/local_server.py): the server may
+"""tune's layouts follow the cores of a server on this machine (builder/core/local_server.py): the server may
 run under another affinity than tune (the load generator kept off the server's cores); and the two steps the
 benchmarks take to put them there (split_cores, pin_process)."""
 
@@ -12,8 +12,8 @@ import textwrap
 
 import pytest
 
-from builder.errors import UserInputError
-from builder.local_server import listening_pid, pin_process, server_usable_cores, split_cores
+from builder.core.errors import UserInputError
+from builder.core.local_server import listening_pid, pin_process, server_usable_cores, split_cores
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd") or not hasattr(os, "sched_getaffinity"),
                                 reason="Linux /proc and affinity")
@@ -57,18 +57,18 @@ def test_nothing_is_found_for_a_free_port_or_another_machine(pinned_listener):
 
 
 def test_tune_sizes_its_layouts_to_the_server_where_its_cores_differ(monkeypatch):
-    import builder.local_server
-    from builder.host import usable_cores
+    import builder.tuning.tune  # binds server_usable_cores
+    from builder.core.host import usable_cores
     from builder.tuning.tune import _server_cores
 
     said = []
     mine = usable_cores()
-    monkeypatch.setattr(builder.local_server, "server_usable_cores", lambda url: (mine + 3, 4242))
+    monkeypatch.setattr(builder.tuning.tune, "server_usable_cores", lambda url: (mine + 3, 4242))
     assert _server_cores("127.0.0.1:8001", said.append) == mine + 3
     assert "server's" in said[0] and "pid 4242" in said[0]
-    monkeypatch.setattr(builder.local_server, "server_usable_cores", lambda url: (mine, 4242))
+    monkeypatch.setattr(builder.tuning.tune, "server_usable_cores", lambda url: (mine, 4242))
     assert _server_cores("127.0.0.1:8001", said.append) is None  # the same cores: nothing to say
-    monkeypatch.setattr(builder.local_server, "server_usable_cores", lambda url: None)
+    monkeypatch.setattr(builder.tuning.tune, "server_usable_cores", lambda url: None)
     assert _server_cores("remote:8001", said.append) is None and len(said) == 1
 
 
@@ -103,7 +103,7 @@ def test_pin_moves_every_thread_of_this_process():
     started, stop = threading.Event(), threading.Event()
     seen = {}
 
-    def worker():  # a thread made before the pin, as builder/processes.py's forker is
+    def worker():  # a thread made before the pin, as builder/core/processes.py's forker is
         started.set()
         stop.wait()
         seen["affinity"] = os.sched_getaffinity(0)

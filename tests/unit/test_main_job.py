@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.main_job import JOB_MARK, job_lock, job_lock_path, job_outputs, run_main_job
 
 

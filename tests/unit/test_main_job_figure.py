@@ -111,19 +111,17 @@ class FakeEngine:
 
 @pytest.fixture
 def wired(monkeypatch, tmp_path):
-    """_perf_analyzer with its engine, model lookup and statistics replaced."""
-    import builder.tuning.engine as engine_module
-    import builder.tuning.payload as payload
-    import builder.tuning.stats as stats
+    """_perf_analyzer with its engine, model lookup and statistics replaced (in builder/main_job.py, which
+    binds them)."""
 
     events: list = []
 
     def install(results):
         engine = FakeEngine(results, events)
-        monkeypatch.setattr(engine_module, "PerfAnalyzerEngine", FakeEngine)
-        monkeypatch.setattr(engine_module, "choose_engine", lambda *a, **k: engine)
-        monkeypatch.setattr(payload, "fetch_model", lambda *a: SimpleNamespace(name="m"))
-        monkeypatch.setattr(payload, "load_samples", lambda *a: ([], "generated"))
+        monkeypatch.setattr(main_job, "PerfAnalyzerEngine", FakeEngine)
+        monkeypatch.setattr(main_job, "choose_engine", lambda *a, **k: engine)
+        monkeypatch.setattr(main_job, "fetch_model", lambda *a: SimpleNamespace(name="m"))
+        monkeypatch.setattr(main_job, "load_samples", lambda *a: ([], "generated"))
 
         class Reader:
             def __init__(self, *a):
@@ -136,7 +134,7 @@ def wired(monkeypatch, tmp_path):
             def close(self):
                 events.append("close")
 
-        monkeypatch.setattr(stats, "StatsReader", Reader)
+        monkeypatch.setattr(main_job, "StatsReader", Reader)
         monkeypatch.setattr(main_job.time, "sleep", lambda s: None)
         server = SimpleNamespace(grpc_url="127.0.0.1:8001")
         said: list[str] = []

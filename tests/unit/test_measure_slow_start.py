@@ -1,5 +1,5 @@
 """A slow start (TorchScript's profiling executor: the first calls ran 100-1000x slower than the rest) is
-left out of `select`'s in-process figures and of builder/measure.py's windows where a comparison asks for
+left out of `select`'s in-process figures and of builder/model/measure.py's windows where a comparison asks for
 AFTER_SLOW_START windows. A fake clock moved only by the fake model: nothing depends on this host's speed."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from builder.measure import AFTER_SLOW_START, WARMUP_CALLS, measure, warm_up
+from builder.model.measure import AFTER_SLOW_START, WARMUP_CALLS, measure, warm_up
 from builder.repository.reselect import default_measure
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 
 
 def fake_model(repo: Path, name: str, versions=(1,)) -> Path:
@@ -152,7 +152,7 @@ def test_tune_cli_takes_write_or_publish_not_both(capsys):
 
 
 def test_an_output_folder_that_cannot_be_written_names_out(tmp_path, monkeypatch):
-    from builder.files import output_folder
+    from builder.core.files import output_folder
 
     (tmp_path / "file").write_text("x")
     with pytest.raises(UserInputError, match=rf"--out {tmp_path / 'file' / 'runs'}: cannot write the output folder "
@@ -197,7 +197,7 @@ def test_the_cli_turns_a_file_system_refusal_into_a_message(monkeypatch, capsys,
 
 def test_clean_refuses_what_is_not_a_model_repository(tmp_path, monkeypatch, capsys):
     from builder import cli
-    from builder.scratch import clean
+    from builder.repository.layout import clean
 
     shape = r"a model repository is a folder of model folders, each holding config.pbtxt and numbered version"
     import tempfile
@@ -252,10 +252,10 @@ def test_check_names_the_models_the_repository_has(tmp_path):
 
 
 def test_loadtest_refuses_a_batch_size_the_model_cannot_take_before_locust(tmp_path, monkeypatch):
-    from builder.tuning import payload
+    from builder.tuning import loadtest, payload  # loadtest binds fetch_model
     from builder.tuning.loadtest import run_loadtest
 
-    monkeypatch.setattr(payload, "fetch_model", lambda url, protocol, model: mix_interface(max_batch_size=0))
+    monkeypatch.setattr(loadtest, "fetch_model", lambda url, protocol, model: mix_interface(max_batch_size=0))
     with pytest.raises(UserInputError, match=r"^--batch-size 2: model 'mix_model' takes at most 1 row\(s\) per "
                                              r"request \(max_batch_size 0\); give --batch-size <= 1$"):
         run_loadtest("mix_model", "127.0.0.1:1", run_time_s=1, out_dir=tmp_path / "out", batch_size=2)
@@ -273,7 +273,7 @@ def test_loadtest_refuses_a_batch_size_the_model_cannot_take_before_locust(tmp_p
 def test_loadtest_and_sweep_refuse_a_payload_of_another_kind_or_shape(tmp_path, monkeypatch, arrays, message):
     import numpy as np
 
-    from builder.tuning import payload
+    from builder.tuning import loadtest, payload  # loadtest binds fetch_model
     from builder.tuning.loadtest import run_loadtest
 
     good = {"ids": ("int64", (4, 6)), "feats": ("float32", (4, 3)), "seq": ("float32", (4, 9))}
@@ -281,7 +281,7 @@ def test_loadtest_and_sweep_refuse_a_payload_of_another_kind_or_shape(tmp_path, 
     np.savez(path, **{n: np.zeros(shape, dtype) for n, (dtype, shape) in {**good, **arrays}.items()})
     with pytest.raises(UserInputError, match=message):  # sweep's and tune's reading
         payload.load_samples(mix_interface(), path)
-    monkeypatch.setattr(payload, "fetch_model", lambda url, protocol, model: mix_interface())
+    monkeypatch.setattr(loadtest, "fetch_model", lambda url, protocol, model: mix_interface())
     with pytest.raises(UserInputError, match=message):
         run_loadtest("mix_model", "127.0.0.1:1", run_time_s=1, out_dir=tmp_path / "out", payload=path)
     assert not (tmp_path / "out").exists()
@@ -289,7 +289,7 @@ def test_loadtest_and_sweep_refuse_a_payload_of_another_kind_or_shape(tmp_path, 
 
 def test_loadtest_sweep_and_tune_refuse_a_repository_that_does_not_hold_the_model(tmp_path, monkeypatch):
     # the payload comes from --repository's reference.npz: generated inputs instead would test other data
-    from builder.tuning import payload
+    from builder.tuning import loadtest, payload  # loadtest binds fetch_model
     from builder.tuning.loadtest import run_loadtest
 
     repo = tmp_path / "repo"
@@ -302,7 +302,7 @@ def test_loadtest_sweep_and_tune_refuse_a_repository_that_does_not_hold_the_mode
         payload.load_samples(mix_interface(), repository=tmp_path / "other")
     with pytest.raises(UserInputError, match=r"--repository .*typo: no model repository there \(no such folder\)"):
         payload.load_samples(mix_interface(), repository=tmp_path / "typo")
-    monkeypatch.setattr(payload, "fetch_model", lambda url, protocol, model: mix_interface())
+    monkeypatch.setattr(loadtest, "fetch_model", lambda url, protocol, model: mix_interface())
     with pytest.raises(UserInputError, match=r"this is a model folder"):
         run_loadtest("mix_model", "127.0.0.1:1", run_time_s=1, out_dir=tmp_path / "out", repository=repo / "mix_model")
     assert not (tmp_path / "out").exists()

@@ -8,9 +8,9 @@ import re
 import numpy as np
 import pytest
 
-from builder.errors import InternalError, VerificationError
+from builder.core.errors import InternalError, VerificationError
 from builder.repository.config import ModelConfig, TensorConfig, config_as_dict, render_config
-from builder.tensors import from_wire, to_wire
+from builder.accuracy.tensors import from_wire, to_wire
 
 
 def scalar_config(max_batch_size: int = 8) -> ModelConfig:
@@ -50,7 +50,7 @@ def test_wire_shapes_round_trip_scalars_and_leave_others_alone(batching):
 
 # --- builds (no server): integer ids without data, data-dependent output dims, empty outputs ---
 
-from builder.errors import UserInputError  # noqa: E402
+from builder.core.errors import UserInputError  # noqa: E402
 from builder.pipeline import build  # noqa: E402
 from builder.repository.config import config_as_dict as _parse  # noqa: E402
 from tests.tiny_models import write_model  # noqa: E402
@@ -106,7 +106,7 @@ def test_verification_refuses_to_pass_on_empty_outputs(tmp_path, quiet):
 
 
 def test_nan_everywhere_in_the_reference_is_not_a_pass():
-    from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures
+    from builder.accuracy.tensors import compare_outputs, merge_case_metrics, tolerance_failures
     ref = {"y": np.full((2, 3), np.nan)}
     for got in (np.zeros((2, 3)), np.full((2, 3), np.nan)):
         failures = tolerance_failures(merge_case_metrics([compare_outputs(ref, {"y": got})]), {"rel_l2": 1e-5})
@@ -120,7 +120,7 @@ def test_nan_everywhere_in_the_reference_is_not_a_pass():
 
 def test_a_sign_flipped_output_fails_by_rel_l2_without_a_min_cosine_set():
     # its cosine rounds to just below -1: a missing min_cosine must not be looked up (it was a KeyError)
-    from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures
+    from builder.accuracy.tensors import compare_outputs, merge_case_metrics, tolerance_failures
     flipped = []
     for seed in range(200):
         ref = {"y": np.random.RandomState(seed).rand(8, 3).astype(np.float32) - 0.3}
@@ -140,7 +140,7 @@ def test_a_model_factory_that_raises_is_a_user_error_naming_the_module(tmp_path,
 
 
 def test_outputs_that_ignore_the_inputs_are_not_a_pass():
-    from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures
+    from builder.accuracy.tensors import compare_outputs, merge_case_metrics, tolerance_failures
     cases = [compare_outputs({"logits": np.zeros((b, 10))}, {"logits": np.zeros((b, 10))}) for b in (1, 3)]
     failures = tolerance_failures(merge_case_metrics(cases), {"rel_l2": 1e-5})
     assert len(failures) == 1 and re.search(r"logits: the reference is 0 for every input of every case \(40 values\)"

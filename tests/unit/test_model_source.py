@@ -1,4 +1,4 @@
-"""The user's model files as stage load reads them (builder.model_source): whatever the user's code
+"""The user's model files as stage load reads them (builder.model.source): whatever the user's code
 does at import or in the factory, and whatever file the weights are, the build ends with one message
 naming the file (and line) and the fix - exit 2, never a traceback or a silent exit 0."""
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from builder.errors import UserInputError
-from builder.model_source import import_factory, load_weights
+from builder.core.errors import UserInputError
+from builder.model.source import import_factory, load_weights
 from tests.conftest import run_cli
 from tests.tiny_models import write_model
 
@@ -94,7 +94,7 @@ def test_weights_that_do_not_fit_end_with_one_full_stop(tmp_path, linear):
 
 
 def test_a_weights_path_that_is_a_directory_is_said_to_be_one(tmp_path):
-    from builder.spec import parse_spec
+    from builder.spec.model import parse_spec
     (tmp_path / "w.safetensors").mkdir()
     raw = {"name": "m", "source": {"module": "model:build", "weights": "w.safetensors"}, "max_batch_size": 8,
            "inputs": [{"name": "x", "dtype": "float32", "shape": [4]}], "outputs": [{"name": "y"}]}
@@ -121,7 +121,7 @@ def test_a_model_that_is_not_deterministic_is_refused_at_load(tmp_path, quiet, f
 
 
 def test_determinism_is_judged_per_output_with_a_tiny_tolerance():
-    from builder.model_source import check_deterministic
+    from builder.model.source import check_deterministic
     a = {"y": np.ones(8, np.float32), "ids": np.arange(3)}
     check_deterministic(a, {"y": a["y"] * (1 + 1e-8), "ids": np.arange(3)}, "spec.yaml")  # rounding: fine
     with pytest.raises(UserInputError, match=r"output 'ids': rel L2 .*, 1 values differ\) - dropout"):
@@ -134,7 +134,7 @@ def test_metadata_records_the_module_source_files_and_weights_it_was_built_from(
     import yaml
     from safetensors.torch import save_file
 
-    from builder.files import sha256_file
+    from builder.core.files import sha256_file
     from builder.pipeline import build
     spec = write_model(tmp_path, "argmax")
     folder = spec.parent
@@ -161,7 +161,7 @@ def test_a_model_that_works_on_its_input_in_place_is_built_and_verified(tmp_path
     """x.mul_(2) on the input: each run gets its own copy, so the stored reference cases stay what they were
     (they changed under the first run, and the second run read that as randomness)."""
     from builder.pipeline import build
-    from builder.runtime import torch_runner
+    from builder.model.runtime import torch_runner
     spec = write_model(tmp_path, "argmax", inputs=[{"name": "x", "dtype": "float32", "shape": [6]}],
                        outputs=[{"name": "probs"}])
     (spec.parent / "model.py").write_text(

@@ -12,14 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.repository import pb_utils_stand_in
 from builder.repository.config import DynamicBatching, InstanceGroup, ModelConfig, TensorConfig, parse_config, render_config
 from builder.repository.layout import is_monitored, model_dir
 from builder.repository.monitored import (ensemble_config, monitor_config, monitor_files, refuse_mixed,
                                           render_ensemble)
 from builder.repository.served_replay import import_model_py
-from builder.spec import DeploySpec
+from builder.spec.model import DeploySpec
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 

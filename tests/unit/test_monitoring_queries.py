@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builder.errors import ServerError
+from builder.core.errors import ServerError
 from builder.monitoring.prometheus import LocalPrometheus, render_config
 from tests.conftest import ROOT
 

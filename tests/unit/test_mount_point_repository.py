@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.repository import layout
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.serving import native_backends as nb
 from builder.serving.native_recipes import aliases
 

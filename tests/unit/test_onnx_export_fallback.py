@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import yaml
 
-from builder.errors import VerificationError
+from builder.core.errors import VerificationError
 from builder.pipeline import build
-from builder.report import variant_rows
+from builder.report.build_report import variant_rows
 
 
 def spec_folder(tmp_path, layers: str, forward: str, inputs: list[dict], outputs: list[str], **spec):
@@ -184,7 +184,7 @@ def build():
 @pytest.mark.slow(reason="builds a model through the ONNX exporters")
 def test_a_failed_dynamo_export_does_not_print_its_partial_graph(tmp_path, capfd):
     # torch.export prints the partial FX graph of a failed trace to stderr (~240 lines here)
-    from builder.spec import load_spec
+    from builder.spec.model import load_spec
     from builder.stages.common import export_dynamo
 
     (tmp_path / "seq2seq.py").write_text(SEQ2SEQ)

@@ -8,7 +8,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from builder.onnx_tools import standard_passes
+from builder.optimise.onnx_tools import standard_passes
 
 
 def test_an_unused_input_survives_the_graph_passes_in_its_place():

@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.pipeline import build
 
 

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import yaml
 
-from builder.host import usable_cores
-from builder.openvino_tools import count_ops, ir_opsets, openvino_runner
+from builder.core.host import usable_cores
+from builder.optimise.openvino_tools import count_ops, ir_opsets, openvino_runner
 from builder.pipeline import build
 from builder.repository.config import parse_config
 from builder.repository.runtime_gate import ir_failures, runtime_gate
@@ -27,7 +27,7 @@ from builder.repository.triton_releases import triton_release
 from builder.repository.validate import validate_model
 from builder.stages import verify
 from builder.stages.base import Status
-from builder.variants import registered, resolve_variants
+from builder.model.variants import registered, resolve_variants
 
 MODEL = '''
 import torch
@@ -78,10 +78,12 @@ def test_openvino_variants_are_tried_by_default_on_the_cpu_targets_only():
 
 @pytest.mark.slow(reason="builds a model")
 def test_without_a_cpu_plugin_the_openvino_variants_are_skipped_with_the_reason(tmp_path, monkeypatch):
-    from builder import openvino_tools
+    from builder.optimise import openvino_tools
+    from builder.stages import quantize
 
-    monkeypatch.setattr(openvino_tools, "cpu_plugin_problem",
-                        lambda: "OpenVINO's CPU plugin does not run on this host (devices: none)")
+    for module in (openvino_tools, quantize):  # stage quantize binds it by name
+        monkeypatch.setattr(module, "cpu_plugin_problem",
+                            lambda: "OpenVINO's CPU plugin does not run on this host (devices: none)")
     result = build(tiny_spec(tmp_path), tmp_path / "repo", variants=VARIANTS, benchmark_seconds=0,
                    progress=lambda m: None)
     ctx = result.context
@@ -93,7 +95,7 @@ def test_without_a_cpu_plugin_the_openvino_variants_are_skipped_with_the_reason(
 def test_an_ir_for_the_python_backend_runs_in_f32_and_one_for_triton_at_the_plugins_default(tiny_build, tmp_path):
     """What each server runs: model.py runs the marked IR in f32; Triton's openvino backend cannot force f32, so
     an unmarked IR runs at the CPU plugin's default here too (bf16 on CPUs with bfloat16)."""
-    from builder import openvino_tools
+    from builder.optimise import openvino_tools
 
     _, repo = tiny_build
     marked = repo / "tiny__openvino" / "1" / "model.xml"
@@ -108,7 +110,7 @@ def test_an_ir_for_the_python_backend_runs_in_f32_and_one_for_triton_at_the_plug
 @pytest.mark.parametrize("plugin", ["bf16", "f32"])
 def test_for_tritons_backend_an_fp32_ir_is_judged_at_the_precision_the_plugin_computes_in(tmp_path, monkeypatch,
                                                                                           plugin):
-    from builder import openvino_tools
+    from builder.optimise import openvino_tools
 
     monkeypatch.setattr(openvino_tools, "plugin_precision", lambda: plugin)
     if plugin == "f32":  # a CPU without bfloat16: the plugin's default is f32 (on this host too, whatever its own)
@@ -234,7 +236,7 @@ def test_target_cpu_publishes_the_ir_for_tritons_openvino_backend(tmp_path):
 def test_openvino_and_nncf_are_imported_with_their_telemetry_declined(tmp_path):
     # a fresh interpreter without pytest (NNCF turns telemetry off under pytest by itself), a fresh home
     # without a consent file (which openvino_telemetry treats as consent) and no CI variable
-    code = ("import os; from builder.openvino_tools import import_nncf, to_ir; import_nncf(); "
+    code = ("import os; from builder.optimise.openvino_tools import import_nncf, to_ir; import_nncf(); "
             "from nncf.telemetry import wrapper; from openvino_telemetry import Telemetry; "
             "print(type(wrapper.telemetry).__name__, Telemetry().consent, os.environ.get('CI'))")
     env = {k: v for k, v in os.environ.items() if k not in ("NNCF_CI", "NNCF_DEV", "CI", "TF_BUILD", "JENKINS_URL")}

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from builder.openvino_tools import input_feeds, openvino_runner
+from builder.optimise.openvino_tools import input_feeds, openvino_runner
 from builder.pipeline import build
 
 MODEL = '''

@@ -10,9 +10,9 @@ from collections.abc import Mapping
 import pytest
 import torch
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.pipeline import build
-from builder.runtime import name_outputs
+from builder.model.runtime import name_outputs
 from tests.unit.test_build_errors import assert_nothing_written
 from tests.unit.test_spec_binding import vector, write_spec
 

@@ -27,10 +27,10 @@ try:
 except ImportError:  # Python 3.10: pytest itself depends on tomli there
     import tomli as tomllib
 
-from builder import assets
+from builder.core import assets
 from builder.cli import main
-from builder.errors import UserInputError
-from builder.extras import require
+from builder.core.errors import UserInputError
+from builder.core.extras import require
 
 ROOT = Path(__file__).resolve().parents[2]
 ASSET_FOLDERS = ("templates", "loadtest", "monitoring")
@@ -68,7 +68,7 @@ def test_no_asset_is_found_relative_to_the_source_tree():
     offenders = [f"{path.relative_to(ROOT)}:{n}" for path in sorted((ROOT / "builder").rglob("*.py"))
                  for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
                  if re.search(r"__file__\)?\.(resolve\(\)\.)?parents?\b", line)]
-    assert offenders == [], "find assets with builder.assets (importlib.resources), not Path(__file__).parents[N]"
+    assert offenders == [], "find assets with builder.core.assets (importlib.resources), not Path(__file__).parents[N]"
 
 
 @pytest.mark.slow
@@ -88,7 +88,7 @@ def test_wheel_ships_every_asset_file(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     missing = [f for f in _asset_files() if f"builder/_assets/{f}" not in names]
     assert missing == [], f"package-data in pyproject.toml misses {missing}"
-    assert "builder/assets.py" in names and "builder/monitoring/drift.py" in names
+    assert "builder/core/assets.py" in names and "builder/monitoring/drift.py" in names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
 
 

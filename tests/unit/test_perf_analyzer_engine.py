@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.tuning.engine import PerfAnalyzerEngine, PythonEngine, choose_engine
 from builder.tuning.pa_measure import command_args, input_data, level_from_report, parse_csv, shape_args
 from builder.tuning.perf_analyzer import BINARY_ENV, PerfAnalyzerMissing, find_perf_analyzer, install_perf_analyzer
@@ -122,15 +122,13 @@ def test_the_server_view_covers_the_run_whose_figures_are_reported(monkeypatch, 
     unsettled first run's executions were shown beside the re-run's requests: 14,964 for 2,965)."""
     import subprocess
 
-    import builder.processes
-    import builder.tuning.client
-    import builder.tuning.stats
+    import builder.tuning.pa_measure  # binds _snapshot, server_view and run_command
     from builder.tuning.pa_measure import UNSTABLE, measure_with_perf_analyzer
     from builder.tuning.perf_analyzer import PerfAnalyzer
 
     counter = iter(range(100))
-    monkeypatch.setattr(builder.tuning.client, "_snapshot", lambda stats, model: next(counter))
-    monkeypatch.setattr(builder.tuning.stats, "server_view", lambda before, after: {"span": (before, after)})
+    monkeypatch.setattr(builder.tuning.pa_measure, "_snapshot", lambda stats, model: next(counter))
+    monkeypatch.setattr(builder.tuning.pa_measure, "server_view", lambda before, after: {"span": (before, after)})
     runs = []
 
     def fake_run(command, timeout, env=None):
@@ -139,7 +137,7 @@ def test_the_server_view_covers_the_run_whose_figures_are_reported(monkeypatch, 
             return subprocess.CompletedProcess(command, 99, f"{UNSTABLE} within 10 measurement windows", "")
         (tmp_path / "m_c4.csv").write_text(REPORT)
         return subprocess.CompletedProcess(command, 0, "Request count: 2965\n", "")
-    monkeypatch.setattr(builder.processes, "run_command", fake_run)
+    monkeypatch.setattr(builder.tuning.pa_measure, "run_command", fake_run)
     level = measure_with_perf_analyzer(PerfAnalyzer(tmp_path / "perf_analyzer", None), "127.0.0.1:8001", "grpc", "m",
                                        4, tmp_path / "d.json", work_dir=tmp_path, stats=object())
     assert len(runs) == 2 and level.stable is False and level.requests == 2965

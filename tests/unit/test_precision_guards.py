@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from builder import verification
+from builder.accuracy import verification
 from builder.pipeline import build
 from builder.stages import quantize, verify
 from builder.stages.base import Status, Variant

@@ -1,4 +1,4 @@
-"""builder.processes: the LocalService base class and run_command, with tiny real processes."""
+"""builder.core.processes: the LocalService base class and run_command, with tiny real processes."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from builder.errors import UserInputError
-from builder.processes import (AddressInUse, CommandError, LocalService, free_port, group_alive, port_open,
+from builder.core.errors import UserInputError
+from builder.core.processes import (AddressInUse, CommandError, LocalService, free_port, group_alive, port_open,
                                run_command)
 
 _IGNORE_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
@@ -159,7 +159,7 @@ def test_run_command_output_timeout_and_errors():
 
 
 def test_free_ports_never_hands_the_same_port_twice_in_a_process():
-    from builder.processes import free_ports
+    from builder.core.processes import free_ports
 
     first = free_ports("127.0.0.1", 3)
     later = [port for _ in range(20) for port in free_ports("127.0.0.1", 3)]

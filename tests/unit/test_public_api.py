@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import builder
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 
 ROOT = Path(__file__).resolve().parents[2]
 FUNCTIONS = ("build", "validate", "check", "select", "rollback", "serve", "serving_context", "loadtest", "sweep", "tune",
@@ -69,10 +69,10 @@ def _model_folder(repository: Path, name: str = "m") -> Path:
 
 
 def test_select_in_the_old_order_warns_and_still_selects(monkeypatch, tmp_path):
-    import builder.repository.reselect as reselect
+    import builder.api as api  # the API binds the library functions it calls
 
     calls = []
-    monkeypatch.setattr(reselect, "select_for_host", lambda repository, name, **kw: calls.append((repository, name)))
+    monkeypatch.setattr(api, "select_for_host", lambda repository, name, **kw: calls.append((repository, name)))
     repo = _model_folder(tmp_path / "repo")
     with pytest.warns(DeprecationWarning, match=r"builder.select\(repository, name\) is deprecated"):
         builder.select(repo, "m")  # the old order: a repository path, then the name
@@ -84,10 +84,10 @@ def test_select_in_the_old_order_warns_and_still_selects(monkeypatch, tmp_path):
 
 
 def test_the_old_order_is_told_apart_by_the_folders_too(monkeypatch, tmp_path):
-    import builder.repository.reselect as reselect
+    import builder.api as api  # the API binds the library functions it calls
 
     calls = []
-    monkeypatch.setattr(reselect, "select_for_host", lambda repository, name, **kw: calls.append((repository, name)))
+    monkeypatch.setattr(api, "select_for_host", lambda repository, name, **kw: calls.append((repository, name)))
     monkeypatch.chdir(tmp_path)
     _model_folder(tmp_path / "repo")
     with pytest.warns(DeprecationWarning):
@@ -96,10 +96,10 @@ def test_the_old_order_is_told_apart_by_the_folders_too(monkeypatch, tmp_path):
 
 
 def test_validate_takes_a_name_and_repository_and_still_a_model_path(monkeypatch, tmp_path):
-    import builder.repository.validate as validate
+    import builder.api as api  # the API binds the library functions it calls
 
     calls = []
-    monkeypatch.setattr(validate, "validate_model", lambda folder, version=None, **kw: calls.append((Path(folder),
+    monkeypatch.setattr(api, "validate_model", lambda folder, version=None, **kw: calls.append((Path(folder),
                                                                                                      version)))
     repo = _model_folder(tmp_path / "repo")
     with warnings.catch_warnings():
@@ -113,10 +113,10 @@ def test_validate_takes_a_name_and_repository_and_still_a_model_path(monkeypatch
 
 
 def test_check_forwards_name_and_repository(monkeypatch, tmp_path):
-    import builder.storage.served as served
+    import builder.api as api  # the API binds the library functions it calls
 
     calls = []
-    monkeypatch.setattr(served, "check_served_at", lambda name, repository, **kw: calls.append((name, repository, kw)))
+    monkeypatch.setattr(api, "check_served_at", lambda name, repository, **kw: calls.append((name, repository, kw)))
     builder.check("m", tmp_path, url="127.0.0.1:9000", protocol="grpc")
     builder.check("m", repository=tmp_path)  # the old keyword form
     assert [c[:2] for c in calls] == [("m", tmp_path)] * 2
@@ -143,7 +143,7 @@ SUMMARY = {"model": "m", "url": "127.0.0.1:8000", "protocol": "http", "requests"
 
 
 def test_loadtest_returns_a_typed_result_keeping_the_summary(monkeypatch, tmp_path):
-    import builder.tuning.loadtest as lt
+    import builder.api as api  # the API binds the library functions it calls
 
     seen = {}
 
@@ -151,7 +151,7 @@ def test_loadtest_returns_a_typed_result_keeping_the_summary(monkeypatch, tmp_pa
         seen.update(model=model, url=url, out_dir=out_dir, repository=kw["repository"])
         return dict(SUMMARY)
 
-    monkeypatch.setattr(lt, "run_loadtest", fake)
+    monkeypatch.setattr(api, "run_loadtest", fake)
     monkeypatch.chdir(tmp_path)  # no ./model_repository: the payload is generated, as the CLI's default
     result = builder.loadtest("m", users=4, run_time_s=3)
     assert isinstance(result, builder.LoadTestResult)
@@ -161,15 +161,14 @@ def test_loadtest_returns_a_typed_result_keeping_the_summary(monkeypatch, tmp_pa
 
 
 def test_sweep_and_tune_return_typed_results(monkeypatch, tmp_path):
-    import builder.tuning.sweep as sw
-    import builder.tuning.tune as tu
+    import builder.api as api  # the API binds the library functions it calls
 
     rows = [{"concurrency": 1, "throughput_rps": 100.0, "failures": 0},
             {"concurrency": 2, "throughput_rps": 180.0, "failures": 0},
             {"concurrency": 4, "throughput_rps": 250.0, "failures": 3}]
     sweep_dict = {"model": "m", "url": "127.0.0.1:8001", "protocol": "grpc", "engine": "python", "client": "c",
                   "levels": rows, "files": {"csv": "x.csv"}}
-    monkeypatch.setattr(sw, "run_sweep", lambda *a, **kw: sweep_dict)
+    monkeypatch.setattr(api, "run_sweep", lambda *a, **kw: sweep_dict)
     result = builder.sweep("m", None, levels=[1, 2, 4])
     assert isinstance(result, builder.SweepResult) and result.best["concurrency"] == 2 and not result.ok
     assert result.raw is sweep_dict and result.engine == "python"
@@ -177,7 +176,7 @@ def test_sweep_and_tune_return_typed_results(monkeypatch, tmp_path):
     record = {"model": "m", "p99_budget_ms": 10, "winner": {"instances": 2}, "ratios": {"vs_default": 1.4},
               "summary": "1.4 x", "table": ["a", "b"], "written": False, "exit_code": 0}
     called = {}
-    monkeypatch.setattr(tu, "run_tune", lambda model, repository, url, **kw: called.update(kw, url=url) or record)
+    monkeypatch.setattr(api, "run_tune", lambda model, repository, url, **kw: called.update(kw, url=url) or record)
     tuned = builder.tune("m", _model_folder(tmp_path / "repo"), p99_budget_ms=10)
     assert isinstance(tuned, builder.TuneResult) and tuned.ok and tuned.winner == {"instances": 2}
     assert tuned.ratios == {"vs_default": 1.4} and tuned.table == ["a", "b"] and tuned.raw is record

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from builder.quant_search import (DEFAULT, NOT_NEEDED, OVER_BUDGET, PASS, Candidate, Result, best, closest,
+from builder.optimise.quant_search import (DEFAULT, NOT_NEEDED, OVER_BUDGET, PASS, Candidate, Result, best, closest,
                                   DYNAMIC, dynamic_candidates, finalists, rerank, settle,
                                   default_candidates, fallback, format_table, rank_nodes, search, summary)
 
@@ -228,7 +228,7 @@ def _remeasurer(speeds: list[float]):
 
 
 def test_a_default_recipe_slower_in_every_re_measurement_is_stably_slower():
-    from builder.quant_search import Row, stably_slower
+    from builder.optimise.quant_search import Row, stably_slower
 
     row = Row(DEFAULT, Result(True, 0.02, 0.0, 0.55), PASS)
     remeasure = _remeasurer([0.60, 0.52, 0.58])
@@ -238,7 +238,7 @@ def test_a_default_recipe_slower_in_every_re_measurement_is_stably_slower():
 
 
 def test_one_slow_measurement_on_a_busy_host_is_noise_not_a_search_trigger():
-    from builder.quant_search import Row, stably_slower
+    from builder.optimise.quant_search import Row, stably_slower
 
     row = Row(DEFAULT, Result(True, 0.02, 0.0, 0.55), PASS)
     remeasure = _remeasurer([1.04, 0.5, 0.5])
@@ -252,7 +252,7 @@ def test_one_slow_measurement_on_a_busy_host_is_noise_not_a_search_trigger():
 
 
 def test_host_priors_follow_the_isa_and_come_right_after_the_default():
-    from builder.quant_search import host_priors, with_priors
+    from builder.optimise.quant_search import host_priors, with_priors
 
     u8s8_rr = replace(DEFAULT, activation_type="U8", weight_type="S8", reduce_range=True)
     assert host_priors(["avx2", "avx512f", "avx512_vnni"]) == [u8s8_rr]
@@ -264,14 +264,14 @@ def test_host_priors_follow_the_isa_and_come_right_after_the_default():
 
 
 def _row(speed, passed=True, error=0.02, candidate=DEFAULT):
-    from builder.quant_search import Row
+    from builder.optimise.quant_search import Row
 
     result = Result(passed, error, 0.0, speed, [] if passed else ["f"])
     return Row(candidate, result, PASS if passed else "FAIL: f")
 
 
 def test_auto_settles_only_after_the_priors_and_only_on_a_clear_win_or_a_stable_slowdown():
-    from builder.quant_search import auto_settled
+    from builder.optimise.quant_search import auto_settled
 
     never = lambda cands: (_ for _ in ()).throw(AssertionError("no re-measurement expected"))  # noqa: E731
     prior = replace(DEFAULT, activation_type="U8", reduce_range=True)

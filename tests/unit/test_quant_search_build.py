@@ -11,11 +11,11 @@ import json
 
 import pytest
 
-from builder import quant_search
-from builder.errors import UserInputError
+from builder.optimise import quant_search
+from builder.core.errors import UserInputError
 from builder.pipeline import build
-from builder.spec import load_spec
-from builder import verification
+from builder.spec.model import load_spec
+from builder.accuracy import verification
 from builder.stages import quantize
 from tests.conftest import edit_spec
 

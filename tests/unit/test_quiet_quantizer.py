@@ -1,4 +1,4 @@
-"""onnxruntime's quantizers warn through the root logger: builder.onnx_tools.quiet_quantizer keeps those
+"""onnxruntime's quantizers warn through the root logger: builder.optimise.onnx_tools.quiet_quantizer keeps those
 multi-line WARNING:root dumps out of the build's output without installing a handler for good."""
 
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 PROGRAM = """
 import logging
-from builder.onnx_tools import quiet_quantizer
+from builder.optimise.onnx_tools import quiet_quantizer
 with quiet_quantizer():
     logging.warning("Inference failed or unsupported type to quantize for tensor 'val_2'")
     logging.error("an error still shows")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.repository.regression import RegressionCheck, _gate, parse_limits
 from tests.conftest import EXAMPLES, run_cli
 
@@ -91,9 +91,10 @@ def _timed_runners(monkeypatch, clock, seconds_per_call: dict[str, float], slow_
     """open_runner whose runners really run, but take ``seconds_per_call[format]`` on the fake clock, and
     ``slow_calls`` first calls of 0.13 s for ``slow_format`` (a TorchScript module's profiling executor: the
     probe read ~390 ms per round of the three reference cases for ~6 rounds, then ~2 ms)."""
-    import builder.runtime
+    import builder.model.runtime
+    import builder.repository.regression
 
-    real = builder.runtime.open_runner
+    real = builder.model.runtime.open_runner
 
     def open_runner(fmt, path, *args, **kwargs):
         run, calls = real(fmt, path, *args, **kwargs), [0]
@@ -103,7 +104,7 @@ def _timed_runners(monkeypatch, clock, seconds_per_call: dict[str, float], slow_
             clock.now += 0.13 if fmt == slow_format and calls[0] <= slow_calls else seconds_per_call[fmt]
             return run(inputs)
         return timed
-    monkeypatch.setattr(builder.runtime, "open_runner", open_runner)
+    monkeypatch.setattr(builder.repository.regression, "open_runner", open_runner)
 
 
 # version 1 is TorchScript, version 2 ONNX; 18 slow calls = 6 rounds over the 3 stored cases
@@ -129,10 +130,10 @@ def test_both_versions_run_on_the_same_thread_count(two_versions, monkeypatch):
     whole pool, so a TorchScript -> ONNX change read as a regression that was only the thread count."""
     import torch
 
-    import builder.runtime
+    import builder.model.runtime
     from builder.repository.regression import compare_with_previous
 
-    seen, real = [], builder.runtime.torch_runner
+    seen, real = [], builder.model.runtime.torch_runner
 
     def recording_runner(module, outputs, inputs=None, threads=None, device="cpu"):
         run = real(module, outputs, inputs, threads, device)
@@ -142,7 +143,7 @@ def test_both_versions_run_on_the_same_thread_count(two_versions, monkeypatch):
             seen.append(threads)
             return result
         return recorded
-    monkeypatch.setattr(builder.runtime, "torch_runner", recording_runner)
+    monkeypatch.setattr(builder.model.runtime, "torch_runner", recording_runner)
     before = torch.get_num_threads()
     compare_with_previous(two_versions, 2, seconds=0.2)
     assert seen and set(seen) == {1}
@@ -152,7 +153,7 @@ def test_both_versions_run_on_the_same_thread_count(two_versions, monkeypatch):
 def test_torch_runner_runs_on_its_threads_and_restores_the_pool():
     import torch
 
-    from builder.runtime import torch_runner
+    from builder.model.runtime import torch_runner
 
     class ThreadCount(torch.nn.Module):
         def forward(self, x):

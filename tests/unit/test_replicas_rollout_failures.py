@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.errors import ServerError
+from builder.core.errors import ServerError
 from builder.scaleout import replicas as replicas_module
 from builder.scaleout.replicas import ReplicaSet
 

@@ -1,8 +1,8 @@
-"""The build report's plot (builder/report.py): drawn from report rows, so tested with made-up rows."""
+"""The build report's plot (builder/report/build_report.py): drawn from report rows, so tested with made-up rows."""
 
 from __future__ import annotations
 
-from builder.report import REL_L2_FLOOR, plot_figure, plot_png
+from builder.report.build_report import REL_L2_FLOOR, plot_figure, plot_png
 
 
 def _row(name: str, speedup: float, rel_l2: float, drop: float | None = None, selected: bool = False,
@@ -55,7 +55,7 @@ def test_nothing_measured_draws_nothing():
 
 
 def test_a_long_not_made_reason_is_shortened_at_a_word_with_a_mark():
-    from builder.report import _not_made_row
+    from builder.report.build_report import _not_made_row
 
     why = "onnxruntime cannot run the dynamo export at batch 1 " + "because the exporter may have fixed that size " * 5
     status = _not_made_row("onnx", "failed", why)["status"]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.repository.config import parse_config
 from builder.repository.layout import existing_versions, model_dir, publish_version
 from builder.repository.metadata import read_reference

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.errors import ServerError
+from builder.core.errors import ServerError
 from builder.serving.watch import RepositoryWatch, folder_state
 
 MODEL = 'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.serving import control_key
 
 APIS = "model-repository,shared-memory,logging,trace"
@@ -86,7 +86,7 @@ def test_the_server_command_restricts_control_and_the_log_shows_it_masked(tmp_pa
 def test_the_log_header_uses_the_masked_command(tmp_path):
     import sys
 
-    from builder.processes import LocalService
+    from builder.core.processes import LocalService
 
     class Secretive(LocalService):
         log_header = True
@@ -149,7 +149,7 @@ def test_a_refusal_is_an_answer_that_names_the_variable(protocol, message, monke
 
 
 def test_the_clean_up_helper_gets_the_key_in_its_environment(monkeypatch):
-    from builder.processes import LocalService
+    from builder.core.processes import LocalService
     from builder.serving.control_helper import control_when_back
 
     started = []
@@ -183,7 +183,7 @@ def test_the_exporter_sends_the_key_for_the_repository_index_only(monkeypatch):
     """monitoring/exporter.py (a standalone image: it cannot import builder) reads the restricted index."""
     import urllib.request
 
-    from builder import assets
+    from builder.core import assets
     from builder.monitoring.local_exporter import LocalExporter
     import importlib
 

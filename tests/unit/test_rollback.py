@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 import builder
-from builder.errors import UserInputError, VerificationError
+from builder.core.errors import UserInputError, VerificationError
 from builder.repository.config import parse_config
-from builder.repository.rollback import RECORD_FILE, RECORD_SIGNATURE
+from builder.repository.signing import RECORD_FILE, RECORD_SIGNATURE
 from tests.conftest import ec_key_pair
 from tests.tiny_models import write_model
 

@@ -10,7 +10,7 @@ import pytest
 def test_a_failing_onnx_run_raises_and_prints_nothing(tmp_path, capfd):
     import torch
 
-    from builder.runtime import open_runner
+    from builder.model.runtime import open_runner
 
     class FixedRows(torch.nn.Module):
         def forward(self, x):

@@ -10,7 +10,7 @@ import numpy as np
 def test_onnx_runners_do_not_spin_whatever_their_thread_count(tmp_path):
     import torch
 
-    from builder.runtime import open_runner
+    from builder.model.runtime import open_runner
 
     torch.onnx.export(torch.nn.Linear(4, 2), (torch.zeros(1, 4),), str(tmp_path / "m.onnx"), input_names=["x"],
                       output_names=["y"], dynamic_axes={"x": {0: "batch"}}, dynamo=False)
@@ -23,7 +23,7 @@ def test_onnx_runners_do_not_spin_whatever_their_thread_count(tmp_path):
 
 def test_the_served_model_py_does_not_spin_by_default():
     """The measured and the served settings agree: model.py's intra_op_spinning defaults to off."""
-    from builder.assets import python_backend_model
+    from builder.core.assets import python_backend_model
 
     text = python_backend_model().read_text()
     assert 'params.get("intra_op_spinning", "off")' in text

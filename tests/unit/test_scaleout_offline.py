@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.repository.layout import publish_version
 from builder.storage.s3 import (MARKER, S3Store, parse_s3_url, pin_versions, policy_versions,
                                        publish_repository)

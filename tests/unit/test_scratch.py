@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.errors import UserInputError
-from builder.scratch import LOCK_NAME, OwnedFolder, clean, staging_parent, staging_prefix, sweep
+from builder.core.errors import UserInputError
+from builder.core.scratch import LOCK_NAME, OwnedFolder, staging_parent, staging_prefix, sweep
+from builder.repository.layout import clean
 
 PREFIX = "triton-builder-test-"
 
@@ -24,7 +25,7 @@ def _owned_by_a_child(parent: Path, prefix: str) -> tuple[subprocess.Popen, Path
     code = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from builder.scratch import OwnedFolder
+        from builder.core.scratch import OwnedFolder
         folder = OwnedFolder.create(Path({str(parent)!r}), {prefix!r}, "child")
         print(folder.path, flush=True)
         time.sleep(60)
@@ -111,7 +112,7 @@ def test_a_full_disk_during_publish_names_the_file_and_keeps_earlier_versions(di
 
 
 def test_reserved_versions_are_distinct_and_released(tmp_path):
-    from builder.errors import UserInputError
+    from builder.core.errors import UserInputError
     from builder.repository.layout import existing_versions, publish_version, reserve_version
 
     repo = tmp_path / "repo"

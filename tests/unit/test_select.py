@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.repository.reselect import select_for_host
 from tests.conftest import EXAMPLES
 
@@ -112,7 +112,7 @@ def test_a_variant_that_differs_from_the_reference_is_excluded(variants_reposito
 
 
 def test_same_decision_on_a_different_host_is_recorded_so_the_warnings_stop(variants_repository, tmp_path):
-    from builder.host import host_warnings
+    from builder.core.host import host_warnings
 
     repo = _copy(variants_repository, tmp_path)
     served = _served(repo)
@@ -232,7 +232,8 @@ def test_select_publishes_the_variant_closer_to_the_reference_inside_the_noise(v
                                                                                 other_speed, published_other):
     """The build's tie rule on the serving host: the other variant answers 0.1 % off the reference (a
     tolerated error it really replays with); 4 % faster is noise (the served one stays), 20 % is not."""
-    import builder.runtime
+    import builder.model.runtime
+    import builder.repository.reselect
 
     repo = _copy(variants_repository, tmp_path)
     served = _served(repo)
@@ -241,7 +242,7 @@ def test_select_publishes_the_variant_closer_to_the_reference_inside_the_noise(v
     meta = yaml.safe_load(meta_path.read_text())
     meta["verification"] = {**(meta.get("verification") or {}), "tolerance": {"rel_l2": 1e-2}}
     meta_path.write_text(yaml.safe_dump(meta))
-    real_open = builder.runtime.open_runner
+    real_open = builder.model.runtime.open_runner
 
     def open_runner(fmt, path, *args, **kwargs):
         run = real_open(fmt, path, *args, **kwargs)
@@ -253,7 +254,7 @@ def test_select_publishes_the_variant_closer_to_the_reference_inside_the_noise(v
         return {"throughput": other_speed if label.startswith(other.name) else 1000.0, "p50_ms": 1.0}
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(builder.runtime, "open_runner", open_runner)
+        mp.setattr(builder.repository.reselect, "open_runner", open_runner)
         report = select_for_host(repo, "digits_cnn", measure=measure, current_host=HERE, dry_run=True)
     far = next(c for c in report.candidates if c.folder.parent == other)
     assert 5e-4 < far.rel_l2 < 2e-3

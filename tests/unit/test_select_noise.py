@@ -1,4 +1,4 @@
-"""The tie rule (builder/objective.py prefer_accurate, used by stage select and `triton-builder select`):
+"""The tie rule (builder/model/objective.py prefer_accurate, used by stage select and `triton-builder select`):
 a variant further from the reference is published only when it is faster by more than the measurement
 noise. Measurements are injected: the outcome does not depend on this host."""
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.objective import prefer_accurate
+from builder.model.objective import prefer_accurate
 from builder.pipeline import BuildOptions
-from builder.spec import load_spec
+from builder.spec.model import load_spec
 from builder.stages import select
 from builder.stages.base import BuildContext, Variant
 from tests.conftest import EXAMPLES

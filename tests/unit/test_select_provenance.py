@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builder.errors import UserInputError
-from builder.files import sha256_file
+from builder.core.errors import UserInputError
+from builder.core.files import sha256_file
 from builder.repository.config import thread_parameter
-from builder.repository.reselect import publish_tuned, select_for_host
+from builder.repository.republish import publish_tuned
+from builder.repository.reselect import select_for_host
 from tests.conftest import EXAMPLES
 
 HERE = {"cpu_model": "AMD EPYC 7B13", "isa_flags": ["avx2"], "isa_class": "avx2", "usable_cores": 2}

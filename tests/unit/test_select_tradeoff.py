@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.errors import UserInputError
-from builder.report import report_files
-from builder.spec import load_spec
+from builder.core.errors import UserInputError
+from builder.report.build_report import report_files
+from builder.spec.model import load_spec
 from builder.stages import select
 from builder.stages.base import BuildContext, BuildOptions, Status, Variant
 from tests.conftest import EXAMPLES, edit_spec

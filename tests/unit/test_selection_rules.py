@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builder.measure import Window, batch_sizes, human, is_stable, least_disturbed, measure, measure_round_robin, within
+from builder.model.measure import Window, batch_sizes, human, is_stable, least_disturbed, measure, measure_round_robin, within
 from builder.stages import select
-from builder.spec import load_spec
+from builder.spec.model import load_spec
 from builder.stages.base import BuildContext, BuildOptions, Status, Variant
 from tests.conftest import EXAMPLES
 
@@ -74,7 +74,7 @@ def test_select_fails_when_nothing_is_eligible():
 
 
 # ------------------------------------------------------------------------------------------------
-# the stability rule (builder/measure.py)
+# the stability rule (builder/model/measure.py)
 
 
 def test_stability_rule_last_three_within_ten_percent():

@@ -16,13 +16,13 @@ import pytest
 import torch
 import yaml
 
-from builder.errors import InternalError, UserInputError, VerificationError
+from builder.core.errors import InternalError, UserInputError, VerificationError
 from builder.repository.config import ModelConfig, TensorConfig, Warmup, WarmupInput, parse_config, render_config
 from builder.repository.description import VersionDescription
 from builder.repository.metadata import reference_bytes
 from builder.repository.publish import publish_model, python_backend_files
 from builder.repository.served_replay import served_path_failures
-from builder.runtime import open_runner
+from builder.model.runtime import open_runner
 
 ROOT = Path(__file__).resolve().parents[2]
 

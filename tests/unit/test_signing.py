@@ -12,7 +12,7 @@ from tests.conftest import EXAMPLES, ec_key_pair, require, run_cli
 require("model_signing", "signing")
 require("OpenSSL", "signing")
 
-from builder.errors import UserInputError, VerificationError  # noqa: E402
+from builder.core.errors import UserInputError, VerificationError  # noqa: E402
 from builder.repository import signing  # noqa: E402
 
 
@@ -135,7 +135,8 @@ def test_tune_write_refuses_a_signed_version_and_writes_nothing(signed, tmp_path
 
 
 def test_select_and_tune_publish_sign_their_versions(signed, tmp_path, monkeypatch):
-    from builder.repository.reselect import publish_tuned, select_for_host
+    from builder.repository.republish import publish_tuned
+    from builder.repository.reselect import select_for_host
     from builder.repository.validate import validate_model
 
     repo, private, public = _copy(signed[0], tmp_path), signed[1], signed[2]

@@ -7,8 +7,8 @@ import re
 import pytest
 import yaml
 
-from builder.errors import UserInputError
-from builder.spec import load_spec, parse_spec
+from builder.core.errors import UserInputError
+from builder.spec.model import load_spec, parse_spec
 
 BASE = {
     "name": "m",

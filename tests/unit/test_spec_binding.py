@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.pipeline import build
 from builder.repository.config import config_as_dict
 from builder.repository.metadata import read_reference

@@ -10,7 +10,7 @@ import signal
 import pytest
 import yaml
 
-from builder.interrupts import raise_if_stopped, terminate_as_interrupt
+from builder.core.interrupts import raise_if_stopped, terminate_as_interrupt
 from builder.pipeline import build
 
 

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from builder.spec import VerifySpec
+from builder.spec.model import VerifySpec
 from builder.stages.base import Variant
-from builder.verification import _task_accuracy_only, untrained_outputs
-from builder.tensors import compare_outputs
+from builder.accuracy.verification import _task_accuracy_only, untrained_outputs
+from builder.accuracy.tensors import compare_outputs
 
 RNG = np.random.default_rng(0)
 REFERENCE = {"logits": RNG.normal(size=(3, 4)).astype(np.float32), "emb": RNG.normal(size=(3, 16)).astype(np.float32),

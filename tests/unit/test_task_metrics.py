@@ -1,4 +1,4 @@
-"""Task-aware verification (builder/task_metrics.py, verify.metric): an embedding judged by per-sample cosine,
+"""Task-aware verification (builder/accuracy/task_metrics.py, verify.metric): an embedding judged by per-sample cosine,
 similarity order and nearest neighbours, with injected outputs; and the verdict a real build records."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from builder.errors import UserInputError
-from builder.spec import VerifySpec
-from builder.task_metrics import embedding_failures, embedding_metrics
-from builder.tensors import compare_outputs, merge_case_metrics, tolerance_failures
+from builder.core.errors import UserInputError
+from builder.spec.model import VerifySpec
+from builder.accuracy.task_metrics import embedding_failures, embedding_metrics
+from builder.accuracy.tensors import compare_outputs, merge_case_metrics, tolerance_failures
 
 RNG = np.random.default_rng(0)
 REFERENCE = RNG.normal(size=(64, 32)).astype(np.float32)
@@ -54,7 +54,7 @@ def test_the_metric_applies_to_lossy_variants_and_fp32_stays_exact():
 
 
 def test_an_unknown_metric_or_a_similarity_over_one_is_refused_naming_the_field(digits_copy):
-    from builder.spec import load_spec
+    from builder.spec.model import load_spec
     from tests.conftest import edit_spec
 
     with pytest.raises(UserInputError, match=r"field 'verify.metric': 'cosine' is not supported; use one of: rel_l2, embedding"):
@@ -93,7 +93,7 @@ def test_a_build_records_the_task_verdict_with_its_numbers(tmp_path, quiet):
 def test_the_cases_show_the_same_function_and_the_validation_set_holds_the_task():
     """The verification cases hold generated inputs (random token ids): their similarity order means nothing,
     so there only a per-sample cosine >= 0.95 is asked; data.validation is held to the full tolerance."""
-    from builder.task_metrics import on_cases
+    from builder.accuracy.task_metrics import on_cases
 
     full = EMBEDDING.tolerance("int8")
     assert on_cases(full) == {"max_mismatch": 0.05, "min_row_cosine": 0.95}
@@ -117,7 +117,7 @@ TEXT = VerifySpec(metric="text_classification")
 def test_a_classifier_is_judged_by_the_labels_it_keeps():
     """Logits shifted and rescaled per sample keep every label (rel L2 refuses them); one label in ten
     flipped is refused with its share - per sample for text, per token for token classification."""
-    from builder.task_metrics import label_metrics
+    from builder.accuracy.task_metrics import label_metrics
 
     shifted = LOGITS * 1.3 + RNG.normal(size=(200, 1)).astype(np.float32)
     metrics = compare_outputs({"logits": LOGITS}, {"logits": shifted})
@@ -139,7 +139,7 @@ def test_a_classifier_is_judged_by_the_labels_it_keeps():
 
 
 def test_on_the_generated_cases_most_labels_must_be_kept():
-    from builder.task_metrics import on_cases
+    from builder.accuracy.task_metrics import on_cases
 
     assert on_cases(TEXT.tolerance("int8"))["min_label_agreement"] == 0.9
     assert TEXT.tolerance("fp32")["rel_l2"] == 1e-5  # FP32 stays exact
@@ -148,7 +148,7 @@ def test_on_the_generated_cases_most_labels_must_be_kept():
 @pytest.mark.slow(reason="builds a model")
 def test_a_classifier_build_records_its_label_verdict(digits_copy, tmp_path, quiet):
     from builder.pipeline import build
-    from builder.spec import load_spec
+    from builder.spec.model import load_spec
     from tests.conftest import edit_spec
 
     spec = edit_spec(digits_copy, verify={"metric": "text_classification"})

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.tuning.loadtest import LOADTEST_DIR
 from builder.tuning.pa_measure import input_data, shape_args
 from builder.tuning.payload import (ModelInterface, default_payload, generated_samples, load_samples,

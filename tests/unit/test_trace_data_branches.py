@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from builder.errors import VerificationError
+from builder.core.errors import VerificationError
 from builder.pipeline import build
 
 RARE = '''
@@ -186,7 +186,7 @@ def test_a_legacy_fallback_after_any_dynamo_failure_refuses_a_rare_branch(tmp_pa
 
 def watched_traces(monkeypatch) -> list:
     """The models frozen_conversions traced a second time (its watched trace), in order."""
-    from builder import trace_safety
+    from builder.optimise import trace_safety
 
     traced, watch = [], trace_safety._input_dependent_sites
 
@@ -234,7 +234,7 @@ FORWARDS = {
 
 @pytest.mark.parametrize("name", list(FORWARDS))
 def test_only_conversions_of_input_values_count_as_frozen(tmp_path, name):
-    from builder.trace_safety import frozen_conversions
+    from builder.optimise.trace_safety import frozen_conversions
 
     body, counts = FORWARDS[name]
     path = tmp_path / "model.py"
@@ -263,7 +263,7 @@ def test_the_probe_judges_the_export_at_the_tolerance_verify_will_use(tmp_path, 
     difference (verify fails it, so the probe leaves it to verify)."""
     from types import SimpleNamespace
 
-    from builder.spec import VerifySpec
+    from builder.spec.model import VerifySpec
     from builder.stages.export_onnx import _unseen_by_the_cases
 
     linear = torch.nn.Linear(16, 4).eval()

@@ -7,7 +7,7 @@ import textwrap
 import pytest
 import yaml
 
-from builder.errors import VerificationError
+from builder.core.errors import VerificationError
 from builder.pipeline import build
 
 BRANCHY = textwrap.dedent('''

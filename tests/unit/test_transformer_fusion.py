@@ -1,11 +1,11 @@
-"""onnxruntime's transformer fusions for Hugging Face encoders (builder/transformer_fusion.py, stage optimize's
+"""onnxruntime's transformer fusions for Hugging Face encoders (builder/optimise/transformer_fusion.py, stage optimize's
 onnx_opt) and dynamic INT8 of the fused graph (stage quantize), on the tiny BERT example."""
 
 from __future__ import annotations
 
 import pytest
 
-from builder.transformer_fusion import eager_attention, encoder_shape
+from builder.optimise.transformer_fusion import eager_attention, encoder_shape
 from tests.conftest import EXAMPLES
 
 

@@ -9,7 +9,7 @@ import re
 import pytest
 from onnx import TensorProto, helper
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.repository import triton_releases as tr
 from builder.repository.runtime_gate import limit_failures
 from builder.serving.serve import served_release_warnings

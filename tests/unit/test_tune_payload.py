@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from builder.repository.metadata import reference_bytes
-from builder.spec import parse_spec
-from builder.tensors import build_cases
+from builder.spec.model import parse_spec
+from builder.accuracy.tensors import build_cases
 from builder.tuning.loadtest import LOADTEST_DIR
 from builder.tuning.payload import ModelInterface, default_payload, load_samples, locust_payload, read_npz_samples
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from builder.errors import LoadRefused, ServerError
+from builder.core.errors import LoadRefused, ServerError
 from builder.serving.client import TritonError
 from builder.tuning.search import Candidate, Search
 

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.tuning.search import Candidate, ModelControl, Search, built_candidate, derived_max_batch_sizes
 from builder.tuning.tune import _choose, _layouts, _thread_counts, host_layouts
 
@@ -164,9 +164,9 @@ def test_tune_publish_makes_the_tuned_config_a_new_version(built_repository, tmp
 
     import yaml
 
-    from builder.errors import BuilderError
+    from builder.core.errors import BuilderError
     from builder.repository.config import config_as_dict
-    from builder.repository.reselect import publish_tuned
+    from builder.repository.republish import publish_tuned
     from builder.repository.tuned import config_text_from_dict
     from builder.repository.validate import validate_model
 

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from builder.errors import ServerError
+from builder.core.errors import ServerError
 from builder.serving import client as client_module
 from builder.serving.client import Liveness, ServerGone
 from builder.tuning.search import Candidate, ModelControl, Search

@@ -1,4 +1,4 @@
-"""Your own preprocess/postprocess steps (builder/spec_steps.py, builder/user_steps.py,
+"""Your own preprocess/postprocess steps (builder/spec/steps.py, builder/model/user_steps.py,
 builder/repository/user_pipeline.py) without a server: the spec's rules, the functions run on the raw data
 as the published step runs them, and the ensemble wiring parsed with Triton's schema. Served for real in
 tests/integration/test_user_steps_served.py."""
@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.repository.config import DynamicBatching, ModelConfig, TensorConfig, parse_config, render_config
 from builder.repository.monitored import render_ensemble
 from builder.repository.user_pipeline import user_ensemble_config, user_step_configs
-from builder.spec import load_spec
-from builder.user_steps import UserSteps, read_raw, reference_record
+from builder.spec.model import load_spec
+from builder.model.user_steps import UserSteps, read_raw, reference_record
 
 FOLDER = Path(__file__).resolve().parents[1] / "integration" / "user_steps"
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"

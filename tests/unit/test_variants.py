@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import yaml
 
-from builder import quant_search
-from builder.errors import UserInputError, VerificationError
-from builder.measure import cpu_cores, human
-from builder.objective import prefer_accurate
+from builder.optimise import quant_search
+from builder.core.errors import UserInputError, VerificationError
+from builder.model.measure import cpu_cores, human
+from builder.model.objective import prefer_accurate
 from builder.pipeline import build
-from builder.spec import load_spec
+from builder.spec.model import load_spec
 from builder.stages import select
 from builder.stages.base import Status
 from tests.conftest import EXAMPLES, edit_spec
@@ -178,7 +178,7 @@ def test_selection_goes_by_measured_throughput_with_reasons(digits_build):
 
 
 def _expected_choice(variants):
-    """What stage select must publish from these eligible variants' figures (builder/objective.py)."""
+    """What stage select must publish from these eligible variants' figures (builder/model/objective.py)."""
     eligible = [v for v in variants if v.eligible]
     return prefer_accurate({v.name: v.benchmark["best_throughput"] for v in eligible},
                            {v.name: select.worst_rel_l2(v) for v in eligible})
@@ -215,7 +215,7 @@ def test_dynamic_int8_is_selected_or_rejected_by_its_measurement(digits_build, f
 @pytest.mark.slow
 def test_report_table_json_and_plot(digits_build):
     rows = digits_build.rows
-    from builder.report import format_table
+    from builder.report.build_report import format_table
     table = format_table(rows)
     assert "x onnx" in table.splitlines()[0] and "acc drop" in table.splitlines()[0]
     onnx_row = next(r for r in rows if r["variant"] == "onnx")
@@ -379,7 +379,7 @@ def test_int8_dynamic_variants_skip_models_without_linear_layers(tmp_path, quiet
 
 
 def test_calibration_batches_are_equal_sized():
-    from builder.onnx_quantize import feeds
+    from builder.optimise.onnx_quantize import feeds
     samples = {"image": np.zeros((50, 1, 8, 8), np.float32)}
     assert [len(f["image"]) for f in feeds(samples, 16)] == [10] * 5  # entropy/percentile stack batches
     assert [len(f["image"]) for f in feeds({"image": np.zeros((64, 1))}, 16)] == [16] * 4

@@ -12,11 +12,11 @@ import pytest
 import yaml
 from onnx import TensorProto, helper
 
-from builder.spec import load_spec
+from builder.spec.model import load_spec
 from builder.stages import load
 from builder.stages.base import BuildContext, BuildOptions, Variant
-from builder.verification import verify_variant
-from builder.tensors import build_cases, compare_outputs, merge_case_metrics, tolerance_failures
+from builder.accuracy.verification import verify_variant
+from builder.accuracy.tensors import build_cases, compare_outputs, merge_case_metrics, tolerance_failures
 
 DOUBLE = '''
 import torch
@@ -133,7 +133,7 @@ def test_float_outputs_keep_their_rel_l2_rule():
 
 
 def test_max_mismatch_is_a_share(tmp_path):
-    from builder.errors import UserInputError
+    from builder.core.errors import UserInputError
 
     spec_path = _spec(tmp_path, np.ones((4, 4), np.float32))
     data = yaml.safe_load(spec_path.read_text())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 from builder.repository.config import ModelConfig, TensorConfig, Warmup, WarmupInput, parse_config, render_config
 from builder.repository.layout import _place_model_files
 from builder.repository.metadata import reference_bytes

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from builder.errors import VerificationError
+from builder.core.errors import VerificationError
 from builder.repository.config import ModelConfig, TensorConfig, Warmup, WarmupInput
 from builder.repository.description import VersionDescription
 from builder.repository.layout import existing_versions

@@ -9,7 +9,7 @@ import tempfile
 
 import pytest
 
-from builder.errors import UserInputError
+from builder.core.errors import UserInputError
 
 
 @pytest.fixture

@@ -1,0 +1,126 @@
+"""onnxruntime's quantisation calls in one place: pre-processing, quantize_static with a recipe (builder/
+quant_search.py Candidate) on calibration batches, quantize_dynamic (fused transformer ops included), and the
+file moves around them. Stage quantize decides what to quantize and judges the results; this only calls.
+
+Usage::
+
+    prepared = preprocess(source, work / "preprocessed.onnx", passes, notes)
+    quantize_static(prepared, work / "model.onnx", candidate, samples, batch=16, large=False)
+    quantize_dynamic(prepared, work / "model.onnx", candidate, large=False, fused=("Attention",))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from builder.optimise import onnx_tools
+
+if TYPE_CHECKING:
+    from builder.optimise.quant_search import Candidate
+
+
+def feeds(samples, batch: int) -> list[dict[str, np.ndarray]]:
+    """Equal-sized batches (the entropy and percentile calibrators stack them): the largest batch
+    size up to ``batch`` that divides the sample count."""
+    if isinstance(samples, list):
+        return list(samples)
+    count = len(next(iter(samples.values())))
+    batch = next(b for b in range(min(batch, count), 0, -1) if count % b == 0)
+    return [{k: v[i:i + batch] for k, v in samples.items()} for i in range(0, count, batch)]
+
+
+def reader(feeds: list[dict[str, np.ndarray]]):
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self._feeds = iter(feeds)
+
+        def get_next(self):
+            return next(self._feeds, None)
+
+        def rewind(self) -> None:
+            self._feeds = iter(feeds)
+
+    return Reader()
+
+
+def move_model(source: Path, target: Path) -> None:
+    for suffix in ("", ".data"):
+        path = source.with_name(source.name + suffix)
+        if path.exists():
+            path.replace(target.with_name(target.name + suffix))
+
+
+def quantize_dynamic(prepared: Path, target: Path, cand, large: bool, only: list[str] | None = None,
+                      fused: tuple[str, ...] = ()) -> None:
+    """``fused``: onnxruntime's fused ops in the graph to quantize too (Attention); their outputs have no type
+    shape inference knows (com.microsoft domain), so float is said to be the default."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with warnings.catch_warnings(), onnx_tools.quiet_quantizer():
+        warnings.simplefilter("ignore")
+        quantize_dynamic(str(prepared), str(target), op_types_to_quantize=[*cand.op_types, *fused],
+                         per_channel=cand.per_channel, reduce_range=cand.reduce_range,
+                         weight_type=QuantType.QInt8 if cand.weight_type == "S8" else QuantType.QUInt8,
+                         nodes_to_exclude=list(cand.exclude), nodes_to_quantize=only or [],
+                         use_external_data_format=large,
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT} if fused else {})
+
+
+def quantize_static(prepared: Path, target: Path, cand: "Candidate", samples, batch: int,
+                     large: bool, only: list[str] | None = None) -> None:
+    """quantize_static with one candidate's recipe (``only``: quantise just these nodes)."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    types = {"S8": QuantType.QInt8, "U8": QuantType.QUInt8}
+    method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+              "percentile": CalibrationMethod.Percentile}[cand.calibration]
+    if cand.samples:
+        samples = (samples[:cand.samples] if isinstance(samples, list)
+                   else {k: v[:cand.samples] for k, v in samples.items()})
+    options = {"nodes_to_exclude": list(cand.exclude)}
+    if cand.op_types:
+        options["op_types_to_quantize"] = list(cand.op_types)
+    if only is not None:
+        options["nodes_to_quantize"] = only
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), onnx_tools.quiet_quantizer():
+        warnings.simplefilter("ignore")
+        quantize_static(str(prepared), str(target), reader(feeds(samples, batch)),
+                        quant_format=QuantFormat.QDQ if cand.quant_format == "QDQ" else QuantFormat.QOperator,
+                        per_channel=cand.per_channel, reduce_range=cand.reduce_range,
+                        activation_type=types[cand.activation_type], weight_type=types[cand.weight_type],
+                        calibrate_method=method, use_external_data_format=large, **options)
+
+
+def remove(*paths: Path) -> None:
+    for path in paths:
+        for leftover in (path, path.with_name(path.name + ".data")):
+            leftover.unlink(missing_ok=True)
+
+
+def preprocess(source: Path, target: Path, passes: list[str], notes: list[str]) -> Path:
+    """onnxruntime's recommended pre-processing; a model it cannot handle is quantized as it is."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    errors = []
+    for skip_symbolic in (False, True):
+        try:
+            # symbolic shape inference dumps sym_shape_infer_temp.onnx (+ data) into the working directory
+            # when it gives up: keep that inside the build's work folder
+            with warnings.catch_warnings(), contextlib.chdir(target.parent):
+                warnings.simplefilter("ignore")
+                quant_pre_process(str(source), str(target), skip_symbolic_shape=skip_symbolic)
+            passes.append("quant_pre_process" + (" (symbolic shape inference skipped)" if skip_symbolic else ""))
+            return target
+        except Exception as exc:  # noqa: BLE001 - recorded; the next attempt is simpler
+            errors.append(onnx_tools.short_error(exc))
+    notes.append(f"quant_pre_process failed, quantized without it: {errors[-1]}")
+    return source
