@@ -310,10 +310,10 @@ def serving_context(repository: str | Path = DEFAULT_REPOSITORY, *, load_models:
     failed (it hung and was killed, or its log reports a crash: the message names the kept log).
     """
 
-    server = checked_server(repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-                            host=host, log_path=log_path, model_control=model_control, load_models=load_models,
-                            extra_args=extra_args, ready_timeout=ready_timeout, public_key=public_key,
-                            require_signature=require_signature)
+    server = checked_server(repository, public_key=public_key, require_signature=require_signature,
+                            http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, host=host,
+                            log_path=log_path, model_control=model_control, load_models=load_models,
+                            extra_args=extra_args, ready_timeout=ready_timeout)
     server.start()
     try:
         yield server

@@ -8,7 +8,6 @@ Usage::
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -16,7 +15,7 @@ from typing import Any, Callable
 from builder.core.errors import BuilderError, UserInputError, VerificationError, unknown_choice
 from builder.core.interrupts import raise_if_stopped
 from builder.core.progress import bar
-from builder.core.scratch import WORK_PREFIX, OwnedFolder, sweep
+from builder.core.scratch import work_folder
 from builder.model.variants import add_bases, resolve_variants
 from builder.report.build_report import variant_rows
 from builder.repository.layout import check_version_free, require_writable
@@ -82,6 +81,28 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = "model_reposito
     which also draws a bar over the stages on a terminal)."""
 
     model_spec = spec if isinstance(spec, ModelSpec) else load_spec(spec)
+    plan = checked_plan(model_spec, repository, variants=variants, target=target, strict=strict,
+                        publish_variants=publish_variants, benchmark_seconds=benchmark_seconds,
+                        signing_key=signing_key, register=register, registry=registry, alias=alias,
+                        triton_release=triton_release)
+    return run_stages(model_spec, plan, progress or _silent)
+
+
+@dataclass
+class BuildPlan:
+    """A build's checked arguments: what ``run_stages`` runs."""
+    options: BuildOptions
+    requested: list[str]  # the variants asked for, resolved for the target
+    base_only: list[str]  # variants made only as the base of a requested one
+    target_note: str | None  # what the target means here, said in progress and the report
+
+
+def checked_plan(model_spec: ModelSpec, repository: str | Path, *, variants: list[str] | None, target: str | None,
+                 strict: bool, publish_variants: bool | None, benchmark_seconds: float | None,
+                 signing_key: str | Path | None, register: bool, registry: str | None, alias: str | None,
+                 triton_release: str | None) -> BuildPlan:
+    """Every check of ``build``'s arguments against the spec and the repository, before anything is made or
+    written (UserInputError naming the argument and the fix)."""
     options = BuildOptions(repository=Path(repository).resolve(), variants=variants, target=target, strict=strict,
                            benchmark_seconds=benchmark_seconds, publish_variants=publish_variants)
     options.signing_key = _signing_key(signing_key, options.repository)
@@ -101,38 +122,37 @@ def build(spec: str | Path | ModelSpec, repository: str | Path = "model_reposito
     _refuse_unservable_scalars(model_spec, options.target or model_spec.deploy.target)
     check_version_free(options.repository, model_spec.name, model_spec.version)
     require_writable(options.repository)  # a read-only mount fails now, not after every stage has run
-    scratch_root = Path(tempfile.gettempdir())
-    sweep(scratch_root, WORK_PREFIX)  # what killed builds left behind
-    progress = progress or _silent
-    if options.signing_key is None:
-        progress(f"note: versions are published unsigned (no --signing-key or ${KEY_ENV})")
     requested, base_only = add_bases(resolve_variants(variants or model_spec.variants, options.target or
                                                       model_spec.deploy.target, model_spec.deploy.instance_kind))
-    work = OwnedFolder.create(scratch_root, WORK_PREFIX, model_spec.name)
-    try:
-        ctx = BuildContext(spec=model_spec, options=options, workdir=work.path, progress=progress)
-        ctx.requested_variants, ctx.base_only = requested, base_only
-        if target_said:
-            ctx.notes.append(target_said)
-            progress(f"note: {target_said}")
+    return BuildPlan(options, requested, base_only, target_said)
+
+
+def run_stages(model_spec: ModelSpec, plan: BuildPlan, progress: Callable[[str], object]) -> BuildResult:
+    """Run STAGES in order on a checked plan and record each result; a required stage that fails stops the build."""
+    if plan.options.signing_key is None:
+        progress(f"note: versions are published unsigned (no --signing-key or ${KEY_ENV})")
+    with work_folder(model_spec.name) as workdir:
+        ctx = BuildContext(spec=model_spec, options=plan.options, workdir=workdir, progress=progress)
+        ctx.requested_variants, ctx.base_only = plan.requested, plan.base_only
+        if plan.target_note:
+            ctx.notes.append(plan.target_note)
+            progress(f"note: {plan.target_note}")
         progress(f"building {model_spec.name} (target {ctx.target}; variants: {', '.join(ctx.requested_variants)})")
         with bar(progress, f"building {model_spec.name}", total=len(STAGES)) as advance:
             for index, (name, module, required) in enumerate(STAGES, 1):
                 progress(f"[{index}/{len(STAGES)}] {name} ...")
-                result = _run_stage(module, ctx, name, work.path)
+                result = _run_stage(module, ctx, name, workdir)
                 raise_if_stopped()  # a stop signal whose interrupt a library swallowed: never go on to publish
                 ctx.results.append(result)
                 reason = result.reason.splitlines()[0] if result.reason else ""
                 progress(f"[{index}/{len(STAGES)}] {name}: {result.status.value} ({result.seconds:.1f} s) {reason}")
                 advance()
-                if name == "verify" and strict:
+                if name == "verify" and plan.options.strict:
                     _raise_if_any_failed(ctx)
                 if result.status is Status.FAIL and required:
                     _raise_for(ctx, result)
         published = next(r.outputs["published"] for r in ctx.results if r.stage == "publish")
         return BuildResult(ctx, published, variant_rows(ctx))
-    finally:
-        work.release()
 
 
 def _run_stage(module, ctx: BuildContext, name: str, workdir: Path) -> StageResult:

@@ -25,7 +25,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Iterator
 
 from builder.core.processes import pid_alive
 
@@ -103,3 +103,16 @@ def sweep(parent: Path, prefix: str) -> list[Path]:
             shutil.rmtree(folder, ignore_errors=True)  # removed while we hold its lock
             removed.append(folder)
     return removed
+
+
+@contextlib.contextmanager
+def work_folder(label: str = "") -> Iterator[Path]:
+    """A work folder in the temp dir for one build, removed after the block; what killed builds left there is
+    swept first."""
+    root = Path(tempfile.gettempdir())
+    sweep(root, WORK_PREFIX)
+    folder = OwnedFolder.create(root, WORK_PREFIX, label)
+    try:
+        yield folder.path
+    finally:
+        folder.release()

@@ -42,15 +42,7 @@ def _print_flush(*args, **kwargs) -> None:
 
 def serve_forever(
     repository: Path | str,
-    http_port: int | None = None,
-    grpc_port: int | None = None,
-    metrics_port: int | None = None,
-    host: str = "127.0.0.1",
-    log_path: Path | str | None = None,
-    model_control: str = "explicit",
-    load_models: Sequence[str] | None = None,
-    extra_args: Sequence[str] = (),
-    ready_timeout: float = 60.0,
+    *,
     announce: Callable[[str], object] = _print_flush,
     poll_interval: float = 0.2,
     public_key: str | Path | None = None,
@@ -60,8 +52,11 @@ def serve_forever(
     hang_probe_misses: int = HANG_PROBE_MISSES,
     watch: bool = True,
     watch_interval: float = WATCH_INTERVAL_S,
+    **server_args,
 ) -> int:
     """Start an ``EmbeddedServer``, announce it, block until SIGINT/SIGTERM, stop it; return an exit code.
+    ``server_args`` are the server's own (``EmbeddedServer``'s keyword arguments: ports, host, log_path,
+    model_control, load_models, extra_args, ready_timeout; builder.serve documents them for users).
 
     Returns 0 after a clean stop on a signal, and ``ServerDiedError.exit_code`` (2) if the server
     process ended on its own (after announcing its exit code and last log lines), or if the stop
@@ -81,10 +76,8 @@ def serve_forever(
     a dropped request (builder/serving/watch.py); ``rollback`` finds the server through its record
     (builder/serving/running.py) and says which version it answers with.
     """
-    server = checked_server(repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-                            host=host, log_path=log_path, model_control=model_control, load_models=load_models,
-                            extra_args=extra_args, ready_timeout=ready_timeout, public_key=public_key,
-                            require_signature=require_signature)
+    server = checked_server(repository, public_key=public_key, require_signature=require_signature, **server_args)
+    temporary_log = server_args.get("log_path") is None
     with stop_signals() as received:
         try:
             server.start()
@@ -92,9 +85,9 @@ def serve_forever(
             warnings = served_host_warnings(repository, server.models, current_host, metas) + \
                 served_release_warnings(repository, server.models, metas) + \
                 python_backend_notes(repository, server.models, metas)
-            follows = watch and model_control == "explicit" and server.remote is None
-            _announce_started(server, announce, warnings, temporary_log=log_path is None, follows=follows)
-            watcher = RepositoryWatch(server, announce, watch_interval, whole_repository=load_models is None) \
+            follows = watch and server.model_control == "explicit" and server.remote is None
+            _announce_started(server, announce, warnings, temporary_log=temporary_log, follows=follows)
+            watcher = RepositoryWatch(server, announce, watch_interval, whole_repository=server.load_models is None) \
                 if follows else None
             with HangWatch(server, announce, hang_probe_interval, hang_probe_misses), announced(server, repository):
                 while not received:
@@ -113,37 +106,25 @@ def serve_forever(
                 announce(server.stop_failure)
                 return ServerDiedError.exit_code
             announce(f"tritonserver stopped (exit code {code}); "
-                     + ("nothing failed, so its log was removed with its temp folder" if log_path is None
+                     + ("nothing failed, so its log was removed with its temp folder" if temporary_log
                         else f"log: {server.log_path}"))
             return 0
         finally:
             server.stop()
 
 
-def checked_server(repository: Path | str, *, http_port: int | None = None, grpc_port: int | None = None,
-                   metrics_port: int | None = None, host: str = "127.0.0.1", log_path: Path | str | None = None,
-                   model_control: str = "explicit", load_models: Sequence[str] | None = None,
-                   extra_args: Sequence[str] = (), ready_timeout: float = 60.0, public_key: str | Path | None = None,
-                   require_signature: bool = False) -> EmbeddedServer:
-    """The ``EmbeddedServer`` that ``serve_forever`` runs, not started yet, after the checks it makes first: a
+def checked_server(repository: Path | str, *, public_key: str | Path | None = None, require_signature: bool = False,
+                   **server_args) -> EmbeddedServer:
+    """The ``EmbeddedServer`` that ``serve_forever`` runs (``server_args``: its keyword arguments), not started
+    yet, after the checks it makes first: a
     repository with nothing to serve is refused, and (with a public key, or $TRITON_BUILDER_PUBLIC_KEY)
     every version's signature is verified before anything loads. Serving the whole repository (no
     ``load_models``), a model that fails to load leaves the others served (``server.failed`` names it)."""
+    load_models = server_args.get("load_models")
     _refuse_empty(repository, load_models)
     verify_repository(repository, public_key, require_signature)
-    return EmbeddedServer(
-        repository,
-        http_port=http_port,
-        grpc_port=grpc_port,
-        metrics_port=metrics_port,
-        host=host,
-        log_path=log_path,
-        model_control=model_control,
-        load_models=load_models,
-        extra_args=extra_args,
-        ready_timeout=ready_timeout,
-        keep_going=load_models is None,  # one bad model (a published variant) must not take down the rest
-    )
+    # one bad model (a published variant) must not take down the rest
+    return EmbeddedServer(repository, keep_going=load_models is None, **server_args)
 
 
 def _refuse_empty(repository: Path | str, load_models: Sequence[str] | None) -> None:
