@@ -281,7 +281,9 @@ def install_backends(backends: Sequence[str] | None = None, *, force: bool = Fal
     as ``triton-builder install-backends``: onnxruntime against 1.19.2 and openvino against 2024.4.0 (what NGC
     24.10 ships), pytorch against this environment's torch, into a per-user cache keyed by versions, so a
     second call costs nothing (``force``: build again).
-    ``backends``: which ones (default: every one triton-builder builds). Sources come from
+    ``backends``: which ones (default: onnxruntime and pytorch; openvino and ``onnxruntime-gpu`` - the onnxruntime
+    backend built for CUDA 12 GPUs against onnxruntime-gpu 1.19.2, served under ``TRITON_BUILDER_BACKENDS=gpu`` -
+    only when named). Sources come from
     ``$TRITON_SOURCES_DIR`` when set, else GitHub. ``serve`` and everything that starts the embedded server
     use a built backend from then on; the Python stand-in stays for one that is not built.
 

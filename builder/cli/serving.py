@@ -147,8 +147,9 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("install-backends", parents=[common],
                        help="build Triton's own C++ backends (r24.10) for the embedded server, once (cached)")
     p.add_argument("--backend", action="append", metavar="NAME",
-                   help="a backend to build (repeatable; default: every one triton-builder builds: onnxruntime, openvino, "
-                        "pytorch)")
+                   help="a backend to build (repeatable; default: onnxruntime and pytorch; named only: openvino, and "
+                        "onnxruntime-gpu, the onnxruntime backend built for CUDA 12 GPUs, served under "
+                        "TRITON_BUILDER_BACKENDS=gpu)")
     p.add_argument("--force", action="store_true", help="build again even where the cache holds a build")
     add_output(p)
     p.set_defaults(func=cmd_install_backends)

@@ -16,11 +16,16 @@ and the rapidjson and googletest sources (Debian packages; scripts/install-syste
 runtime library comes from its PyPI wheel (``pip download``, never installed into this environment).
 
 ``$TRITON_BUILDER_BACKENDS=standin`` serves through the stand-ins even where the real backends are built (the
-side-by-side benchmark, ``benchmarks/served_side_by_side.py native``, uses it).
+side-by-side benchmark, ``benchmarks/served_side_by_side.py native``, uses it). ``gpu`` serves onnxruntime folders
+through the GPU build of the onnxruntime backend (``install-backends --backend onnxruntime-gpu``; its own cache
+folder, builder/serving/native_gpu.py) where it is built: never the default, so a CPU host does not load it.
+
+Each row of the report lists the library's NEEDED entries (its ELF dynamic section: what the loader must find).
 
 Usage::
 
     report = install_backends(progress=print)     # InstallReport: one row per backend, built / cached / failed
+    install_backends(["onnxruntime-gpu"])         # the GPU build, only when named
     built_backend("onnxruntime")                  # Path of the cached backend folder, or None
 """
 
@@ -42,6 +47,7 @@ from builder.core.errors import UserInputError
 from builder.core.processes import CommandError, TimeoutExpired, run_command
 from builder.core.side_env import cache_root, install_atomically
 from builder.serving.install import find_tritonserver
+from builder.serving.native_gpu import needed_libraries
 from builder.serving.native_recipes import RECIPES, SOURCES_ENV, BackendBuildError, Recipe, download
 
 __all__ = ["RELEASE", "SOURCES_ENV", "MODE_ENV", "RECIPES", "BackendRow", "InstallReport", "install_backends",
@@ -63,6 +69,7 @@ class BackendRow:
     seconds: float = 0.0
     home: str = ""
     reason: str = ""
+    needed: list[str] = field(default_factory=list)  #: the library's DT_NEEDED entries (built and cached rows)
 
     def line(self) -> str:
         if self.status == "failed":
@@ -81,7 +88,12 @@ class InstallReport:
         return all(r.status != "failed" for r in self.rows)
 
     def lines(self) -> list[str]:
-        return [row.line() for row in self.rows] + [f"total {self.seconds:.0f} s"]
+        out = []
+        for row in self.rows:
+            out.append(row.line())
+            if row.needed:
+                out.append(f"{'':<13}NEEDED {', '.join(row.needed)}")
+        return out + [f"total {self.seconds:.0f} s"]
 
 
 def _server_tag() -> str:
@@ -99,21 +111,46 @@ def _server_library() -> Path:
 
 
 def backend_home(recipe: Recipe) -> Path:
+    device = f"cuda{recipe.cuda}" if recipe.cuda else "cpu"
     return (cache_root() / "backends"
-            / f"{recipe.backend}-{RELEASE}-{recipe.runtime}{recipe.runtime_version()}-cpu-{_server_tag()}")
+            / f"{recipe.backend}-{RELEASE}-{recipe.runtime}{recipe.runtime_version()}-{device}-{_server_tag()}")
 
 
-def built_backend(name: str) -> Path | None:
-    """The cached folder of backend ``name`` (library and runtime beside it), or None when it is not built, or
-    when ``$TRITON_BUILDER_BACKENDS=standin``."""
-    recipe = RECIPES.get(name)
-    if recipe is None or os.environ.get(MODE_ENV, "").strip().lower() == "standin":
-        return None
+#: {Triton backend: its GPU build's recipe}, served under $TRITON_BUILDER_BACKENDS=gpu
+GPU_BUILDS = {"onnxruntime": "onnxruntime-gpu"}
+
+
+def _mode() -> str:
+    return os.environ.get(MODE_ENV, "").strip().lower()
+
+
+def _cached_home(recipe: Recipe) -> Path | None:
     try:
         home = backend_home(recipe)
     except Exception:  # noqa: BLE001 - no server to key it by: nothing is built for it either
         return None
     return home if _is_built(home, recipe) else None
+
+
+def _serving(name: str) -> tuple[Recipe, Path | None] | None:
+    """The recipe whose build serves backend ``name`` (its GPU build under ``gpu`` where built) and its folder."""
+    recipe = RECIPES.get(name)
+    if recipe is None or _mode() == "standin":
+        return None
+    if _mode() == "gpu" and name in GPU_BUILDS:
+        gpu = RECIPES[GPU_BUILDS[name]]
+        home = _cached_home(gpu)
+        if home is not None:
+            return gpu, home
+    return recipe, _cached_home(recipe)
+
+
+def built_backend(name: str) -> Path | None:
+    """The cached folder of backend ``name`` (library and runtime beside it; a recipe's name such as
+    ``onnxruntime-gpu`` gives its own build), or None when it is not built, or when
+    ``$TRITON_BUILDER_BACKENDS=standin``. Under ``gpu`` the onnxruntime backend is its GPU build where built."""
+    serving = _serving(name)
+    return serving[1] if serving else None
 
 
 def _is_built(home: Path, recipe: Recipe) -> bool:
@@ -136,6 +173,7 @@ def served_kinds(backends: tuple[str, ...], native: list[str]) -> dict[str, str]
     for name in backends:
         recipe = RECIPES.get(name)
         if name in native:
+            recipe = (_serving(name) or (recipe,))[0]  # under gpu: the GPU build where it is built
             out[name] = f"Triton's C++ backend ({RELEASE}, {recipe.runtime_label})" + \
                 (f"; note: {recipe.caveat}" if recipe.caveat else "")
         elif recipe is not None:
@@ -147,10 +185,11 @@ def served_kinds(backends: tuple[str, ...], native: list[str]) -> dict[str, str]
 
 
 def _check_mode() -> None:
-    mode = os.environ.get(MODE_ENV, "").strip().lower()
-    if mode not in ("", "native", "standin"):
-        raise UserInputError(f"${MODE_ENV}={mode!r}: use native (Triton's C++ backends where built; the default) or "
-                             "standin (the Python stand-ins)")
+    mode = _mode()
+    if mode not in ("", "native", "gpu", "standin"):
+        raise UserInputError(f"${MODE_ENV}={mode!r}: use native (Triton's C++ backends where built; the default), "
+                             "gpu (native, onnxruntime through its GPU build where built) or standin (the Python "
+                             "stand-ins)")
 
 
 def install_backends(names: list[str] | None = None, *, progress: Progress = lambda m: None,
@@ -170,7 +209,8 @@ def install_backends(names: list[str] | None = None, *, progress: Progress = lam
         try:
             home = backend_home(recipe)
             if _is_built(home, recipe) and not force:
-                report.rows.append(BackendRow(name, "cached", recipe.runtime_label, home=str(home)))
+                report.rows.append(BackendRow(name, "cached", recipe.runtime_label, home=str(home),
+                                              needed=_needed(home / recipe.library)))
                 continue
             progress(f"building Triton's {name} backend ({RELEASE}) against {recipe.runtime_label} ...")
             if recipe.caveat:
@@ -181,7 +221,8 @@ def install_backends(names: list[str] | None = None, *, progress: Progress = lam
                 _write_record(staging, recipe, time.monotonic() - began)
 
             install_atomically(home, fill, f"{RELEASE} {recipe.runtime_label}")
-            report.rows.append(BackendRow(name, "built", recipe.runtime_label, time.monotonic() - began, str(home)))
+            report.rows.append(BackendRow(name, "built", recipe.runtime_label, time.monotonic() - began, str(home),
+                                          needed=_needed(home / recipe.library)))
         except (BackendBuildError, CommandError, TimeoutExpired, OSError) as err:
             report.rows.append(BackendRow(name, "failed", recipe.runtime_label, time.monotonic() - began,
                                           reason=_one_line(err)))
@@ -196,9 +237,17 @@ def _one_line(err: BaseException) -> str:
     return " ".join(str(err).split())
 
 
+def _needed(library: Path) -> list[str]:
+    try:
+        return needed_libraries(library)
+    except (OSError, ValueError):  # not an ELF library: listed as nothing, the server's load says the rest
+        return []
+
+
 def _write_record(home: Path, recipe: Recipe, seconds: float) -> None:
     record = {"backend": recipe.backend, "release": RELEASE, "runtime": recipe.runtime,
-              "runtime_version": recipe.runtime_version(), "server_library": _server_library().name,
+              "runtime_version": recipe.runtime_version(), "cuda": recipe.cuda or None,
+              "server_library": _server_library().name, "needed": _needed(home / recipe.library),
               "seconds": round(seconds, 1), "built_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     (home / "build.json").write_text(json.dumps(record, indent=2) + "\n")
 
@@ -226,7 +275,8 @@ def _build(recipe: Recipe, staging: Path, progress: Progress) -> None:
         plan = recipe.prepare(recipe, sources, work, progress)
         build = work / "build"
         run_command(["cmake", "-S", sources[recipe.repository], "-B", build, "-G", "Ninja",
-                     "-DCMAKE_BUILD_TYPE=Release", "-DTRITON_ENABLE_GPU=OFF", *plan.cmake_options,
+                     "-DCMAKE_BUILD_TYPE=Release", f"-DTRITON_ENABLE_GPU={'ON' if recipe.cuda else 'OFF'}",
+                     *plan.cmake_options,
                      "-DFETCHCONTENT_FULLY_DISCONNECTED=ON",
                      f"-DFETCHCONTENT_SOURCE_DIR_REPO-COMMON={sources['common']}",
                      f"-DFETCHCONTENT_SOURCE_DIR_REPO-CORE={sources['core']}",

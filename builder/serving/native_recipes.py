@@ -4,6 +4,9 @@ its library. Measured on Debian 12 / gcc 12 with the r24.10 sources (docs/explan
 
 - onnxruntime: against ``libonnxruntime.so.1.19.2`` out of the onnxruntime 1.19.2 wheel (NGC 24.10's runtime)
   and the 1.19 C API header (the wheels ship none); ~15-30 s.
+- onnxruntime-gpu: the same backend with ``TRITON_ENABLE_GPU=ON`` against the onnxruntime-gpu 1.19.2 wheel (CUDA 12)
+  and CUDA 12.6's runtime from PyPI wheels (builder/serving/native_gpu.py); the Triton backend is still
+  ``onnxruntime``, cached apart and served only under ``TRITON_BUILDER_BACKENDS=gpu``; built only when named; ~45 s.
 - openvino: against the openvino 2024.4.0 wheel (NGC 24.10's) through ``find_package(OpenVINO)`` - the r24.10
   CMakeLists builds OpenVINO in Docker, so that part is replaced at build time (``patch_openvino_cmake``); the
   wheel uses the old C++ ABI, so the whole tree is built with ``-D_GLIBCXX_USE_CXX11_ABI=0``; ~25 s. Its
@@ -33,12 +36,16 @@ from typing import Callable
 
 from builder.core.side_env import WheelDownloadError, download_wheel
 
-__all__ = ["Recipe", "BuildPlan", "RECIPES", "BackendBuildError", "SOURCES_ENV", "torch_version", "torch_libraries"]
+__all__ = ["Recipe", "BuildPlan", "RECIPES", "BackendBuildError", "SOURCES_ENV", "CUDA_VERSION", "torch_version",
+           "torch_libraries"]
 
 SOURCES_ENV = "TRITON_SOURCES_DIR"
 ORT_HEADER_URL = ("https://raw.githubusercontent.com/microsoft/onnxruntime/v{version}/include/onnxruntime/core/"
                   "session/onnxruntime_c_api.h")
 DOWNLOAD_TIMEOUT_S = 600
+#: the CUDA runtime a GPU build is made against: NGC 24.10's (12.6 update 2's cudart); onnxruntime-gpu 1.19.2 was
+#: built with 12.2 and runs on any 12.x runtime
+CUDA_VERSION = "12.6.77"
 Progress = Callable[[str], object]
 #: what libtorch needs at run time, linked from this environment's torch/lib when a server starts
 TORCH_LIBRARIES = ("libtorch.so", "libtorch_cpu.so", "libc10.so", "libgomp.so.1", "libtorch_global_deps.so")
@@ -77,14 +84,17 @@ class Recipe:
     #: built by a plain `install-backends`; else only when named (``--backend``), with ``caveat`` said
     default: bool = True
     caveat: str = ""
+    #: the CUDA version of a GPU build (``TRITON_ENABLE_GPU=ON``; its cache folder says cuda<version>), "" for CPU
+    cuda: str = ""
 
     @property
     def runtime_label(self) -> str:
-        return f"{self.runtime} {self.runtime_version()}"
+        return f"{self.runtime} {self.runtime_version()}" + (f", CUDA {self.cuda}" if self.cuda else "")
 
 
-def _pip_download(package: str, version: str, work: Path, platform: str, progress: Progress) -> Path:
-    progress(f"  fetching the {package} {version} wheel for its C++ libraries (pip download, not installed) ...")
+def _pip_download(package: str, version: str, work: Path, platform: str, progress: Progress,
+                  what: str = "its C++ libraries") -> Path:
+    progress(f"  fetching the {package} {version} wheel for {what} (pip download, not installed) ...")
     try:
         return download_wheel(f"{package}=={version}", work / f"wheel-{package}", platform, DOWNLOAD_TIMEOUT_S)
     except WheelDownloadError as err:
@@ -150,6 +160,18 @@ def download(url: str, target: Path, what: str) -> None:
     except OSError as err:
         raise BackendBuildError(f"could not download {what} from {url} ({err}); without internet, set ${SOURCES_ENV} "
                                 f"to a folder laid out as ../shared/third_party") from None
+
+
+def _prepare_onnxruntime_gpu(recipe: Recipe, sources: dict[str, Path], work: Path, progress: Progress) -> BuildPlan:
+    from builder.serving.native_gpu import prepare_onnxruntime_gpu  # imported here: native_gpu builds on this module
+
+    return prepare_onnxruntime_gpu(recipe, sources, work, progress)
+
+
+#: said when the GPU build is made or served: what it needs from the host
+ONNXRUNTIME_GPU_CAVEAT = ("the GPU build needs an NVIDIA driver and CUDA 12's cuBLAS, cuDNN 9, cuFFT 11 and cuRAND "
+                          "10 on LD_LIBRARY_PATH where it serves; the embedded server uses it only under "
+                          "TRITON_BUILDER_BACKENDS=gpu")
 
 
 # -- openvino ----------------------------------------------------------------------------------------------------
@@ -229,4 +251,7 @@ RECIPES: dict[str, Recipe] = {
                        "triton-openvino-backend", _prepare_openvino, default=False, caveat=OPENVINO_CAVEAT),
     "pytorch": Recipe("pytorch", "pytorch_backend", "torch", torch_version, "libtriton_pytorch.so",
                       "triton-pytorch-backend", _prepare_pytorch, torch_libraries),
+    "onnxruntime-gpu": Recipe("onnxruntime", "onnxruntime_backend", "onnxruntime-gpu", lambda: "1.19.2",
+                              "libtriton_onnxruntime.so", "triton-onnxruntime-backend", _prepare_onnxruntime_gpu,
+                              default=False, caveat=ONNXRUNTIME_GPU_CAVEAT, cuda=CUDA_VERSION),
 }

@@ -8,7 +8,8 @@ import pytest
 
 from builder.core.errors import UserInputError
 from builder.serving import native_backends as nb
-from builder.serving.native_recipes import aliases
+from builder.serving.native_gpu import needed_libraries, patch_gather_kernel
+from builder.serving.native_recipes import BackendBuildError, aliases
 
 
 @pytest.fixture
@@ -20,7 +21,8 @@ def cache(tmp_path, monkeypatch):
 
 def test_an_unknown_backend_lists_the_supported_ones_and_how_to_add_one(cache):
     with pytest.raises(UserInputError, match=r"backend 'tensorflow' is not one triton-builder builds; supported: "
-                                             r"onnxruntime, openvino, pytorch \(add one with a Recipe in "
+                                             r"onnxruntime, openvino, pytorch, onnxruntime-gpu \(add one with "
+                                             r"a Recipe in "
                                              r"builder/serving/native_recipes\.py\)"):
         nb.install_backends(["tensorflow"])
 
@@ -98,3 +100,67 @@ def test_a_plain_install_builds_onnxruntime_and_pytorch_and_openvino_only_when_n
     kinds = nb.served_kinds(("openvino",), [])
     assert kinds["openvino"] == ("Python stand-in (not built here: `triton-builder install-backends --backend "
                                  "openvino` builds Triton's own)")
+
+
+def _fake_build(recipe, library: bytes = b"") -> object:
+    home = nb.backend_home(recipe)
+    home.mkdir(parents=True)
+    (home / recipe.library).write_bytes(library)
+    (home / "ready").write_text("x\n")
+    return home
+
+
+def test_the_gpu_build_is_cached_apart_and_served_only_under_gpu_mode(cache, monkeypatch):
+    gpu_recipe = nb.RECIPES["onnxruntime-gpu"]
+    assert gpu_recipe.backend == "onnxruntime" and not gpu_recipe.default and gpu_recipe.cuda.startswith("12.")
+    assert nb.backend_home(gpu_recipe).name.startswith(
+        f"onnxruntime-r24.10-onnxruntime-gpu1.19.2-cuda{gpu_recipe.cuda}-")
+    gpu = _fake_build(gpu_recipe)
+    assert nb.built_backend("onnxruntime") is None  # the GPU build alone never serves by default
+    monkeypatch.setenv(nb.MODE_ENV, "gpu")
+    assert nb.built_backend("onnxruntime") == gpu
+    assert nb.served_kinds(("onnxruntime",), ["onnxruntime"])["onnxruntime"].startswith(
+        "Triton's C++ backend (r24.10, onnxruntime-gpu 1.19.2, CUDA 12.6.77); note: the GPU build needs")
+    cpu = _fake_build(nb.RECIPES["onnxruntime"])
+    assert nb.built_backend("onnxruntime") == gpu and nb.built_backend("onnxruntime-gpu") == gpu
+    monkeypatch.delenv(nb.MODE_ENV)
+    assert nb.built_backend("onnxruntime") == cpu and nb.built_backend("onnxruntime-gpu") == gpu
+    assert nb.served_kinds(("onnxruntime",), ["onnxruntime"])["onnxruntime"] == \
+        "Triton's C++ backend (r24.10, onnxruntime 1.19.2)"
+    assert [r.status for r in nb.install_backends(["onnxruntime-gpu"]).rows] == ["cached"]
+
+
+def test_a_row_lists_the_librarys_needed_entries_as_readelf_does(cache, tmp_path):
+    import re
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    elf = Path(sys.executable).resolve()
+    needed = needed_libraries(elf)
+    assert "libc.so.6" in needed
+    if shutil.which("readelf"):
+        out = subprocess.run(["readelf", "-d", elf], capture_output=True, text=True, check=True).stdout
+        assert needed == re.findall(r"\(NEEDED\)\s+Shared library: \[(.+)\]", out)
+    (tmp_path / "text.so").write_text("not an ELF file")
+    with pytest.raises(ValueError, match="not a 64-bit little-endian ELF file"):
+        needed_libraries(tmp_path / "text.so")
+    _fake_build(nb.RECIPES["onnxruntime"], elf.read_bytes())
+    report = nb.install_backends(["onnxruntime"])
+    assert report.rows[0].needed == needed
+    assert report.lines()[1] == " " * 13 + "NEEDED " + ", ".join(needed)
+
+
+def test_the_gather_kernel_becomes_a_cpp_function_and_a_changed_cmakelists_is_refused(tmp_path):
+    (tmp_path / "src").mkdir()
+    cmake = tmp_path / "CMakeLists.txt"
+    block = ("  add_library(\n    kernel_library_new\n    src/kernel.cu src/kernel.h\n  )\n\n  enable_language(CUDA)\n"
+             "  set_target_properties(kernel_library_new PROPERTIES CUDA_RESOLVE_DEVICE_SYMBOLS ON)\n")
+    cmake.write_text(f"if(${{TRITON_ENABLE_GPU}})\n{block}\nendif() # TRITON_ENABLE_GPU\n")
+    patch_gather_kernel(tmp_path)
+    text = cmake.read_text()
+    assert "CUDA" not in text.replace("CUDA::cudart", "") and "src/kernel_stub.cc" in text
+    assert "return cudaErrorNotSupported;" in (tmp_path / "src" / "kernel_stub.cc").read_text()
+    with pytest.raises(BackendBuildError, match="is not the r24.10 one whose gather kernel this build replaces"):
+        patch_gather_kernel(tmp_path)
