@@ -26,15 +26,10 @@ from __future__ import annotations
 import struct
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from builder.serving.native_recipes import (CUDA_VERSION, BackendBuildError, BuildPlan, Progress, Recipe, _extract,
+                                            _ort_header, _pip_download, aliases)
 
-from builder.serving.native_recipes import (BackendBuildError, BuildPlan, Progress, _extract, _ort_header,
-                                            _pip_download, aliases)
-
-if TYPE_CHECKING:
-    from builder.serving.native_recipes import Recipe
-
-__all__ = ["ORT_GPU_LIBRARIES", "prepare_onnxruntime_gpu", "patch_gather_kernel",
+__all__ = ["ONNXRUNTIME_GPU", "ORT_GPU_LIBRARIES", "prepare_onnxruntime_gpu", "patch_gather_kernel",
            "needed_libraries", "cuda_toolkit"]
 
 CUDA_PLATFORM = "manylinux2014_x86_64"
@@ -155,3 +150,15 @@ def needed_libraries(path: Path) -> list[str]:
         if tag == 1:  # DT_NEEDED
             out.append(strings[value:strings.index(b"\0", value)].decode())
     return out
+
+
+#: said when the GPU build is made or served: what it needs from the host
+ONNXRUNTIME_GPU_CAVEAT = ("the GPU build needs an NVIDIA driver and CUDA 12's cuBLAS, cuDNN 9, cuFFT 11 and cuRAND "
+                          "10 on LD_LIBRARY_PATH where it serves; the embedded server uses it only under "
+                          "TRITON_BUILDER_BACKENDS=gpu")
+
+
+#: the onnxruntime backend built with TRITON_ENABLE_GPU=ON (`install-backends --backend onnxruntime-gpu`)
+ONNXRUNTIME_GPU = Recipe("onnxruntime", "onnxruntime_backend", "onnxruntime-gpu", lambda: "1.19.2",
+                         "libtriton_onnxruntime.so", "triton-onnxruntime-backend", prepare_onnxruntime_gpu,
+                         default=False, caveat=ONNXRUNTIME_GPU_CAVEAT, cuda=CUDA_VERSION)

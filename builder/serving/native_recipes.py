@@ -18,7 +18,7 @@ its library. Measured on Debian 12 / gcc 12 with the r24.10 sources (docs/explan
 
 Usage (native_backends does this)::
 
-    plan = RECIPES["onnxruntime"].prepare(sources, work, progress)   # BuildPlan: cmake options, files to copy
+    plan = CPU_RECIPES["onnxruntime"].prepare(sources, work, progress)   # BuildPlan: cmake options, files to copy
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Callable
 
 from builder.core.side_env import WheelDownloadError, download_wheel
 
-__all__ = ["Recipe", "BuildPlan", "RECIPES", "BackendBuildError", "SOURCES_ENV", "CUDA_VERSION", "torch_version",
+__all__ = ["Recipe", "BuildPlan", "CPU_RECIPES", "BackendBuildError", "SOURCES_ENV", "CUDA_VERSION", "torch_version",
            "torch_libraries"]
 
 SOURCES_ENV = "TRITON_SOURCES_DIR"
@@ -162,18 +162,6 @@ def download(url: str, target: Path, what: str) -> None:
                                 f"to a folder laid out as ../shared/third_party") from None
 
 
-def _prepare_onnxruntime_gpu(recipe: Recipe, sources: dict[str, Path], work: Path, progress: Progress) -> BuildPlan:
-    from builder.serving.native_gpu import prepare_onnxruntime_gpu  # imported here: native_gpu builds on this module
-
-    return prepare_onnxruntime_gpu(recipe, sources, work, progress)
-
-
-#: said when the GPU build is made or served: what it needs from the host
-ONNXRUNTIME_GPU_CAVEAT = ("the GPU build needs an NVIDIA driver and CUDA 12's cuBLAS, cuDNN 9, cuFFT 11 and cuRAND "
-                          "10 on LD_LIBRARY_PATH where it serves; the embedded server uses it only under "
-                          "TRITON_BUILDER_BACKENDS=gpu")
-
-
 # -- openvino ----------------------------------------------------------------------------------------------------
 
 def patch_openvino_cmake(path: Path) -> None:
@@ -244,14 +232,12 @@ def _prepare_pytorch(recipe: Recipe, sources: dict[str, Path], work: Path, progr
                       f"-DPython3_INCLUDE_DIR={headers}"])
 
 
-RECIPES: dict[str, Recipe] = {
+#: the CPU builds (builder/serving/native_gpu.py adds the GPU one; builder/serving/native_backends.py RECIPES has both)
+CPU_RECIPES: dict[str, Recipe] = {
     "onnxruntime": Recipe("onnxruntime", "onnxruntime_backend", "onnxruntime", lambda: "1.19.2",
                           "libtriton_onnxruntime.so", "triton-onnxruntime-backend", _prepare_onnxruntime),
     "openvino": Recipe("openvino", "openvino_backend", "openvino", lambda: "2024.4.0", "libtriton_openvino.so",
                        "triton-openvino-backend", _prepare_openvino, default=False, caveat=OPENVINO_CAVEAT),
     "pytorch": Recipe("pytorch", "pytorch_backend", "torch", torch_version, "libtriton_pytorch.so",
                       "triton-pytorch-backend", _prepare_pytorch, torch_libraries),
-    "onnxruntime-gpu": Recipe("onnxruntime", "onnxruntime_backend", "onnxruntime-gpu", lambda: "1.19.2",
-                              "libtriton_onnxruntime.so", "triton-onnxruntime-backend", _prepare_onnxruntime_gpu,
-                              default=False, caveat=ONNXRUNTIME_GPU_CAVEAT, cuda=CUDA_VERSION),
 }
