@@ -11,8 +11,8 @@ example's 58 texts (5 to 40 tokens: mixed lengths), at each concurrency level:
   so requests of different lengths reach the model step with different shapes and Triton cannot batch them.
 
 Both have the model step sized as a measured build sizes it (builder/core/host.py size_serving, from this run's
-in-process batch-1 figure): the build here skips its benchmark, and an unsized config leaves onnxruntime's thread
-count to the backend's default.
+in-process batch-1 figure): the build here skips its benchmark, and an unsized config serves one instance with one
+intra-op thread.
 
 For each: throughput, p99, and the batches the model step formed (Triton's statistics of ``<name>__model``);
 the labels both answer vs transformers' ``pipeline`` on the same texts; and the model in-process (onnxruntime,
