@@ -20,22 +20,8 @@ from typing import TYPE_CHECKING
 from builder.core.errors import BuilderError, ServerError, UserInputError, VerificationError
 
 if TYPE_CHECKING:
-    from builder.api import (
-        LoadTestResult,
-        SweepResult,
-        TuneResult,
-        build,
-        check,
-        install_backends,
-        loadtest,
-        rollback,
-        select,
-        serve,
-        serving_context,
-        sweep,
-        tune,
-        validate,
-    )
+    from builder.api import (LoadTestResult, SweepResult, TuneResult, build, check, install_backends, loadtest,
+                             rollback, select, serve, serving_context, sweep, tune, validate)
 
 __all__ = ["build", "validate", "check", "select", "rollback", "serve", "serving_context", "loadtest", "sweep",
            "tune", "install_backends",
@@ -44,7 +30,7 @@ __all__ = ["build", "validate", "check", "select", "rollback", "serve", "serving
 
 
 def __getattr__(name: str):
-    """The verbs load the library on first use, so ``import builder`` (and ``triton-builder --help``) stays light."""
+    """The verbs load the library on first use, so ``import builder`` stays light (no numpy, torch or onnx)."""
     if name in __all__:
         import builder.api  # deferred: the library imports numpy; `import builder` must not
 
