@@ -29,13 +29,15 @@ from typing import Iterator
 
 from builder.core.errors import UserInputError
 from builder.core.scratch import WORK_PREFIX, OwnedFolder, staging_parent, staging_prefix, sweep
+from builder.spec.model import validate_model_name
 
 RESERVATION_FILE = "reserved-version"  # in a staging folder: the model name and version, a line each
-from builder.spec.model import validate_model_name
 
 #: deploy.monitor (builder/repository/monitored.py): ensemble <name> over <name>__model and <name>__monitor
 MODEL_SUFFIX = "__model"
 MONITOR_SUFFIX = "__monitor"
+#: a version folder's model file, by variant format
+MODEL_FILES = {"onnx": "model.onnx", "torchscript": "model.pt", "openvino": "model.xml", "plan": "model.plan"}
 #: a Hugging Face source (builder/repository/pipeline.py): ensemble <name> over <name>__preprocess, <name>__model
 #: and (classification) <name>__postprocess
 PREPROCESS_SUFFIX = "__preprocess"
@@ -422,9 +424,6 @@ def clean(repository: Path | None = None) -> list[Path]:
     if repository is not None:
         removed += sweep(staging_parent(repository), staging_prefix(repository))
     return removed
-
-
-MODEL_FILES = {"onnx": "model.onnx", "torchscript": "model.pt", "openvino": "model.xml", "plan": "model.plan"}
 
 
 def companion_name(model_name: str, main: Path, companion: Path) -> str:

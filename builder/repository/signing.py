@@ -45,6 +45,9 @@ SIGNED_CONFIG = "signed_config.pbtxt"
 KEY_ENV = "TRITON_BUILDER_SIGNING_KEY"
 PASSWORD_ENV = "TRITON_BUILDER_SIGNING_KEY_PASSWORD"
 PUBLIC_KEY_ENV = "TRITON_BUILDER_PUBLIC_KEY"
+#: the rollout record `rollback` writes beside a model's config.pbtxt, and its signature
+RECORD_FILE = "rollout.yaml"
+RECORD_SIGNATURE = "rollout.sig"
 
 
 @dataclass(frozen=True)
@@ -204,12 +207,6 @@ def verify_repository(repository: str | Path, key: str | Path | None, required: 
                                 + "\n  ".join(failures))
 
 
-RECORD_FILE = "rollout.yaml"
-
-
-RECORD_SIGNATURE = "rollout.sig"
-
-
 def sha256_text(text: str | bytes) -> str:
     return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
 
@@ -227,7 +224,6 @@ def read_record(folder: Path) -> dict[str, Any]:
 
 def record_vouches(folder: Path, config_bytes: bytes, key: Path) -> list[str]:
     """Failures ([] when the signed rollout record of model ``folder`` vouches for ``config_bytes``)."""
-
     record_path, signature = Path(folder) / RECORD_FILE, Path(folder) / RECORD_SIGNATURE
     if not record_path.is_file() or not signature.is_file():
         return ["no signed rollout record"]
@@ -245,14 +241,12 @@ def record_vouches(folder: Path, config_bytes: bytes, key: Path) -> list[str]:
 
 def resolve_signing_key(value, repository: Path):
     """A SigningKey from ``value`` (a PEM path, a SigningKey, or None: $TRITON_BUILDER_SIGNING_KEY), or None."""
-
     return value if isinstance(value, SigningKey) else signing_key(value, repository)
 
 
 def require_key_if_signed(repository: Path, name: str, key) -> None:
     """Refuse to publish an unsigned version on top of a signed latest one: the new version would be the
     served one, and `serve --require-signature` would then refuse the whole repository."""
-
     main = model_dir(repository, name)
     number = latest_version(main) if main.is_dir() else None
     if key is not None or number is None or not (main / str(number) / SIGNATURE_FILE).is_file():
