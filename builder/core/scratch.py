@@ -106,12 +106,12 @@ def sweep(parent: Path, prefix: str) -> list[Path]:
 
 
 @contextlib.contextmanager
-def work_folder(label: str = "") -> Iterator[Path]:
-    """A work folder in the temp dir for one build, removed after the block; what killed builds left there is
-    swept first."""
+def work_folder(label: str = "", prefix: str = WORK_PREFIX) -> Iterator[Path]:
+    """A work folder in the temp dir (a build's by default; ``prefix`` names another kind), removed after the
+    block; what killed processes left there under the same prefix is swept first."""
     root = Path(tempfile.gettempdir())
-    sweep(root, WORK_PREFIX)
-    folder = OwnedFolder.create(root, WORK_PREFIX, label)
+    sweep(root, prefix)
+    folder = OwnedFolder.create(root, prefix, label)
     try:
         yield folder.path
     finally:

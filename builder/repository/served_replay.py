@@ -25,14 +25,13 @@ import itertools
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from builder.accuracy.tensors import compare_outputs, from_wire, merge_case_metrics, to_wire, tolerance_failures
-from builder.core.scratch import OwnedFolder, sweep
+from builder.core.scratch import work_folder
 from builder.model.runtime import open_runner
 from builder.repository import pb_utils_stand_in
 from builder.repository.config import SCALAR_TENSORS, config_as_dict, render_config
@@ -57,13 +56,8 @@ def served_path_failures(description: "VersionDescription") -> list[str]:
     if backend != "python" or "model.py" not in description.runtime_files or not description.model_files:
         return []
 
-    root = Path(tempfile.gettempdir())
-    sweep(root, REPLAY_PREFIX)  # those a killed build left (its lock is gone with it)
-    work = OwnedFolder.create(root, REPLAY_PREFIX)
-    try:
-        return _replay(description, config, work.path)
-    finally:
-        work.release()
+    with work_folder(prefix=REPLAY_PREFIX) as work:  # those a killed build left are swept first
+        return _replay(description, config, work)
 
 
 def model_shapes(config: dict[str, Any]) -> dict[str, list[int]]:
