@@ -47,8 +47,9 @@ from builder.core.errors import UserInputError
 from builder.core.processes import CommandError, TimeoutExpired, run_command
 from builder.core.side_env import cache_root, install_atomically
 from builder.serving.install import find_tritonserver
-from builder.serving.native_gpu import ONNXRUNTIME_GPU, needed_libraries
-from builder.serving.native_recipes import CPU_RECIPES, SOURCES_ENV, BackendBuildError, Recipe, download
+from builder.serving.native_gpu import ONNXRUNTIME_GPU
+from builder.serving.native_recipes import (CPU_RECIPES, SOURCES_ENV, BackendBuildError, Recipe, download,
+                                            needed_libraries)
 
 __all__ = ["RELEASE", "SOURCES_ENV", "MODE_ENV", "RECIPES", "BackendRow", "InstallReport", "install_backends",
            "built_backend", "served_kinds", "backend_home", "backend_files"]

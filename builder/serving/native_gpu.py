@@ -1,5 +1,4 @@
-"""The GPU build of Triton's onnxruntime backend (``triton-builder install-backends --backend onnxruntime-gpu``)
-and the NEEDED list every build reports.
+"""The GPU build of Triton's onnxruntime backend (``triton-builder install-backends --backend onnxruntime-gpu``).
 
 ``TRITON_ENABLE_GPU=ON`` against the ``onnxruntime-gpu`` 1.19.2 wheel (NGC 24.10's onnxruntime; on PyPI it is the
 CUDA 12 build: its ``libonnxruntime_providers_cuda.so`` needs ``libcudart.so.12``, checked at build time) and a
@@ -16,26 +15,25 @@ and ``libcudart.so.12``; cuBLAS 12, cuDNN 9, cuFFT 11 and cuRAND 10 come from th
 It is cached apart from the CPU build and the embedded server uses it only under ``TRITON_BUILDER_BACKENDS=gpu``
 (builder/serving/native_backends.py), so a CPU host never loads it by accident.
 
-Usage::
+Usage (native_backends does this)::
 
-    needed_libraries(Path("libtriton_onnxruntime.so"))   # ['libtritonserver-<hash>.so', 'libonnxruntime.so.1', ...]
+    plan = ONNXRUNTIME_GPU.prepare(ONNXRUNTIME_GPU, sources, work, progress)   # BuildPlan
 """
 
 from __future__ import annotations
 
-import struct
 import zipfile
 from pathlib import Path
-from builder.serving.native_recipes import (CUDA_VERSION, BackendBuildError, BuildPlan, Progress, Recipe, _extract,
-                                            _ort_header, _pip_download, aliases)
 
-__all__ = ["ONNXRUNTIME_GPU", "ORT_GPU_LIBRARIES", "prepare_onnxruntime_gpu", "patch_gather_kernel",
-           "needed_libraries", "cuda_toolkit"]
+from builder.serving.native_recipes import (CUDA_VERSION, BackendBuildError, BuildPlan, Progress, Recipe, _extract,
+                                            _pip_download, needed_libraries, onnxruntime_plan)
+
+__all__ = ["ONNXRUNTIME_GPU", "ORT_GPU_PROVIDERS", "prepare_onnxruntime_gpu", "patch_gather_kernel",
+           "cuda_toolkit"]
 
 CUDA_PLATFORM = "manylinux2014_x86_64"
-ORT_PLATFORM = "manylinux_2_27_x86_64"
-#: onnxruntime-gpu's runtime files beside the backend: the core library and the providers it dlopens from its folder
-ORT_GPU_LIBRARIES = ("libonnxruntime.so.{v}", "libonnxruntime_providers_shared.so", "libonnxruntime_providers_cuda.so")
+#: onnxruntime-gpu's providers beside its core library (onnxruntime dlopens them from its own folder)
+ORT_GPU_PROVIDERS = ("libonnxruntime_providers_shared.so", "libonnxruntime_providers_cuda.so")
 CUDART = "libcudart.so.12"
 KERNEL_STUB = """// triton-builder: the gather kernel replaced (no CUDA 12 nvcc on PyPI; builder/serving/native_gpu.py)
 #include "kernel.h"
@@ -50,23 +48,16 @@ RunGatherKernel(
 
 
 def prepare_onnxruntime_gpu(recipe: Recipe, sources: dict[str, Path], work: Path, progress: Progress) -> BuildPlan:
-    version = recipe.runtime_version()
-    wheel = _pip_download("onnxruntime-gpu", version, work, ORT_PLATFORM, progress)
-    names = [n.format(v=version) for n in ORT_GPU_LIBRARIES]
-    libraries = _extract(wheel, [f"/capi/{n}" for n in names], work / "runtime")
-    provider = libraries[names.index("libonnxruntime_providers_cuda.so")]
+    plan, libraries = onnxruntime_plan(recipe, work, progress, ORT_GPU_PROVIDERS)
+    provider = libraries[-1]  # libonnxruntime_providers_cuda.so
     if CUDART not in needed_libraries(provider):
-        raise BackendBuildError(f"{wheel.name}: its CUDA provider needs {_cudart_of(provider)}, not {CUDART}: "
-                                f"this build is for onnxruntime-gpu's CUDA 12 wheels")
-    core = libraries[0]
-    for alias in aliases(core.name):
-        (core.parent / alias).symlink_to(core.name)
+        raise BackendBuildError(f"{recipe.runtime} {recipe.runtime_version()}: its CUDA provider needs "
+                                f"{_cudart_of(provider)}, not {CUDART}: this build is for onnxruntime-gpu's CUDA 12 "
+                                "wheels")
     toolkit = cuda_toolkit(work, progress, recipe.cuda)
     patch_gather_kernel(sources["backend"])
-    header = _ort_header(version, work)
-    return BuildPlan([f"-DTRITON_ONNXRUNTIME_INCLUDE_PATHS={header}", f"-DTRITON_ONNXRUNTIME_LIB_PATHS={core.parent}",
-                      f"-DCUDAToolkit_ROOT={toolkit}"],
-                     [*libraries, *(core.parent / a for a in aliases(core.name)), toolkit / "lib64" / CUDART])
+    return BuildPlan([*plan.cmake_options, f"-DCUDAToolkit_ROOT={toolkit}"],
+                     [*plan.runtime_files, toolkit / "lib64" / CUDART])
 
 
 def _cudart_of(library: Path) -> str:
@@ -118,38 +109,6 @@ def patch_gather_kernel(backend: Path) -> None:
             "  target_link_libraries(kernel_library_new PRIVATE CUDA::cudart)\n")
     path.write_text(text[:text.index(start)] + stub + text[text.index(end) + len(end):])
     (backend / "src" / "kernel_stub.cc").write_text(KERNEL_STUB)
-
-
-# -- the NEEDED list ---------------------------------------------------------------------------------------------
-
-def needed_libraries(path: Path) -> list[str]:
-    """The DT_NEEDED entries of a 64-bit little-endian ELF shared library, in order (its dynamic section read
-    through the section headers; only the headers and the two sections are read, not the whole file).
-    ValueError for a file that is not one."""
-    with open(path, "rb") as elf:
-        header = elf.read(64)
-        if len(header) < 64 or header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
-            raise ValueError(f"{path}: not a 64-bit little-endian ELF file")
-        shoff, = struct.unpack_from("<Q", header, 0x28)
-        shentsize, shnum = struct.unpack_from("<HH", header, 0x3A)
-        elf.seek(shoff)
-        table = elf.read(shentsize * shnum)
-        sections = [struct.unpack_from("<IIQQQQIIQQ", table, i * shentsize) for i in range(shnum)]
-        dynamic = next((s for s in sections if s[1] == 6), None)  # SHT_DYNAMIC
-        if dynamic is None:
-            return []
-        strtab = sections[dynamic[6]]  # sh_link: its string table
-        elf.seek(dynamic[4])
-        entries = elf.read(dynamic[5])
-        elf.seek(strtab[4])
-        strings = elf.read(strtab[5])
-    out = []
-    for tag, value in struct.iter_unpack("<qQ", entries[:len(entries) // 16 * 16]):
-        if tag == 0:  # DT_NULL
-            break
-        if tag == 1:  # DT_NEEDED
-            out.append(strings[value:strings.index(b"\0", value)].decode())
-    return out
 
 
 #: said when the GPU build is made or served: what it needs from the host

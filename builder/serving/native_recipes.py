@@ -18,7 +18,9 @@ its library. Measured on Debian 12 / gcc 12 with the r24.10 sources (docs/explan
 
 Usage (native_backends does this)::
 
-    plan = CPU_RECIPES["onnxruntime"].prepare(sources, work, progress)   # BuildPlan: cmake options, files to copy
+    recipe = CPU_RECIPES["onnxruntime"]
+    plan = recipe.prepare(recipe, sources, work, progress)   # BuildPlan: cmake options, files to copy
+    needed_libraries(Path("libtriton_onnxruntime.so"))      # ['libtritonserver-<hash>.so', 'libonnxruntime.so.1', ...]
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import importlib.metadata
 import importlib.util
 import os
 import shutil
+import struct
 import sysconfig
 import urllib.request
 import zipfile
@@ -125,16 +128,25 @@ def aliases(name: str) -> list[str]:
 
 # -- onnxruntime -------------------------------------------------------------------------------------------------
 
-def _prepare_onnxruntime(recipe: Recipe, sources: dict[str, Path], work: Path, progress: Progress) -> BuildPlan:
+def onnxruntime_plan(recipe: Recipe, work: Path, progress: Progress,
+                     extra_libraries: tuple[str, ...] = ()) -> tuple[BuildPlan, list[Path]]:
+    """The build plan against the wheel named by ``recipe.runtime`` (onnxruntime, or onnxruntime-gpu): its
+    ``libonnxruntime.so.<version>`` with the soname and link-name aliases, ``extra_libraries`` from the same
+    folder, and the C API header; with the libraries extracted (the core library first)."""
     version = recipe.runtime_version()
-    wheel = _pip_download("onnxruntime", version, work, "manylinux_2_27_x86_64", progress)
+    wheel = _pip_download(recipe.runtime, version, work, "manylinux_2_27_x86_64", progress)
     name = f"libonnxruntime.so.{version}"
-    [library] = _extract(wheel, [f"/capi/{name}"], work / "runtime")
+    libraries = _extract(wheel, [f"/capi/{n}" for n in (name, *extra_libraries)], work / "runtime")
+    folder = libraries[0].parent
     for alias in aliases(name):
-        (library.parent / alias).symlink_to(name)
+        (folder / alias).symlink_to(name)
     header = _ort_header(version, work)
-    return BuildPlan([f"-DTRITON_ONNXRUNTIME_INCLUDE_PATHS={header}", f"-DTRITON_ONNXRUNTIME_LIB_PATHS={library.parent}"],
-                     [library, *(library.parent / a for a in aliases(name))])
+    return BuildPlan([f"-DTRITON_ONNXRUNTIME_INCLUDE_PATHS={header}", f"-DTRITON_ONNXRUNTIME_LIB_PATHS={folder}"],
+                     [*libraries, *(folder / a for a in aliases(name))]), libraries
+
+
+def _prepare_onnxruntime(recipe: Recipe, sources: dict[str, Path], work: Path, progress: Progress) -> BuildPlan:
+    return onnxruntime_plan(recipe, work, progress)[0]
 
 
 def _ort_header(version: str, work: Path) -> Path:
@@ -160,6 +172,38 @@ def download(url: str, target: Path, what: str) -> None:
     except OSError as err:
         raise BackendBuildError(f"could not download {what} from {url} ({err}); without internet, set ${SOURCES_ENV} "
                                 f"to a folder laid out as ../shared/third_party") from None
+
+
+# -- the NEEDED list of a built library ----------------------------------------------------------------------
+
+def needed_libraries(path: Path) -> list[str]:
+    """The DT_NEEDED entries of a 64-bit little-endian ELF shared library, in order (its dynamic section read
+    through the section headers; only the headers and the two sections are read, not the whole file).
+    ValueError for a file that is not one."""
+    with open(path, "rb") as elf:
+        header = elf.read(64)
+        if len(header) < 64 or header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
+            raise ValueError(f"{path}: not a 64-bit little-endian ELF file")
+        shoff, = struct.unpack_from("<Q", header, 0x28)
+        shentsize, shnum = struct.unpack_from("<HH", header, 0x3A)
+        elf.seek(shoff)
+        table = elf.read(shentsize * shnum)
+        sections = [struct.unpack_from("<IIQQQQIIQQ", table, i * shentsize) for i in range(shnum)]
+        dynamic = next((s for s in sections if s[1] == 6), None)  # SHT_DYNAMIC
+        if dynamic is None:
+            return []
+        strtab = sections[dynamic[6]]  # sh_link: its string table
+        elf.seek(dynamic[4])
+        entries = elf.read(dynamic[5])
+        elf.seek(strtab[4])
+        strings = elf.read(strtab[5])
+    out = []
+    for tag, value in struct.iter_unpack("<qQ", entries[:len(entries) // 16 * 16]):
+        if tag == 0:  # DT_NULL
+            break
+        if tag == 1:  # DT_NEEDED
+            out.append(strings[value:strings.index(b"\0", value)].decode())
+    return out
 
 
 # -- openvino ----------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 from builder.serving.check import check_served
 from builder.serving.embedded import EmbeddedServer
 from builder.serving.native_backends import RECIPES, backend_home, built_backend, install_backends
-from builder.serving.native_gpu import needed_libraries
+from builder.serving.native_recipes import needed_libraries
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow(reason="builds the GPU backend (~40 s, a 226 MB wheel)")]

@@ -8,8 +8,8 @@ import pytest
 
 from builder.core.errors import UserInputError
 from builder.serving import native_backends as nb
-from builder.serving.native_gpu import needed_libraries, patch_gather_kernel
-from builder.serving.native_recipes import BackendBuildError, aliases
+from builder.serving.native_gpu import patch_gather_kernel
+from builder.serving.native_recipes import BackendBuildError, aliases, needed_libraries
 
 
 @pytest.fixture
