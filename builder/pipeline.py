@@ -115,15 +115,16 @@ def checked_plan(model_spec: ModelSpec, repository: str | Path, *, variants: lis
     if target is not None:
         if target not in TARGETS and target not in TARGET_ALIASES:
             raise unknown_choice("target", target, TARGETS, "targets are fixed: cpu, gpu, python (embedded is cpu)")
-        options.target = target = canonical_target(target)
+        options.target = canonical_target(target)
     if benchmark_seconds is not None and benchmark_seconds < 0:
         raise UserInputError(f"--benchmark-seconds: {benchmark_seconds} is negative; give seconds per variant, "
                              "or 0 to skip measuring")
-    _refuse_unservable_scalars(model_spec, options.target or model_spec.deploy.target)
+    effective_target = options.target or model_spec.deploy.target
+    _refuse_unservable_scalars(model_spec, effective_target)
     check_version_free(options.repository, model_spec.name, model_spec.version)
     require_writable(options.repository)  # a read-only mount fails now, not after every stage has run
-    requested, base_only = add_bases(resolve_variants(variants or model_spec.variants, options.target or
-                                                      model_spec.deploy.target, model_spec.deploy.instance_kind))
+    requested, base_only = add_bases(resolve_variants(variants or model_spec.variants, effective_target,
+                                                      model_spec.deploy.instance_kind))
     return BuildPlan(options, requested, base_only, target_said)
 
 
