@@ -125,20 +125,26 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return result
 
 
-def check(root: Path = ROOT, rules: set[str] | None = None) -> dict[str, list[str]]:
-    """{rule: [violation, ...]} for the rules asked for (all by default)."""
+def parsed(root: Path) -> tuple[dict[str, Path], dict[str, list[str]], dict[str, ast.Module]]:
+    """builder's modules (name -> file), their source lines and their syntax trees, each file read once."""
     mods = modules(root)
-    known = set(mods)
     sources = {m: p.read_text().splitlines() for m, p in mods.items()}
-    trees = {m: ast.parse("\n".join(sources[m]), str(p)) for m, p in mods.items()}
+    return mods, sources, {m: ast.parse("\n".join(sources[m]), str(p)) for m, p in mods.items()}
+
+
+def check(root: Path = ROOT, rules: set[str] | None = None, loaded: tuple | None = None) -> dict[str, list[str]]:
+    """{rule: [violation, ...]} for the rules asked for (all by default); ``loaded``: ``parsed(root)`` when the
+    caller has it already."""
+    mods, sources, trees = loaded or parsed(root)
+    known = set(mods)
     rel = {m: str(p.relative_to(root)) for m, p in mods.items()}
     out: dict[str, list[str]] = {name: [] for name in RULES}
 
-    for m, path in mods.items():
-        lines = len(path.read_text().splitlines())
+    for m in mods:
+        lines = len(sources[m])
         if lines > MAX_LINES:
             out["size"].append(f"{rel[m]}: {lines} lines (max {MAX_LINES})")
-        text = path.read_text()
+        text = "\n".join(sources[m])
         if "Path(__file__).resolve().parents[" in text or "Path(__file__).parents[" in text:
             out["parents"].append(f"{rel[m]}: Path(__file__)...parents[N] asset lookup (use builder/core/assets.py)")
 
@@ -248,10 +254,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(RULES))
         return 0
     failed = 0
-    results = check(args.root, set(args.rule) if args.rule else None)
-    mods = modules(args.root)
-    sources = {m: p.read_text().splitlines() for m, p in mods.items()}
-    deferred = deferred_imports({m: ast.parse("\n".join(s)) for m, s in sources.items()}, sources)
+    loaded = parsed(args.root)
+    results = check(args.root, set(args.rule) if args.rule else None, loaded)
+    mods, sources, trees = loaded
+    deferred = deferred_imports(trees, sources)
     print(f"deferred imports of builder modules: {len(deferred)}")
     for m, line, reason in deferred:
         print(f"  {mods[m].relative_to(args.root)}:{line}: {reason or '(no reason given)'}")
