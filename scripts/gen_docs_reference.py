@@ -303,6 +303,10 @@ DESCRIPTIONS = {
     "deploy.preferred_batch_sizes": "Preferred batch sizes (each <= `max_batch_size`); default none.",
     "deploy.warmup": "Warm the model up at load with one reference sample (<model>/warmup/); default true.",
     "deploy.publish_variants": "Also publish the other eligible variants as `<name>__<variant>`; default false.",
+    "deploy.ragged_batching": ("A text pipeline whose model step is an ONNX graph takes ragged batches: requests of "
+                               "any length batch there, each batch padded in the graph to its longest text "
+                               "(builder/huggingface/ragged.py); default true. false: the tokenizer pads to "
+                               "length buckets where batching pays, else to each call's longest text."),
     "deploy.version_policy": "Triton's version policy: `latest` (default) or `all`.",
     "deploy.onnx_tensorrt": "Target gpu: ONNX through onnxruntime's TensorRT accelerator (keys below).",
     "deploy.non_finite_inputs": "NaN/Inf in float inputs: `count` (default: counted on the metrics endpoint, "

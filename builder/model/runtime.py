@@ -113,6 +113,20 @@ def plan_runner(path: Path, output_names: list[str]) -> Runner:
     return run
 
 
+#: the batch input of a graph that takes ragged batches (builder/huggingface/ragged.py): each row's width
+RAGGED_ITEM_SHAPE = "ragged_item_shape"
+
+
+def ragged_feeds(requests: list[dict[str, np.ndarray]], names: list[str]) -> dict[str, np.ndarray]:
+    """What Triton's onnxruntime backend hands a ragged graph for these requests ([rows, width] each): every
+    ragged input flattened across the batch, and each row's width (BATCH_ITEM_SHAPE, [rows, 1] INT32). A runner
+    of such a graph takes the usual [rows, width] inputs and feeds them so."""
+    feeds = {name: np.concatenate([r[name].reshape(-1) for r in requests]) for name in names}
+    widths = [r[names[0]].shape[1] for r in requests for _ in range(r[names[0]].shape[0])]
+    feeds[RAGGED_ITEM_SHAPE] = np.asarray(widths, dtype=np.int32).reshape(-1, 1)
+    return feeds
+
+
 def _onnx_runner(path: Path, output_names: list[str], threads: int | None) -> Runner:
     import onnxruntime as ort
 
@@ -128,11 +142,13 @@ def _onnx_runner(path: Path, output_names: list[str], threads: int | None) -> Ru
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     feeds = [i.name for i in session.get_inputs()]
+    ragged = [n for n in feeds if n != RAGGED_ITEM_SHAPE] if RAGGED_ITEM_SHAPE in feeds else None
     quiet = ort.RunOptions()
     quiet.log_severity_level = 4
 
     def run(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        values = session.run(output_names, {k: inputs[k] for k in feeds}, quiet)
+        feed = ragged_feeds([{k: inputs[k] for k in ragged}], ragged) if ragged else {k: inputs[k] for k in feeds}
+        values = session.run(output_names, feed, quiet)
         return dict(zip(output_names, values))
 
     run.session = session  # type: ignore[attr-defined]

@@ -94,6 +94,7 @@ class TensorConfig:
     dims: list[int]
     reshape: list[int] | None = None  # what the model sees; [] = a scalar per sample (dims [1])
     scalar: bool = False  # the model's tensor is one scalar per sample (spec shape [])
+    ragged: bool = False  # allow_ragged_batch: requests of different lengths batch (builder/huggingface/ragged.py)
 
     @classmethod
     def per_sample(cls, name: str, data_type: str, shape: list[int], batching: bool = True) -> "TensorConfig":
@@ -105,6 +106,16 @@ class TensorConfig:
         if not shape:
             return cls(name, data_type, [1], reshape=[] if batching else None, scalar=True)
         return cls(name, data_type, list(shape))
+
+
+@dataclass
+class BatchInput:
+    """A tensor Triton's backend makes for each batch (config ``batch_input``), e.g. BATCH_ITEM_SHAPE: each
+    batched row's shape without the batch dimension, which a graph taking ragged inputs needs to undo them."""
+    kind: str
+    target_name: str
+    data_type: str
+    source_input: str
 
 
 @dataclass
@@ -152,6 +163,7 @@ class ModelConfig:
     warmups: list[Warmup] = field(default_factory=list)
     parameters: dict[str, str] = field(default_factory=dict)
     optimization: dict[str, Any] = field(default_factory=dict)
+    batch_inputs: list[BatchInput] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         problems = []
@@ -187,6 +199,13 @@ class ModelConfig:
                 problems.append(f"instance_group {g}: kind in {INSTANCE_KINDS}, count >= 1")
         if self.version_policy not in ("latest", "all"):
             problems.append("version_policy must be latest or all")
+        ragged = [t.name for t in self.inputs if t.ragged]
+        if ragged and (self.dynamic_batching is None or self.max_batch_size == 0):
+            problems.append(f"ragged inputs {ragged} need dynamic_batching and max_batch_size > 0")
+        names = {t.name for t in self.inputs}
+        for b in self.batch_inputs:
+            if b.source_input not in names or b.target_name in names:
+                problems.append(f"batch_input {b.target_name}: source_input must be an input and target_name not one")
         for w in self.warmups:
             if any(d < 1 for i in w.inputs for d in i.dims):
                 problems.append(f"warmup {w.name}: dims must be concrete (no -1)")

@@ -13,6 +13,20 @@ import json
 import sys
 
 
+def ragged_feed(session, feed):
+    """A ragged graph (builder/huggingface/ragged.py) takes its token inputs flat and each row's width: the case's
+    [rows, width] inputs as Triton's onnxruntime backend would hand them over ({} for any other graph)."""
+    import numpy as np
+
+    declared = {i.name: i.shape for i in session.get_inputs()}
+    if "ragged_item_shape" not in declared:
+        return {}
+    names = [n for n, shape in declared.items() if n in feed and len(shape) == 1]
+    rows, width = feed[names[0]].shape[:2]
+    return {**{n: feed[n].reshape(-1) for n in names},
+            "ragged_item_shape": np.full((rows, 1), width, dtype=np.int32)}
+
+
 def main(model, reference, out, input_names, output_names):
     import numpy as np
     import onnxruntime as ort
@@ -29,6 +43,7 @@ def main(model, reference, out, input_names, output_names):
         cases = sorted({key.split("/")[1] for key in archive.files if key.startswith("input/")})
         for case in cases:
             feed = {name: archive[f"input/{case}/{name}"] for name in input_names}
+            feed.update(ragged_feed(session, feed))
             try:
                 outputs = session.run(list(output_names), feed)
             except Exception as err:  # noqa: BLE001

@@ -58,6 +58,7 @@ class HuggingFacePipeline:
     length_buckets: list[int] = field(default_factory=list)
     token_lengths: list[int] = field(default_factory=list)  #: text: the validation texts' tokens (the buckets' cost)
     buckets_why: str = ""  #: why the buckets are (not) used (builder/huggingface/texts.py bucket_decision)
+    ragged_why: str = ""  #: text: why the model step takes ragged batches, or not (builder/huggingface/ragged.py)
 
     @property
     def images(self) -> bool:

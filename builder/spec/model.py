@@ -149,6 +149,7 @@ class DeploySpec:
     preferred_batch_sizes: list[int] = field(default_factory=list)
     warmup: bool = True
     publish_variants: bool = False
+    ragged_batching: bool = True  # a text pipeline's ONNX model step batches texts of any length (huggingface/ragged.py)
     version_policy: str = "latest"  # latest | all
     # NaN/Inf in a float input (python backend): count them on Triton's metrics endpoint and serve
     # (count), or refuse the request with an error naming the input (reject)
@@ -229,7 +230,7 @@ _OUTPUT_KEYS = ("name", "dtype", "shape")
 _DATA_KEYS = ("calibration", "validation", "training")
 _DEPLOY_KEYS = (
     "target", "instances", "dynamic_batching", "max_queue_delay_microseconds",
-    "preferred_batch_sizes", "warmup", "publish_variants", "version_policy", "onnx_tensorrt", "non_finite_inputs",
+    "preferred_batch_sizes", "warmup", "publish_variants", "ragged_batching", "version_policy", "onnx_tensorrt", "non_finite_inputs",
     "instance_kind", "monitor",
 )
 NON_FINITE_POLICIES = ("count", "reject")
@@ -413,6 +414,7 @@ def _parse_deploy(raw: Any, origin: str, max_batch_size: int) -> DeploySpec:
         preferred_batch_sizes=preferred,
         warmup=f.boolean("warmup", True),
         publish_variants=f.boolean("publish_variants", False),
+        ragged_batching=f.boolean("ragged_batching", True),
         version_policy=f.choice("version_policy", "latest", ("latest", "all")),
         non_finite_inputs=f.choice("non_finite_inputs", "count", NON_FINITE_POLICIES),
         onnx_tensorrt=_parse_onnx_tensorrt(f.get("onnx_tensorrt"), origin),

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from builder.core.host import host_profile, serving_size, size_queue_delay
 from builder.huggingface.label_head import fold_label_head
-from builder.huggingface.texts import bucket_decision
+from builder.huggingface.ragged import with_ragged_batch
+from builder.huggingface.texts import bucket_decision, encoder_for
 from builder.monitoring.drift_profile import build_profile, profile_text
 from builder.report.build_report import report_files
 from builder.repository.config import backend_for, render_config, thread_parameter
@@ -103,6 +104,13 @@ def _serving_config(ctx: BuildContext, variant: Variant, name: str):
     files = list(variant.files)
     if ctx.pipeline is not None and name == pipeline_names(ctx.spec.name)[1]:
         config, files = _with_label_head(ctx, variant, config, files)
+        if not ctx.pipeline.images:
+            ctx.pipeline.ragged_why = "no ragged batching: off in the spec (deploy.ragged_batching: false)"
+            if ctx.spec.deploy.ragged_batching:
+                sample = ctx.reference.validation_inputs or ctx.reference.cases[0]["inputs"]
+                config, files, ctx.pipeline.ragged_why = with_ragged_batch(
+                    config, files, ctx.pipeline.tags_tokens, encoder_for(ctx.pipeline.tokenizer_file, 1, False).pad_id,
+                    sample, ctx.workdir / "ragged_batch" / variant.name)
     return config, sizing, delay, files
 
 
@@ -153,6 +161,8 @@ def _describe(ctx: BuildContext, variant: Variant, name: str, version: int,
                               "max_length": ctx.pipeline.max_length, "truncation": ctx.pipeline.truncation,
                               "length_buckets": ctx.pipeline.length_buckets,
                               "length_buckets_why": ctx.pipeline.buckets_why,
+                              "ragged_batching": bool(config.batch_inputs),
+                              "ragged_batching_why": ctx.pipeline.ragged_why,
                               "steps_sha256": step_file_hashes(ctx.spec.name, config, ctx.pipeline)}
     said = ""
     if profiled is None:
@@ -209,12 +219,6 @@ def run(ctx: BuildContext) -> StageResult:
     if ctx.selected is None:
         return StageResult.fail(STAGE, "nothing selected to publish")
     check_version_free(ctx.options.repository, ctx.spec.name, ctx.spec.version)
-    if ctx.pipeline is not None and ctx.pipeline.token_lengths:  # pad to buckets only where batching pays here
-        ctx.pipeline.length_buckets, ctx.pipeline.buckets_why = bucket_decision(
-            ctx.pipeline.token_lengths, ctx.pipeline.length_buckets,
-            (ctx.selected.benchmark or {}).get("throughput_by_batch"))
-        ctx.notes.append(f"tokenizer step: {ctx.pipeline.buckets_why}")
-        ctx.progress(f"  tokenizer step: {ctx.pipeline.buckets_why}")
     keep = ctx.options.publish_variants if ctx.options.publish_variants is not None else ctx.spec.deploy.publish_variants
     monitored = ensemble_layout(ctx)
     refuse_mixed(ctx.options.repository, ctx.spec.name, monitored)
@@ -229,6 +233,8 @@ def run(ctx: BuildContext) -> StageResult:
         serving = _serving_config(ctx, variant, name)
         checked.append((variant, name, version, serving,
                         interface_change(ctx.options.repository, name, render_config(serving[0]))))
+    if ctx.pipeline is not None and ctx.pipeline.token_lengths:
+        _choose_padding(ctx, ragged=bool(checked[0][3][0].batch_inputs))
     published, warnings = [], []
     for warning in _earlier_companions(ctx, {name for _, name, _ in plan}):
         ctx.notes.append(f"warning: {warning}")
@@ -266,6 +272,20 @@ def run(ctx: BuildContext) -> StageResult:
         ctx.progress(f"  note: {PYTHON_BACKEND_IMAGE}")
     ctx.published = published
     return StageResult.ok(STAGE, said, published=published, **({"warnings": warnings} if warnings else {}))
+
+
+def _choose_padding(ctx: BuildContext, ragged: bool) -> None:
+    """How the tokenizer step pads: to each call's longest text where the model step takes ragged batches (texts of
+    any length batch there), else to length buckets only where batching pays the padding on this host."""
+    pipeline = ctx.pipeline
+    if ragged:
+        pipeline.length_buckets, pipeline.buckets_why = [], "no length buckets: each call pads to its longest text"
+    else:
+        pipeline.length_buckets, pipeline.buckets_why = bucket_decision(
+            pipeline.token_lengths, pipeline.length_buckets, (ctx.selected.benchmark or {}).get("throughput_by_batch"))
+    for line in (f"model step: {pipeline.ragged_why}", f"tokenizer step: {pipeline.buckets_why}"):
+        ctx.notes.append(line)
+        ctx.progress(f"  {line}")
 
 
 def ensemble_layout(ctx: BuildContext) -> bool:

@@ -9,7 +9,8 @@ templates/python_backend/, beside it). A STANDARD model folder - ``platform: "on
 nothing else - then loads here byte for byte as the NGC image's C++ backend loads it. Never published.
 
 What it honours: the version's file (``default_model_filename``, else the backend's default name),
-batching and instance counts (Triton's core does both), reshape, and the thread count the C++ backend
+batching and instance counts (Triton's core does both), reshape, ragged inputs with a BATCH_ITEM_SHAPE batch
+input (each request is run on its own: builder/huggingface/ragged.py), and the thread count the C++ backend
 reads (onnxruntime ``intra_op_thread_count``, libtorch ``INTRA_OP_THREAD_COUNT``, openvino
 ``INFERENCE_NUM_THREADS``; 1 when unset). What it refuses, with one line in the load error: an execution
 accelerator (TensorRT, OpenVINO-in-onnxruntime: the stand-in runs onnxruntime's CPU provider), a GPU
@@ -85,3 +86,19 @@ class TritonPythonModel(_ServedModel):
         params["intra_op_threads"] = {"string_value": threads if threads.isdigit() and int(threads) > 0 else "1"}
         config["parameters"] = params
         super().initialize({**args, "model_config": json.dumps(config)})
+        ragged = [i["name"] for i in config.get("input", []) if i.get("allow_ragged_batch")]
+        shapes = [b for b in config.get("batch_input") or [] if b.get("kind") == "BATCH_ITEM_SHAPE"]
+        if ragged and shapes:  # requests reach _run one by one or stacked, each [rows, width]: ragged as Triton's
+            self._run = _ragged(self._run, ragged, shapes[0]["target_name"][0])
+
+
+def _ragged(run, names, item_shape):
+    """``run`` fed as Triton's onnxruntime backend feeds a ragged graph: the ragged inputs flat, each row's width."""
+    import numpy as np
+
+    def ragged_run(feeds):
+        rows, width = feeds[names[0]].shape[:2]
+        flat = {name: feeds[name].reshape(-1) for name in names}
+        return run({**feeds, **flat, item_shape: np.full((rows, 1), width, dtype=np.int32)})
+
+    return ragged_run

@@ -15,6 +15,7 @@ import urllib.request
 
 import numpy as np
 import pytest
+import yaml
 
 from builder.pipeline import build
 from builder.repository.config import parse_config
@@ -214,17 +215,23 @@ def test_invalid_utf8_is_refused_over_grpc_as_an_invalid_argument(hf_served):
 
 
 def test_texts_of_different_lengths_batch_in_the_model_step_and_keep_the_pipelines_labels(hf_served, hf_repository):
-    """Issue 51: the tokenizer pads to length buckets, so concurrent requests of different lengths reach the
-    model step with few shapes and Triton's batcher merges them: fewer executions than requests there, and
-    every label the pipeline's."""
+    """Issue 51: the model step takes ragged batches (builder/huggingface/ragged.py), so concurrent requests of
+    different lengths - each padded only to its own length by the tokenizer - are merged by Triton's batcher:
+    fewer executions than requests there, and every label the pipeline's."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from builder.huggingface.ragged import ITEM_SHAPE
     from builder.tuning.stats import StatsReader
 
     name, model_step = "minilm_sentiment", "minilm_sentiment__model"
     pre = parse_config((hf_repository / f"{name}__preprocess" / "config.pbtxt").read_text())
-    buckets = [int(b) for b in pre.parameters["length_buckets"].string_value.split(",")]
-    assert buckets == sorted(buckets) and len(buckets) >= 2
+    assert "length_buckets" not in pre.parameters  # each call pads to its longest text: no bucket padding
+    model = parse_config((hf_repository / model_step / "config.pbtxt").read_text())
+    assert [i.allow_ragged_batch for i in model.input] == [True, True]
+    (batch_input,) = model.batch_input
+    assert list(batch_input.target_name) == [ITEM_SHAPE] and batch_input.kind == batch_input.BATCH_ITEM_SHAPE
+    meta = yaml.safe_load((hf_repository / model_step / "1" / "metadata.yaml").read_text())
+    assert meta["pipeline"]["ragged_batching"] is True
     reference = json.loads((hf_repository / model_step / "1" / "pipeline_reference.json").read_text())
     texts, labels = reference["texts"], reference["labels"]
     lengths = {len(t.split()) for t in texts}
