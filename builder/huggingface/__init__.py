@@ -6,6 +6,7 @@
 - reference.py: transformers' pipeline / sentence-transformers on those texts, and the comparison
 - source.py: stage load's entry point
 - label_head.py: a classifier's post-processing folded into its ONNX graph (stage publish)
+- ragged.py: the model step's ONNX graph taking ragged batches, so texts of any length batch (stage publish)
 - step_timing.py: the steps' own code timed in-process for the build report (stage benchmark)
 
 The python steps are templates/pipeline/; the ensemble and its steps are published by

@@ -54,6 +54,8 @@ def ragged_refusal(config: ModelConfig, files: list[Path], tags_tokens: bool) ->
             if t.dims != [-1] or t.reshape is not None or t.data_type not in INTEGER_TYPES]
     if flat:
         return f"inputs {flat} are not token sequences (integer, dims [-1])"
+    if not any(t.name == "attention_mask" for t in config.inputs):
+        return "the model takes no attention_mask, so the padding of a batch's longer texts would change its answers"
     per_token = [t.name for t in config.outputs if -1 in t.dims]
     if per_token:
         return f"outputs {per_token} have a sequence dimension"
@@ -174,8 +176,7 @@ def with_ragged_batch(config: ModelConfig, files: list[Path], tags_tokens: bool,
         return config, files, f"no ragged batching: no sample of {names} to check the ragged graph on"
     target = work / "ragged" / files[0].name
     ragged_graph(files[0], target, {n: pad_id if n == "input_ids" else 0 for n in names})
-    mask = "attention_mask" if "attention_mask" in names else None
-    wrong = ragged_mismatch(files[0], target, {n: np.asarray(sample[n])[:16] for n in names}, mask)
+    wrong = ragged_mismatch(files[0], target, {n: np.asarray(sample[n])[:16] for n in names}, "attention_mask")
     if wrong:
         return config, files, f"no ragged batching: {wrong}"
     return ragged_config(config), [target], ("ragged batching: requests of any length batch in the model step, "

@@ -137,6 +137,8 @@ def test_the_published_config_takes_ragged_batches_in_tritons_schema(tmp_path):
      r"outputs \['last_hidden_state'\] have a sequence dimension"),
     (_model_step(inputs=[TensorConfig("pixel_values", "TYPE_FP32", [3, 8, 8])]), False,
      r"inputs \['pixel_values'\] are not token sequences"),
+    (_model_step(inputs=[TensorConfig("input_ids", "TYPE_INT64", [-1])]), False,
+     "the model takes no attention_mask, so the padding of a batch's longer texts would change its answers"),
 ])
 def test_a_model_step_that_cannot_take_ragged_batches_says_why(tmp_path, config, tags, why):
     said = ragged_refusal(config, [_encoder(tmp_path / "model.onnx")], tags)
