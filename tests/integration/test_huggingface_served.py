@@ -257,3 +257,31 @@ def test_texts_of_different_lengths_batch_in_the_model_step_and_keep_the_pipelin
     executions = after.executions - before.executions
     assert requests == len(answers) and executions < requests, (requests, executions, after.batches)
     assert max(after.batches) > 1
+
+
+def test_ragged_batching_goes_where_every_output_is_per_text_and_says_why_elsewhere(hf_repository):
+    """Classification and pooled embeddings take ragged batches; token tags (an output per token) do not, and
+    the version's metadata says why (builder/huggingface/ragged.py)."""
+    def pipeline_record(name: str) -> dict:
+        return yaml.safe_load((hf_repository / f"{name}__model" / "1" / "metadata.yaml").read_text())["pipeline"]
+
+    for name in ("minilm_sentiment", "minilm_embeddings"):
+        assert pipeline_record(name)["ragged_batching"] is True, pipeline_record(name)
+    tags = pipeline_record("minilm_numbers")
+    assert tags["ragged_batching"] is False
+    assert tags["ragged_batching_why"].startswith("no ragged batching: token tags are per token")
+    assert "allow_ragged_batch" not in (hf_repository / "minilm_numbers__model" / "config.pbtxt").read_text()
+
+
+def test_the_stand_in_serves_the_ragged_model_step_as_tritons_backend_does(hf_repository, monkeypatch):
+    """Without the built C++ onnxruntime backend, the stand-in feeds the ragged graph as Triton's backend would
+    (the token inputs flat, each row's width): the served check passes on both protocols."""
+    monkeypatch.setenv("TRITON_BUILDER_BACKENDS", "standin")
+    with EmbeddedServer(hf_repository, ready_timeout=180) as server:
+        assert server.native_backends == []
+        with TritonClient(f"http://{server.http_url}") as client:
+            assert client.model_config("minilm_sentiment__model")["runtime"] == "model.py"
+        for name in ("minilm_sentiment", "minilm_sentiment__model"):
+            report = check_served(name, repository=hf_repository, url=f"127.0.0.1:{server.http_port}",
+                                  grpc_url=f"127.0.0.1:{server.grpc_port}")
+            assert report.ok, report.lines()
