@@ -35,6 +35,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from builder.huggingface.texts import bucket_decision, text_steps
 from builder.model.runtime import RAGGED_ITEM_SHAPE as ITEM_SHAPE, ragged_feeds
 from builder.repository.config import BatchInput, ModelConfig
 INTEGER_TYPES = ("TYPE_INT64", "TYPE_INT32")
@@ -181,3 +182,29 @@ def with_ragged_batch(config: ModelConfig, files: list[Path], tags_tokens: bool,
         return config, files, f"no ragged batching: {wrong}"
     return ragged_config(config), [target], ("ragged batching: requests of any length batch in the model step, "
                                              "each batch padded in the graph to its longest text")
+
+
+def takes_ragged(fmt: str, backend: str, tags_tokens: bool, input_names: list[str], enabled: bool) -> bool:
+    """Whether a variant of this format, served by ``backend``, would be published taking ragged batches (the
+    checks ``ragged_refusal`` can make before the graph exists): select ranks text pipelines' variants by it."""
+    return enabled and fmt == "onnx" and backend == "onnxruntime_onnx" and not tags_tokens \
+        and "attention_mask" in input_names
+
+
+def served_text_rate(bench: dict, ragged: bool, lengths: list[int], buckets: list[int]) -> tuple[float, str]:
+    """The in-process throughput a text pipeline's model step can reach as served, and how: with ragged batches
+    Triton batches texts of any length (the best batch counts); without, it batches only texts padded to one
+    length - length buckets where they pay for their padding (best batch / the padding they add), else each text
+    at its own length, unbatched (batch 1)."""
+    rates = {int(b): float(v) for b, v in (bench.get("throughput_by_batch") or {}).items() if v}
+    best = float(bench["best_throughput"])
+    if ragged or 1 not in rates:
+        return best, f"at batch {bench.get('best_batch')}" + (" (ragged batches: texts of any length batch)"
+                                                             if ragged else "")
+    kept, _ = bucket_decision(lengths, buckets, rates)
+    if kept:
+        inflation = sum(text_steps().padded_length(kept, n) for n in lengths) / max(1, sum(lengths))
+        return best / inflation, (f"as served: batch {bench.get('best_batch')} over the {inflation:.2f}x padding of "
+                                  "length buckets (no ragged batches for this format)")
+    return rates[1], ("as served: batch 1 (no ragged batches for this format, and length buckets do not pay here: "
+                      "texts of different lengths do not batch)")

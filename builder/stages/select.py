@@ -6,6 +6,9 @@ and the accuracy constraint (drop <= verify.max_accuracy_drop); a variant furthe
 (INT8 next to FP32) must beat a closer one by more than the measurement noise, else the closer one is
 published (builder/model/objective.py ``prefer_accurate``). Every variant gets the reason it won
 or lost, with the numbers. Without measurements, a fixed preference per target applies and says so.
+A text pipeline's variants are ranked by the throughput their serving layout can reach: texts of different
+lengths batch only where the model step takes ragged batches (an ONNX graph on onnxruntime's backend) or where
+length buckets pay for their padding, else it runs batch 1 (builder/huggingface/ragged.py served_text_rate).
 Objective ``tradeoff`` (spec ``objective: {alpha: .., beta: .., gamma: ..}``) picks the highest
 J = alpha*accuracy - beta*p50 latency (ms) - gamma*memory (MB) (see ``tradeoff``); the report shows J.
 
@@ -17,8 +20,10 @@ from __future__ import annotations
 
 from builder.accuracy.tensors import worst_metric
 from builder.accuracy.verification import accuracy_drop_failure
+from builder.huggingface.ragged import served_text_rate, takes_ragged
 from builder.model.measure import human
 from builder.model.objective import NOISE, prefer_accurate, speed, tradeoff_terms
+from builder.repository.config import backend_for
 from builder.stages.base import BuildContext, StageResult, Variant
 
 STAGE = "select"
@@ -39,6 +44,11 @@ def tradeoff(variant: Variant, weights: dict[str, float]) -> dict[str, float] | 
                           bench.get("peak_memory_mb"), weights)
 
 
+def _throughput(bench: dict) -> float | None:
+    """What the throughput objective ranks: the best batch's, or for a text pipeline what serving can reach."""
+    return bench.get("served_throughput", bench.get("best_throughput"))
+
+
 def _score(variant, objective: str) -> float | None:
     bench = variant.benchmark or {}
     if objective == "tradeoff":
@@ -46,7 +56,23 @@ def _score(variant, objective: str) -> float | None:
     if objective == "latency":
         p50 = bench.get("latency_ms_b1", {}).get("p50")
         return -p50 if p50 else None
-    return bench.get("best_throughput")
+    return _throughput(bench)
+
+
+def _served_text_rates(ctx: BuildContext) -> None:
+    """A text pipeline's model step batches texts of different lengths only with ragged batches (an ONNX graph on
+    onnxruntime's backend) or length buckets: each measured variant is ranked by the throughput its serving layout
+    can reach (builder/huggingface/ragged.py served_text_rate), not by a batch Triton would never form for it."""
+    pipeline = ctx.pipeline
+    if pipeline is None or pipeline.images or not pipeline.token_lengths:
+        return
+    names = [t.name for t in ctx.spec.inputs]
+    for v in ctx.variants:
+        if v.benchmark and v.benchmark.get("best_throughput"):
+            ragged = takes_ragged(v.format, backend_for(ctx.target, v.format), pipeline.tags_tokens, names,
+                                  ctx.spec.deploy.ragged_batching)
+            v.benchmark["served_throughput"], v.benchmark["served_how"] = served_text_rate(
+                v.benchmark, ragged, pipeline.token_lengths, pipeline.length_buckets)
 
 
 def worst_rel_l2(variant) -> float | None:
@@ -82,6 +108,8 @@ def _measured_text(v: Variant, objective: str) -> str:
                 f"ms - {t['gamma']:g}*{t['memory_mb']:.1f} MB")
     if objective == "latency":
         return f"p50 {bench['latency_ms_b1']['p50']:.3f} ms at batch 1"
+    if bench.get("served_how"):
+        return f"{human(bench['served_throughput'])} inf/s {bench['served_how']}"
     return f"{human(bench['best_throughput'])} inf/s at batch {bench.get('best_batch')}"
 
 
@@ -91,8 +119,8 @@ def _versus(v: Variant, other: Variant, objective: str) -> tuple[float, str]:
     if objective == "latency":
         x, y = a["latency_ms_b1"]["p50"], b["latency_ms_b1"]["p50"]
         return x / y, f"p50 {x:.3f} vs {y:.3f} ms at batch 1"
-    x, y = a["best_throughput"], b["best_throughput"]
-    return y / x, f"measured {human(x)} vs {human(y)} inf/s"
+    x, y = _throughput(a), _throughput(b)
+    return y / x, f"measured {human(x)} vs {human(y)} inf/s{' as served' if a.get('served_how') else ''}"
 
 
 def _times(ratio: float) -> str:
@@ -102,6 +130,8 @@ def _times(ratio: float) -> str:
 def run(ctx: BuildContext) -> StageResult:
     _mark_constraints(ctx)
     objective = ctx.spec.objective
+    if objective == "throughput":
+        _served_text_rates(ctx)
     if objective == "tradeoff":
         for v in ctx.variants:
             terms = tradeoff(v, ctx.spec.tradeoff)
@@ -123,7 +153,7 @@ def run(ctx: BuildContext) -> StageResult:
     if measured:
         winner, tie_rule = max(measured, key=lambda v: _score(v, objective)), None
         if objective != "tradeoff":  # J weighs accuracy itself
-            speeds = {v.name: speed(objective, v.benchmark.get("best_throughput"),
+            speeds = {v.name: speed(objective, _throughput(v.benchmark),
                                     (v.benchmark.get("latency_ms_b1") or {}).get("p50")) for v in measured}
             choice = prefer_accurate(speeds, {v.name: worst_rel_l2(v) for v in measured})
             winner, tie_rule = next(v for v in measured if v.name == choice.name), choice.why
@@ -160,7 +190,7 @@ def _explain_measured(ctx: BuildContext, winner: Variant, measured: list[Variant
     plain = ctx.variant("onnx")
     if (plain is not None and plain is not winner and plain.benchmark and objective == "throughput"
             and plain.benchmark.get("device", "cpu") == winner.benchmark.get("device", "cpu")):
-        ratio = winner.benchmark["best_throughput"] / plain.benchmark["best_throughput"]
+        ratio = _throughput(winner.benchmark) / _throughput(plain.benchmark)
         reason += f"; {_times(ratio)} the throughput of onnx"
     others = sorted((v for v in measured if v is not winner), key=lambda v: -_score(v, objective))
     slower = [v for v in others if _versus(v, winner, objective)[0] >= 1]  # not one passed over for accuracy

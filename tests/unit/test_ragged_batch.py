@@ -1,6 +1,7 @@
 """Ragged batching of a text pipeline's model step (builder/huggingface/ragged.py, issue 51): the wrapped graph
 answers as the padded one for requests of any length batched together, the config says so in Triton's schema,
-and a model step that cannot take ragged batches is published as before, with the reason."""
+a model step that cannot take ragged batches is published as before, with the reason, and select ranks a text
+pipeline's variants by what their serving layout can batch."""
 
 from __future__ import annotations
 
@@ -14,10 +15,15 @@ import pytest
 from onnx import TensorProto, helper
 
 from builder.core.errors import UserInputError
-from builder.huggingface.ragged import ITEM_SHAPE, ragged_graph, ragged_mismatch, ragged_refusal, with_ragged_batch
+from builder.huggingface.ragged import (ITEM_SHAPE, ragged_graph, ragged_mismatch, ragged_refusal, served_text_rate,
+                                       with_ragged_batch)
 from builder.model.runtime import open_runner, ragged_feeds
+from builder.pipeline import BuildOptions
 from builder.repository.config import DynamicBatching, ModelConfig, TensorConfig, parse_config, render_config
+from builder.repository.pipeline import HuggingFacePipeline
 from builder.spec.model import parse_spec
+from builder.stages import select
+from builder.stages.base import BuildContext, Variant
 from tests.unit.test_spec import spec_with
 
 VOCAB, WIDTH, PAD = 30, 4, 7
@@ -152,3 +158,57 @@ def test_the_spec_turns_ragged_batching_off_and_refuses_a_non_boolean():
     assert parse_spec(spec_with(deploy={"ragged_batching": False})).deploy.ragged_batching is False
     with pytest.raises(UserInputError, match=r"deploy.ragged_batching"):
         parse_spec(spec_with(deploy={"ragged_batching": "sometimes"}))
+
+
+def _measured(name: str, fmt: str, by_batch: dict[int, float]):
+    v = Variant(name, fmt, "fp32", Path(f"/nonexistent/{name}"), verified=True)
+    v.verification = {"metrics": {"logits": {"rel_l2": 1e-7, "max_abs": 0.0}}}
+    best = max(by_batch, key=by_batch.get)
+    v.benchmark = {"latency_ms_b1": {"p50": 1000 / by_batch[1]}, "throughput_by_batch": dict(by_batch),
+                   "best_throughput": by_batch[best], "best_batch": best}
+    return v
+
+
+def _text_context(lengths: list[int], buckets: list[int]):
+    spec = parse_spec(spec_with(inputs=[{"name": "input_ids", "dtype": "int64", "shape": [-1]},
+                                        {"name": "attention_mask", "dtype": "int64", "shape": [-1]}]))
+    ctx = BuildContext(spec=spec, options=BuildOptions(repository=Path("/nonexistent")), workdir=Path("/nonexistent"))
+    ctx.pipeline = HuggingFacePipeline(task="text-classification", tokenizer_file=Path("/nonexistent/tokenizer.json"),
+                                       max_length=128, truncation=False, labels=["NEG", "POS"],
+                                       length_buckets=buckets, token_lengths=lengths)
+    return ctx
+
+
+def test_select_ranks_a_text_pipelines_variants_by_what_their_serving_layout_can_batch():
+    """TorchScript measures 1.21x ONNX at batch 8 in-process, but as a pipeline's model step it cannot take ragged
+    batches, and its batching gain (1.43x batch 1) does not pay for the buckets' padding (1.42x these texts' tokens,
+    x 1.05): served, it runs batch 1. The ONNX graph takes ragged batches, so its batch 8 counts and it is
+    published. Measurements are injected."""
+    ctx = _text_context(lengths=[5, 9, 12, 17, 30], buckets=[8, 16, 32, 64, 128])
+    ctx.variants = [_measured("onnx", "onnx", {1: 300.0, 8: 330.0}),
+                    _measured("torchscript", "torchscript", {1: 280.0, 8: 400.0})]
+    select.run(ctx)
+    assert ctx.selected.name == "onnx"
+    assert ctx.selected.selection_reason.startswith(
+        "selected: highest throughput (330 inf/s at batch 8 (ragged batches: texts of any length batch))")
+    assert ctx.variant("torchscript").benchmark["served_throughput"] == 280.0
+    assert ctx.variant("torchscript").selection_reason == (
+        "rejected: 1.2x slower than onnx (measured 280 vs 330 inf/s as served)")
+    assert "length buckets do not pay here" in ctx.variant("torchscript").benchmark["served_how"]
+
+
+def test_buckets_that_pay_count_at_their_padding_and_ragged_batching_off_ranks_onnx_alike():
+    bench = {"throughput_by_batch": {1: 100.0, 16: 400.0}, "best_throughput": 400.0, "best_batch": 16}
+    rate, how = served_text_rate(bench, False, [8, 16], [8, 16, 32])  # no padding beyond each text's bucket
+    assert rate == 400.0 and how.startswith("as served: batch 16 over the 1.00x padding of length buckets")
+    rate, _ = served_text_rate(bench, False, [5, 9], [8, 16])  # 24 tokens padded for 14: 1.71x
+    assert rate == pytest.approx(400.0 * 14 / 24)
+    assert served_text_rate(bench, True, [5, 9], [8, 16]) == (400.0, "at batch 16 (ragged batches: texts of any "
+                                                                     "length batch)")
+    ctx = _text_context(lengths=[5, 9, 12, 17, 30], buckets=[8, 16, 32, 64, 128])
+    ctx.spec.deploy.ragged_batching = False
+    ctx.variants = [_measured("onnx", "onnx", {1: 300.0, 8: 330.0}),
+                    _measured("torchscript", "torchscript", {1: 320.0, 8: 430.0})]
+    select.run(ctx)
+    assert ctx.selected.name == "torchscript"  # both batch 1 as served: 320 vs 300 (outside the noise)
+    assert ctx.variant("onnx").benchmark["served_throughput"] == 300.0
