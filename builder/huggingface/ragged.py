@@ -39,6 +39,7 @@ from builder.huggingface.texts import bucket_decision, text_steps
 from builder.model.runtime import RAGGED_ITEM_SHAPE as ITEM_SHAPE, ragged_feeds
 from builder.repository.config import BatchInput, ModelConfig
 INTEGER_TYPES = ("TYPE_INT64", "TYPE_INT32")
+MIN_OPSET = 13  # the prelude's Unsqueeze takes its axes as an input from opset 13 on
 
 
 def ragged_refusal(config: ModelConfig, files: list[Path], tags_tokens: bool) -> str | None:
@@ -65,6 +66,9 @@ def ragged_refusal(config: ModelConfig, files: list[Path], tags_tokens: bool) ->
     model = onnx.load(str(files[0]), load_external_data=False)
     if any(init.data_location == TensorProto.EXTERNAL for init in model.graph.initializer):
         return "the graph keeps its weights in external data files"
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    if opset < MIN_OPSET:
+        return f"the graph's opset {opset} is below {MIN_OPSET} (Unsqueeze with axes as an input)"
     ranks = {i.name: len(i.type.tensor_type.shape.dim) for i in model.graph.input}
     odd = [t.name for t in config.inputs if ranks.get(t.name) != 2]
     if odd:
@@ -116,8 +120,8 @@ def ragged_graph(src: Path, dst: Path, pads: dict[str, int]) -> None:
             shape.ClearField("dim")
             shape.dim.add().dim_param = "ragged_tokens"
     graph.input.append(helper.make_tensor_value_info(ITEM_SHAPE, TensorProto.INT32, ["ragged_rows", 1]))
-    if not any(o.domain in ("", "ai.onnx") and o.version >= 11 for o in model.opset_import):
-        raise ValueError(f"{src}: opset below 11 has no CumSum/Range")
+    if not any(o.domain in ("", "ai.onnx") and o.version >= MIN_OPSET for o in model.opset_import):
+        raise ValueError(f"{src}: opset below {MIN_OPSET}: the prelude's Unsqueeze needs its axes as an input")
     onnx.checker.check_model(model)
     dst.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(dst))
@@ -176,7 +180,10 @@ def with_ragged_batch(config: ModelConfig, files: list[Path], tags_tokens: bool,
     if any(n not in sample for n in names):
         return config, files, f"no ragged batching: no sample of {names} to check the ragged graph on"
     target = work / "ragged" / files[0].name
-    ragged_graph(files[0], target, {n: pad_id if n == "input_ids" else 0 for n in names})
+    try:
+        ragged_graph(files[0], target, {n: pad_id if n == "input_ids" else 0 for n in names})
+    except (ValueError, onnx.checker.ValidationError) as exc:  # published padded as before, and why
+        return config, files, f"no ragged batching: the graph could not be wrapped ({' '.join(str(exc).split())[:200]})"
     wrong = ragged_mismatch(files[0], target, {n: np.asarray(sample[n])[:16] for n in names}, "attention_mask")
     if wrong:
         return config, files, f"no ragged batching: {wrong}"
@@ -184,11 +191,12 @@ def with_ragged_batch(config: ModelConfig, files: list[Path], tags_tokens: bool,
                                              "each batch padded in the graph to its longest text")
 
 
-def takes_ragged(fmt: str, backend: str, tags_tokens: bool, input_names: list[str], enabled: bool) -> bool:
+def takes_ragged(fmt: str, backend: str, tags_tokens: bool, input_names: list[str], enabled: bool,
+                 opset: int | None = None) -> bool:
     """Whether a variant of this format, served by ``backend``, would be published taking ragged batches (the
     checks ``ragged_refusal`` can make before the graph exists): select ranks text pipelines' variants by it."""
     return enabled and fmt == "onnx" and backend == "onnxruntime_onnx" and not tags_tokens \
-        and "attention_mask" in input_names
+        and "attention_mask" in input_names and (opset is None or opset >= MIN_OPSET)
 
 
 def served_text_rate(bench: dict, ragged: bool, lengths: list[int], buckets: list[int]) -> tuple[float, str]:

@@ -70,7 +70,7 @@ def _served_text_rates(ctx: BuildContext) -> None:
     for v in ctx.variants:
         if v.benchmark and v.benchmark.get("best_throughput"):
             ragged = takes_ragged(v.format, backend_for(ctx.target, v.format), pipeline.tags_tokens, names,
-                                  ctx.spec.deploy.ragged_batching)
+                                  ctx.spec.deploy.ragged_batching, v.opset)
             v.benchmark["served_throughput"], v.benchmark["served_how"] = served_text_rate(
                 v.benchmark, ragged, pipeline.token_lengths, pipeline.length_buckets)
 

@@ -212,3 +212,13 @@ def test_buckets_that_pay_count_at_their_padding_and_ragged_batching_off_ranks_o
     select.run(ctx)
     assert ctx.selected.name == "torchscript"  # both batch 1 as served: 320 vs 300 (outside the noise)
     assert ctx.variant("onnx").benchmark["served_throughput"] == 300.0
+
+
+def test_a_graph_below_opset_13_is_published_padded_and_says_why(tmp_path):
+    old = onnx.load(str(_encoder(tmp_path / "model.onnx")))
+    old.opset_import[0].version = 12
+    onnx.save(old, str(tmp_path / "old.onnx"))
+    assert ragged_refusal(_model_step(), [tmp_path / "old.onnx"], False) == (
+        "the graph's opset 12 is below 13 (Unsqueeze with axes as an input)")
+    with pytest.raises(ValueError, match="opset below 13"):
+        ragged_graph(tmp_path / "old.onnx", tmp_path / "out.onnx", {"input_ids": PAD, "attention_mask": 0})
