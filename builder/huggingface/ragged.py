@@ -33,7 +33,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import yaml
 from onnx import TensorProto, helper
+from tritonclient.grpc import model_config_pb2
 
 from builder.huggingface.texts import bucket_decision, text_steps
 from builder.model.runtime import RAGGED_ITEM_SHAPE as ITEM_SHAPE, ragged_feeds
@@ -216,3 +218,60 @@ def served_text_rate(bench: dict, ragged: bool, lengths: list[int], buckets: lis
                                   "length buckets (no ragged batches for this format)")
     return rates[1], ("as served: batch 1 (no ragged batches for this format, and length buckets do not pay here: "
                       "texts of different lengths do not batch)")
+
+
+def graph_takes_ragged(model_file: Path) -> bool:
+    """Whether this ONNX graph takes ragged batches (it has the ITEM_SHAPE input ``ragged_graph`` adds)."""
+    model = onnx.load(str(model_file), load_external_data=False)
+    return any(i.name == ITEM_SHAPE for i in model.graph.input)
+
+
+def config_takes_ragged(config) -> bool:
+    """Whether a parsed config (Triton's ModelConfig protobuf) hands its model ragged batches (ITEM_SHAPE)."""
+    return any(ITEM_SHAPE in b.target_name for b in config.batch_input)
+
+
+def version_ragged(version_folder: Path) -> bool | None:
+    """Whether the published version in ``version_folder`` is a graph that takes ragged batches (None: not an
+    ONNX version, or no readable metadata.yaml / model file to tell; validate reports an unreadable one)."""
+    try:
+        artifact = (yaml.safe_load((version_folder / "metadata.yaml").read_text()) or {})["artifact"]
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return None
+    model_file = version_folder / str(artifact.get("file", ""))
+    if artifact.get("format") != "onnx" or not model_file.is_file():
+        return None
+    try:
+        return graph_takes_ragged(model_file)
+    except Exception:  # noqa: BLE001 - a file that does not parse is validate's to report (its hash, its replay)
+        return None
+
+
+def match_ragged_layout(config, ragged: bool) -> bool:
+    """Make a parsed config hand its model ragged batches or not, as the version's graph takes them (a rollback
+    across the change serves the older graph with the config it can load). True when it changed."""
+    if config_takes_ragged(config) == ragged:
+        return False
+    for tensor in config.input:
+        tensor.allow_ragged_batch = ragged
+    if ragged:
+        batch_input = config.batch_input.add()
+        batch_input.kind = batch_input.BATCH_ITEM_SHAPE
+        batch_input.target_name.append(ITEM_SHAPE)
+        batch_input.data_type = model_config_pb2.TYPE_INT32
+        batch_input.source_input.append(config.input[0].name)
+    else:
+        kept = [b for b in config.batch_input if ITEM_SHAPE not in b.target_name]
+        del config.batch_input[:]
+        config.batch_input.extend(kept)
+    return True
+
+
+def ragged_layout_failure(graph: bool, config: bool) -> str | None:
+    """validate's line where config.pbtxt and a version's graph disagree on ragged batches (None: they agree)."""
+    if graph == config:
+        return None
+    return (f"config.pbtxt {'hands the model ragged batches' if config else 'has no ragged batches'} (batch_input "
+            f"{ITEM_SHAPE}), and this version's graph {'takes them' if graph else 'does not'}: Triton's onnxruntime "
+            "backend cannot load it so; serve it with `triton-builder rollback` (which matches the config to the "
+            "version), or build it again")

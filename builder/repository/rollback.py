@@ -5,7 +5,9 @@ serves. A rollback rewrites config.pbtxt (a temp file renamed over it: Triton, p
 old or the new one, never half of one) with ``version_policy { specific { versions: [N] } }``. The config is
 version N's own where it kept one (a signed version's ``signed_config.pbtxt``: the exact config N was published
 and verified with, so a rollback of ``tune --publish`` also restores the older scheduling), else the served one
-with only its policy changed. Before anything is written, version N is checked as ``validate`` checks it,
+with only its policy changed - and, where the version's ONNX graph takes ragged batches and the config does not
+or the other way round (a text pipeline built before and after builder/huggingface/ragged.py), its ragged inputs
+matched to the graph, so Triton can load it. Before anything is written, version N is checked as ``validate`` checks it,
 against the config about to be written (hashes, signature, the interface, the replay of reference.npz): a
 version that fails is refused, naming the version, the failures and the fix.
 
@@ -39,6 +41,7 @@ from typing import Any, Callable
 import yaml
 
 from builder.core.errors import UserInputError, VerificationError
+from builder.huggingface.ragged import match_ragged_layout, version_ragged
 from builder.repository.config import parse_config
 from builder.repository.layout import (MODEL_SUFFIX, _repository_lock, atomic_write, existing_versions, is_monitored,
                                        model_dir, not_in_repository, require_writable)
@@ -97,11 +100,15 @@ def policy_text(config_text: str) -> str | None:
     return text_format.MessageToString(config.version_policy, as_one_line=True)
 
 
-def pinned_config(config_text: str, version: int, header: str, where: str = "config.pbtxt") -> str:
-    """``config_text`` serving only ``version``: version_policy specific [version], ``header`` above it."""
+def pinned_config(config_text: str, version: int, header: str, where: str = "config.pbtxt",
+                  ragged: bool | None = None) -> str:
+    """``config_text`` serving only ``version``: version_policy specific [version], ``header`` above it. ``ragged``:
+    whether the version's graph takes ragged batches, which the config is made to match (None: left as it is)."""
     from google.protobuf import text_format
 
     config = parse_config(config_text, where)
+    if ragged is not None:
+        match_ragged_layout(config, ragged)
     config.version_policy.Clear()
     config.version_policy.specific.versions.append(int(version))
     return "".join(f"# {line}\n" for line in header.splitlines()) + text_format.MessageToString(config)
@@ -216,7 +223,7 @@ def rollback_model(repository: str | Path, name: str, to: int | None = None, *, 
     at = (now or (lambda: dt.datetime.now(dt.timezone.utc)))().strftime("%Y-%m-%d %H:%M:%S")
     header = (f"Written by `triton-builder rollback` at {at} UTC: serves version {number} (was {current}).\n"
               "A new version (build, select, tune --publish) or another rollback replaces it; see rollout.yaml.")
-    text = pinned_config(base, number, header, str(folder / "config.pbtxt"))
+    text = pinned_config(base, number, header, str(folder / "config.pbtxt"), version_ragged(folder / str(number)))
     progress(f"validating version {number} of {name} against the config a rollback would serve")
     verify_with = find_public_key(public_key, root)
     derived = _public_half(key) if verify_with is None and key is not None else None

@@ -29,6 +29,7 @@ from builder.core.errors import UserInputError
 from builder.core.files import sha256_file
 from builder.core.host import host_warnings
 from builder.model.runtime import open_runner, tensorrt_unavailable_reason
+from builder.huggingface.ragged import config_takes_ragged, graph_takes_ragged, ragged_layout_failure
 from builder.repository.config import parse_config
 from builder.repository.interface import version_mismatch
 from builder.repository.layout import (MODEL_SUFFIX, existing_versions, is_monitored, is_pipeline, misnamed_versions,
@@ -322,6 +323,11 @@ def _check_version(folder: Path, number: int, gpu: str | None, tensorrt_version:
             return check
     if check.failures:
         return check
+    if config is not None and artifact["format"] == "onnx":  # the files are as published (hashes), so it parses
+        ragged = ragged_layout_failure(graph_takes_ragged(folder / artifact["file"]), config_takes_ragged(config))
+        if ragged:
+            check.failures.append(ragged)
+            return check
     cases, outputs = read_reference(folder / "reference.npz")
     output_names = [o["name"] for o in meta["spec"]["outputs"]]
     input_names = [i["name"] for i in meta["spec"]["inputs"]]

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import yaml
 
 from builder.core.errors import UserInputError
+from builder.huggingface.ragged import version_ragged
 from builder.repository.rollback import (RollbackReport, pinned_config, policy_text, refuse_failed, served_versions,
                                          target_version)
 from builder.repository.signing import RECORD_FILE, sha256_text
@@ -85,6 +86,10 @@ def rollback_s3(url: str, name: str, to: int | None = None, *, client: Any = Non
         (folder / str(number)).mkdir(parents=True)
         (folder / "config.pbtxt").write_text(text)
         _download(store, name, number, folder / str(number))
+        ragged = version_ragged(folder / str(number))  # the config made to match the version's graph
+        if ragged is not None:
+            text = pinned_config(base, number, header, location.child_url(name, "config.pbtxt"), ragged)
+            (folder / "config.pbtxt").write_text(text)
         for relative in referenced_files(text):
             data = store.get_bytes(name, *relative.split("/"))
             if data is not None:

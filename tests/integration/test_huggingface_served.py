@@ -7,6 +7,7 @@ text gets a 400 (gRPC INVALID_ARGUMENT) naming the problem, and the server keeps
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -17,8 +18,10 @@ import numpy as np
 import pytest
 import yaml
 
+from builder.huggingface.ragged import ITEM_SHAPE, config_takes_ragged
 from builder.pipeline import build
 from builder.repository.config import parse_config
+from builder.repository.rollback import rollback_model
 from builder.repository.validate import validate_model
 from builder.serving.check import check_served
 from builder.serving.client import TritonClient, TritonError
@@ -220,7 +223,6 @@ def test_texts_of_different_lengths_batch_in_the_model_step_and_keep_the_pipelin
     fewer executions than requests there, and every label the pipeline's."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from builder.huggingface.ragged import ITEM_SHAPE
     from builder.tuning.stats import StatsReader
 
     name, model_step = "minilm_sentiment", "minilm_sentiment__model"
@@ -285,3 +287,29 @@ def test_the_stand_in_serves_the_ragged_model_step_as_tritons_backend_does(hf_re
             report = check_served(name, repository=hf_repository, url=f"127.0.0.1:{server.http_port}",
                                   grpc_url=f"127.0.0.1:{server.grpc_port}")
             assert report.ok, report.lines()
+
+
+def test_a_rollback_across_ragged_batching_serves_the_older_graph_with_a_config_it_loads(tmp_path):
+    """Version 1 was published padded (ragged batching off), version 2 ragged: the served config hands the model
+    ragged batches, which version 1's graph cannot take. validate says so; rollback matches the config to version
+    1's graph, and Triton's onnxruntime backend serves it, answering as the pipeline."""
+    repo, step = tmp_path / "repo", "minilm_sentiment__model"
+    spec = load_spec(EXAMPLE / "sentiment.yaml")
+    padded = dataclasses.replace(spec, deploy=dataclasses.replace(spec.deploy, ragged_batching=False))
+    build(padded, repo, variants=["onnx"], benchmark_seconds=0, progress=lambda m: None)
+    build(spec, repo, variants=["onnx"], benchmark_seconds=0, progress=lambda m: None)
+    assert config_takes_ragged(parse_config((repo / step / "config.pbtxt").read_text()))
+    report = validate_model(repo / step, 1)
+    assert not report.ok
+    assert any("config.pbtxt hands the model ragged batches (batch_input ragged_item_shape), and this version's "
+               "graph does not" in line for line in report.lines()), report.lines()
+    rolled = rollback_model(repo, "minilm_sentiment", to=1)
+    assert rolled.to_version == 1
+    config = parse_config((repo / step / "config.pbtxt").read_text())
+    assert not config_takes_ragged(config) and not any(i.allow_ragged_batch for i in config.input)
+    with EmbeddedServer(repo, ready_timeout=180) as server:
+        checked = check_served("minilm_sentiment", repository=repo, url=f"127.0.0.1:{server.http_port}",
+                               grpc_url=f"127.0.0.1:{server.grpc_port}", version=1)
+        assert checked.ok and checked.version == 1, checked.lines()
+    assert rollback_model(repo, "minilm_sentiment", to=2).to_version == 2  # and forward again: ragged
+    assert config_takes_ragged(parse_config((repo / step / "config.pbtxt").read_text()))

@@ -15,12 +15,14 @@ import pytest
 from onnx import TensorProto, helper
 
 from builder.core.errors import UserInputError
-from builder.huggingface.ragged import (ITEM_SHAPE, ragged_graph, ragged_mismatch, ragged_refusal, served_text_rate,
-                                       with_ragged_batch)
+from builder.huggingface.ragged import (ITEM_SHAPE, config_takes_ragged, graph_takes_ragged, match_ragged_layout,
+                                       ragged_config, ragged_graph, ragged_layout_failure, ragged_mismatch,
+                                       ragged_refusal, served_text_rate, with_ragged_batch)
 from builder.model.runtime import open_runner, ragged_feeds
 from builder.pipeline import BuildOptions
 from builder.repository.config import DynamicBatching, ModelConfig, TensorConfig, parse_config, render_config
 from builder.repository.pipeline import HuggingFacePipeline
+from builder.repository.rollback import pinned_config
 from builder.spec.model import parse_spec
 from builder.stages import select
 from builder.stages.base import BuildContext, Variant
@@ -222,3 +224,22 @@ def test_a_graph_below_opset_13_is_published_padded_and_says_why(tmp_path):
         "the graph's opset 12 is below 13 (Unsqueeze with axes as an input)")
     with pytest.raises(ValueError, match="opset below 13"):
         ragged_graph(tmp_path / "old.onnx", tmp_path / "out.onnx", {"input_ids": PAD, "attention_mask": 0})
+
+
+def test_a_config_is_matched_to_a_versions_graph_both_ways_and_validate_names_a_mismatch(tmp_path):
+    plain = _encoder(tmp_path / "model.onnx")
+    ragged_graph(plain, tmp_path / "ragged.onnx", {"input_ids": PAD, "attention_mask": 0})
+    assert graph_takes_ragged(tmp_path / "ragged.onnx") and not graph_takes_ragged(plain)
+    ragged_text = render_config(ragged_config(_model_step()))
+    config = parse_config(ragged_text)
+    assert config_takes_ragged(config)
+    assert match_ragged_layout(config, False) and not match_ragged_layout(config, False)
+    assert not config_takes_ragged(config) and not any(i.allow_ragged_batch for i in config.input)
+    assert match_ragged_layout(config, True)  # and back: as the ragged build rendered it
+    assert config == parse_config(ragged_text)
+    pinned = parse_config(pinned_config(ragged_text, 1, "rolled back", ragged=False))
+    assert not config_takes_ragged(pinned) and list(pinned.version_policy.specific.versions) == [1]
+    assert ragged_layout_failure(True, True) is None and ragged_layout_failure(False, False) is None
+    assert ragged_layout_failure(False, True).startswith(
+        "config.pbtxt hands the model ragged batches (batch_input ragged_item_shape), and this version's graph does "
+        "not: Triton's onnxruntime backend cannot load it so")
