@@ -24,6 +24,9 @@ Usage::
     ragged_graph(Path("model.onnx"), Path("ragged/model.onnx"), {"input_ids": 0, "attention_mask": 0})
     config = ragged_config(config)                               # allow_ragged_batch + the batch_input
     why = ragged_mismatch(Path("model.onnx"), Path("ragged/model.onnx"), padded_inputs, "attention_mask")
+    config, files, why = with_ragged_batch(config, files, False, pad_id, validation_inputs, work)  # all of the above
+    rate, how = served_text_rate(bench, takes_ragged("onnx", "onnxruntime_onnx", False, names, True), lengths, buckets)
+    text = pinned_config(text, 1, header, ragged=version_ragged(folder / "1"))  # rollback: config matched to graph
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from tritonclient.grpc import model_config_pb2
 from builder.huggingface.texts import bucket_decision, text_steps
 from builder.model.runtime import RAGGED_ITEM_SHAPE as ITEM_SHAPE, ragged_feeds
 from builder.repository.config import BatchInput, ModelConfig
+
 INTEGER_TYPES = ("TYPE_INT64", "TYPE_INT32")
 MIN_OPSET = 13  # the prelude's Unsqueeze takes its axes as an input from opset 13 on
 
