@@ -289,12 +289,12 @@ def test_the_stand_in_serves_the_ragged_model_step_as_tritons_backend_does(hf_re
             assert report.ok, report.lines()
 
 
-def test_a_rollback_across_ragged_batching_serves_the_older_graph_with_a_config_it_loads(tmp_path):
+def test_a_rollback_across_ragged_batching_serves_the_older_graph_with_a_config_it_loads(hf_repository, tmp_path):
     """Version 1 was published padded (ragged batching off), version 2 ragged: the served config hands the model
     ragged batches, which version 1's graph cannot take. validate says so; rollback matches the config to version
     1's graph, and Triton's onnxruntime backend serves it, answering as the pipeline."""
     repo, step = tmp_path / "repo", "minilm_sentiment__model"
-    spec = load_spec(EXAMPLE / "sentiment.yaml")
+    spec = load_spec(hf_repository.parent / "minilm_sentiment.yaml")  # the fixture's: its folder made by prepare.py
     padded = dataclasses.replace(spec, deploy=dataclasses.replace(spec.deploy, ragged_batching=False))
     build(padded, repo, variants=["onnx"], benchmark_seconds=0, progress=lambda m: None)
     build(spec, repo, variants=["onnx"], benchmark_seconds=0, progress=lambda m: None)
