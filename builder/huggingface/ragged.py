@@ -243,11 +243,17 @@ def version_ragged(version_folder: Path) -> bool | None:
     except (OSError, KeyError, TypeError, yaml.YAMLError):
         return None
     model_file = version_folder / str(artifact.get("file", ""))
-    if artifact.get("format") != "onnx" or not model_file.is_file():
+    return readable_graph_ragged(model_file) if artifact.get("format") == "onnx" else None
+
+
+def readable_graph_ragged(model_file: Path) -> bool | None:
+    """``graph_takes_ragged``, or None where the file is missing or does not parse as an ONNX graph (that is for
+    validate's hashes and replay to report, not for this question)."""
+    if not model_file.is_file():
         return None
     try:
         return graph_takes_ragged(model_file)
-    except Exception:  # noqa: BLE001 - a file that does not parse is validate's to report (its hash, its replay)
+    except Exception:  # noqa: BLE001 - protobuf's DecodeError and whatever else a damaged file raises
         return None
 
 

@@ -29,7 +29,7 @@ from builder.core.errors import UserInputError
 from builder.core.files import sha256_file
 from builder.core.host import host_warnings
 from builder.model.runtime import open_runner, tensorrt_unavailable_reason
-from builder.huggingface.ragged import config_takes_ragged, graph_takes_ragged, ragged_layout_failure
+from builder.huggingface.ragged import config_takes_ragged, ragged_layout_failure, readable_graph_ragged
 from builder.repository.config import parse_config
 from builder.repository.interface import version_mismatch
 from builder.repository.layout import (MODEL_SUFFIX, existing_versions, is_monitored, is_pipeline, misnamed_versions,
@@ -323,8 +323,9 @@ def _check_version(folder: Path, number: int, gpu: str | None, tensorrt_version:
             return check
     if check.failures:
         return check
-    if config is not None and artifact["format"] == "onnx":  # the files are as published (hashes), so it parses
-        ragged = ragged_layout_failure(graph_takes_ragged(folder / artifact["file"]), config_takes_ragged(config))
+    graph_ragged = readable_graph_ragged(folder / artifact["file"]) if artifact["format"] == "onnx" else None
+    if config is not None and graph_ragged is not None:
+        ragged = ragged_layout_failure(graph_ragged, config_takes_ragged(config))
         if ragged:
             check.failures.append(ragged)
             return check
