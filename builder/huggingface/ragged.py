@@ -40,7 +40,7 @@ import yaml
 from onnx import TensorProto, helper
 from tritonclient.grpc import model_config_pb2
 
-from builder.huggingface.texts import bucket_decision, text_steps
+from builder.huggingface.texts import bucket_decision, bucket_inflation
 from builder.model.runtime import RAGGED_ITEM_SHAPE as ITEM_SHAPE, ragged_feeds
 from builder.repository.config import BatchInput, ModelConfig
 
@@ -217,7 +217,7 @@ def served_text_rate(bench: dict, ragged: bool, lengths: list[int], buckets: lis
                                                              if ragged else "")
     kept, _ = bucket_decision(lengths, buckets, rates)
     if kept:
-        inflation = sum(text_steps().padded_length(kept, n) for n in lengths) / max(1, sum(lengths))
+        inflation = bucket_inflation(lengths, kept)
         return best / inflation, (f"as served: batch {bench.get('best_batch')} over the {inflation:.2f}x padding of "
                                   "length buckets (no ragged batches for this format)")
     return rates[1], ("as served: batch 1 (no ragged batches for this format, and length buckets do not pay here: "

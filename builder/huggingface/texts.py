@@ -110,6 +110,11 @@ def tokenized(encoder, texts: list[str], field: str) -> tuple[np.ndarray, np.nda
     return ids, mask
 
 
+def bucket_inflation(lengths: list[int], buckets: list[int]) -> float:
+    """The compute ``buckets`` add to texts of ``lengths`` tokens: padded tokens / real tokens."""
+    return sum(text_steps().padded_length(buckets, n) for n in lengths) / max(1, sum(lengths))
+
+
 BUCKET_MARGIN = 1.05  # batching must beat the padding it costs by this much: below it, run-to-run noise decides
 
 
@@ -122,8 +127,7 @@ def bucket_decision(lengths: list[int], buckets: list[int],
     Unmeasured (no benchmark), the buckets stay: batching is what an unmeasured server is sized for."""
     if not buckets or not lengths:
         return [], "no length buckets (no texts to choose them from)"
-    padded = sum(text_steps().padded_length(buckets, n) for n in lengths)
-    inflation = padded / max(1, sum(lengths))
+    inflation = bucket_inflation(lengths, buckets)
     rates = {int(b): float(v) for b, v in (throughput_by_batch or {}).items() if v}
     if 1 not in rates or len(rates) < 2:
         return buckets, (f"length buckets {buckets}: they pad the validation texts to {inflation:.2f}x their tokens; "
