@@ -5,13 +5,18 @@ file moves around them. Stage quantize decides what to quantize and judges the r
 Usage::
 
     prepared = preprocess(source, work / "preprocessed.onnx", passes, notes)
-    quantize_static(prepared, work / "model.onnx", candidate, samples, batch=16, large=False)
+    quantize_static(prepared, work / "model.onnx", candidate, samples, batch=16, large=False,
+                    calibration_cache=work / "calibration")  # recipes that calibrate alike calibrate once
     quantize_dynamic(prepared, work / "model.onnx", candidate, large=False, fused=("Attention",))
+    quantized_ops(onnx.load("model.onnx"))  # quantized values in a graph (a QDQ pair is one)
+    kept = KeptRecipes(work)  # a search's passing models, reused rather than quantized again
+    kept.keep(candidate, work / "trial.onnx"); kept.take(candidate, work / "model.onnx"); kept.clear()
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import warnings
 from pathlib import Path
@@ -76,8 +81,11 @@ def quantize_dynamic(prepared: Path, target: Path, cand, large: bool, only: list
 
 
 def quantize_static(prepared: Path, target: Path, cand: "Candidate", samples, batch: int,
-                     large: bool, only: list[str] | None = None) -> None:
-    """quantize_static with one candidate's recipe (``only``: quantise just these nodes)."""
+                     large: bool, only: list[str] | None = None, calibration_cache: Path | None = None) -> None:
+    """quantize_static with one candidate's recipe (``only``: quantise just these nodes). ``calibration_cache``:
+    a folder where the activation ranges of each calibration (method, samples, op types) are kept, so that
+    recipes differing only in how they quantize (types, reduce_range, per-channel, format, FP32 nodes) reuse
+    them instead of running the calibration again (onnxruntime's calibration_cache_path, where it has one)."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     types = {"S8": QuantType.QInt8, "U8": QuantType.QUInt8}
@@ -91,6 +99,9 @@ def quantize_static(prepared: Path, target: Path, cand: "Candidate", samples, ba
         options["op_types_to_quantize"] = list(cand.op_types)
     if only is not None:
         options["nodes_to_quantize"] = only
+    if calibration_cache is not None and "calibration_cache_path" in inspect.signature(quantize_static).parameters:
+        calibration_cache.mkdir(parents=True, exist_ok=True)
+        options["calibration_cache_path"] = str(calibration_cache / calibration_key(cand))
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), onnx_tools.quiet_quantizer():
         warnings.simplefilter("ignore")
         quantize_static(str(prepared), str(target), reader(feeds(samples, batch)),
@@ -98,6 +109,13 @@ def quantize_static(prepared: Path, target: Path, cand: "Candidate", samples, ba
                         per_channel=cand.per_channel, reduce_range=cand.reduce_range,
                         activation_type=types[cand.activation_type], weight_type=types[cand.weight_type],
                         calibrate_method=method, use_external_data_format=large, **options)
+
+
+def calibration_key(cand: "Candidate") -> str:
+    """The file name of a calibration's ranges: what the calibration itself depends on (the method, the sample
+    count and the op types whose tensors it observes), not how the recipe quantizes with them."""
+    ops = "+".join(cand.op_types) if cand.op_types else "all"
+    return f"{cand.calibration}-{cand.samples or 'all'}-{ops}.json"
 
 
 def remove(*paths: Path) -> None:
@@ -124,3 +142,49 @@ def preprocess(source: Path, target: Path, passes: list[str], notes: list[str]) 
             errors.append(onnx_tools.short_error(exc))
     notes.append(f"quant_pre_process failed, quantized without it: {errors[-1]}")
     return source
+
+
+def quantized_op_types(model) -> dict[str, int]:
+    """{op type: count} of the INT8 nodes in a quantized graph (QDQ pairs, QLinear*, *Integer,
+    DynamicQuantize*, QAttention): what a quantizer really did, whatever op types it was asked for."""
+    found: dict[str, int] = {}
+    for n in model.graph.node:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear", "QAttention") or n.op_type.startswith(
+                ("QLinear", "DynamicQuantize")) or n.op_type.endswith("Integer"):
+            found[n.op_type] = found.get(n.op_type, 0) + 1
+    return found
+
+
+def quantized_ops(model) -> int:
+    found = quantized_op_types(model)
+    return sum(found.values()) - found.get("DequantizeLinear", 0)  # a QDQ pair is one quantized value
+
+
+class KeptRecipes:
+    """The quantized models of passing recipes, by recipe, in ``folder``. A model with external data (over
+    onnx_tools.EXTERNAL_DATA_THRESHOLD) is not kept: one copy per recipe would fill the disk; it is quantized
+    again where needed."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.models = folder, {}
+
+    def keep(self, cand, model: Path) -> None:
+        if model.with_name(model.name + ".data").exists() or cand in self.models:
+            return
+        target = self.folder / f"recipe{len(self.models)}.onnx"
+        move_model(model, target)
+        self.models[cand] = target
+
+    def path(self, cand) -> Path | None:
+        return self.models.get(cand)
+
+    def take(self, cand, target: Path) -> bool:
+        """Move the kept model of ``cand`` to ``target``; False when there is none."""
+        if cand not in self.models:
+            return False
+        move_model(self.models.pop(cand), target)
+        return True
+
+    def clear(self) -> None:
+        remove(*self.models.values())
+        self.models.clear()

@@ -47,6 +47,9 @@ MIN_WINDOW_SECONDS = 0.02
 MAX_WINDOW_SECONDS = 1.0
 INTERLEAVE_LIMIT_MB = 1000.0  # above this (all variants' files together) measure one variant at a time
 CONFIRM_NOISE = 0.05  # margins below this (or below the windows' spread) are re-measured head to head
+# a variant this far behind the leader at batch 1 and the largest batch is not measured at the batch sizes between:
+# throughput grows or levels off with the batch, it does not jump 1.5x between the ends and back
+FAR_BEHIND = 1.5
 
 
 def _inputs(ctx: BuildContext, batch: int) -> tuple[dict[str, np.ndarray], str]:
@@ -119,6 +122,24 @@ def _open(ctx: BuildContext, variant: Variant, feeds: dict, sizes: list[int], th
                  "device": device}
 
 
+def far_behind(rates: dict[str, dict[int, float]], selectable: set[str],
+               factor: float = FAR_BEHIND) -> tuple[list[str], str]:
+    """The variants whose every throughput so far (``rates``: name -> {batch: inf/s}, the same batch sizes each)
+    is below 1/``factor`` of the best figure of a ``selectable`` variant - they cannot win at the batch sizes
+    between - and why, in one phrase."""
+    figures = [(rate, name, b) for name, by_batch in rates.items() if name in selectable
+               for b, rate in by_batch.items()]
+    if not figures:
+        return [], ""
+    top, leader, at = max(figures)
+    names = [name for name, by_batch in rates.items() if by_batch and max(by_batch.values()) * factor < top]
+    if not names:
+        return [], ""
+    measured = sorted({b for name in names for b in rates[name]})
+    return names, (f"below 1/{factor:g} of {leader}'s {human(top)} inf/s (batch {at}) at batch "
+                   f"{' and '.join(map(str, measured))}")
+
+
 def warmed_by_open(fmt: str, batch: int, sizes: list[int]) -> bool:
     """Whether ``_open`` has already warmed a runner up at ``batch`` with the feed it is measured on (batch 1 and
     the largest): another warm-up there buys nothing for onnxruntime, OpenVINO and TensorRT, whose first call
@@ -134,11 +155,12 @@ def _shares(batches: list[int]) -> dict[int, int]:
 
 def benchmark_group(ctx: BuildContext, group: list[Variant], cap: float | dict[str, float], threads: int,
                     failed: dict[str, str], batches: list[int] | None = None, window: float | None = None,
-                    label: str = "batch") -> dict[str, dict]:
+                    label: str = "batch", selectable: set[str] | None = None) -> dict[str, dict]:
     """Measure the variants of ``group`` together (round robin); returns {name: benchmark record}.
     ``cap``: seconds of windows per variant (one for all, or by name). ``batches`` (default: every batch
     size) and ``window`` (default: from the cap) serve the confirmation round, whose records hold those
-    batches only (``merge_confirmed``)."""
+    batches only (``merge_confirmed``). ``selectable``: the variants that may be published; given, a variant
+    ``far_behind`` the best of them at batch 1 and the largest is not measured at the sizes between."""
     spec = ctx.spec
     sizes = batch_sizes(spec.max_batch_size) if spec.batching else [1]
     order = _order(sizes) if batches is None else list(batches)
@@ -157,7 +179,16 @@ def benchmark_group(ctx: BuildContext, group: list[Variant], cap: float | dict[s
     spent = {name: 0.0 for name in runners}
     results: dict[str, dict] = {name: {} for name in runners}
     formats = {v.name: v.format for v in group}
+    behind, why_behind = [], ""
     for i, b in enumerate(order):
+        if selectable is not None and batches is None and i == 2:  # batch 1 and the largest are measured
+            behind, why_behind = far_behind({name: {x: m.throughput for x, m in results[name].items()}
+                                             for name in runners}, selectable)
+            for name in behind:
+                del runners[name]
+            if behind:
+                ctx.progress(f"    batch {', '.join(map(str, order[2:]))}: not measuring {', '.join(behind)} "
+                             f"({why_behind})")
         todo = sum(shares[x] for x in order[i:])
         calls, caps = {}, {}
         for name, run in list(runners.items()):
@@ -208,6 +239,9 @@ def benchmark_group(ctx: BuildContext, group: list[Variant], cap: float | dict[s
             "size_mb": round(variant.size_mb, 3),
             "window_seconds": round(window, 3),
             "inputs": feeds[sizes[0]][1],
+            **({"not_measured": {"batches": [b for b in order if b not in res],
+                                 "why": f"{why_behind}: cannot win at the batch sizes between"}}
+               if variant.name in behind else {}),
             "measured_with": [v.name for v in group if v.name in results],
             "load_average": load_average(),
             "runtime": _runtime(variant, threads, records[variant.name].get("device", "cpu")),
@@ -328,6 +362,10 @@ def run(ctx: BuildContext) -> StageResult:
     ctx.progress(f"  measuring {', '.join(v.name for v in candidates)} (up to {cap:g} s each, {threads} threads"
                  f"{', in turns' if together and len(candidates) > 1 else ''}) ...")
     failed: dict[str, str] = {}
+    # the intermediate batch sizes are skipped for variants far behind on throughput only; a text pipeline ranks
+    # its variants by how they batch as served (select's served_text_rate), which reads every batch size
+    selectable = ({v.name for v in candidates if v.name not in ctx.base_only}
+                  if ctx.spec.objective == "throughput" and ctx.pipeline is None else None)
     torch, restore = None, None
     if any(v.format == "torchscript" for v in candidates):
         import torch  # the TorchScript variants run on torch's intra-op pool
@@ -335,7 +373,7 @@ def run(ctx: BuildContext) -> StageResult:
         torch.set_num_threads(threads)
     try:
         for group in groups:
-            for name, bench in benchmark_group(ctx, group, cap, threads, failed).items():
+            for name, bench in benchmark_group(ctx, group, cap, threads, failed, selectable=selectable).items():
                 ctx.variant(name).benchmark = bench
         measured = [v for v in candidates if v.name not in failed and v.benchmark]
         close = finalists([v for v in measured if v.name not in ctx.base_only], ctx.spec.objective)

@@ -31,7 +31,8 @@ from builder.model.measure import measure_round_robin
 from builder.model.runtime import open_runner
 from builder.model.variants import CPU_TARGETS, register_variant
 from builder.optimise import onnx_tools, quant_search
-from builder.optimise.onnx_quantize import move_model, preprocess, quantize_dynamic, quantize_static, remove
+from builder.optimise.onnx_quantize import (KeptRecipes, move_model, preprocess, quantize_dynamic, quantize_static,
+                                           quantized_op_types, quantized_ops, remove)
 from builder.optimise.openvino_tools import cpu_plugin_problem
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import BaseFailed, calibration_samples, check_base, not_made, skipped_for_base
@@ -137,7 +138,7 @@ def make_int8_static(ctx: BuildContext) -> str:
     first = replace(quant_search.DEFAULT, calibration=q.calibration_method)
     final = out_dir / "model.onnx"
     quantize = lambda cand, target, only=None: quantize_static(  # noqa: E731
-        prepared, target, cand, samples, batch, large, only)
+        prepared, target, cand, samples, batch, large, only, calibration_cache=out_dir / "calibration")
     rows: list[quant_search.Row] = []
     if q.search == "off" or ctx.reference is None:
         chosen = first
@@ -150,8 +151,9 @@ def make_int8_static(ctx: BuildContext) -> str:
         rows, chosen = _search(ctx, base, prepared, quantize, first, out_dir)
         move_model(out_dir / "candidate.onnx", final)
     remove(source, pre, out_dir / "candidate.onnx")
+    shutil.rmtree(out_dir / "calibration", ignore_errors=True)
     passes.append(_recipe_text(chosen))
-    count = _quantized_ops(_graph(final))
+    count = quantized_ops(_graph(final))
     if not count:
         raise _nothing_quantized(final, "quantize_static")
     variant = Variant("onnx_int8_static", "onnx", "int8", final, exporter=f"{base.exporter}+int8", opset=base.opset,
@@ -172,22 +174,6 @@ def _recipe_text(cand) -> str:
                          cand.op_types and "op_types " + "+".join(cand.op_types),
                          cand.exclude and "FP32 nodes " + ", ".join(cand.exclude)) if x]
     return text + "".join(f", {x}" for x in extra) + ")"
-
-
-def _quantized_op_types(model) -> dict[str, int]:
-    """{op type: count} of the INT8 nodes in a quantized graph (QDQ pairs, QLinear*, *Integer,
-    DynamicQuantize*, QAttention): what a quantizer really did, whatever op types it was asked for."""
-    found: dict[str, int] = {}
-    for n in model.graph.node:
-        if n.op_type in ("QuantizeLinear", "DequantizeLinear", "QAttention") or n.op_type.startswith(
-                ("QLinear", "DynamicQuantize")) or n.op_type.endswith("Integer"):
-            found[n.op_type] = found.get(n.op_type, 0) + 1
-    return found
-
-
-def _quantized_ops(model) -> int:
-    found = _quantized_op_types(model)
-    return sum(found.values()) - found.get("DequantizeLinear", 0)  # a QDQ pair is one quantized value
 
 
 def _nothing_quantized(graph_file: Path, quantizer: str) -> NotApplicable:
@@ -228,21 +214,27 @@ def _search(ctx: BuildContext, base: Variant, prepared: Path, quantize, first, o
     names = ([o.name for o in ctx.spec.outputs], [t.name for t in ctx.spec.inputs])
     fp32 = open_runner("onnx", base.path, *names)
     trial = out_dir / "trial.onnx"
+    # the models of the passing recipes: the re-measurement and the final choice use them as they are rather
+    # than quantizing again (a recipe gives the same model each time: its calibration and quantizer are fixed)
+    kept = KeptRecipes(out_dir)
 
     nothing = []  # the first recipe (every op type it may take) quantized nothing: no recipe will
 
     def evaluate(cand, only=None) -> quant_search.Result:
         quantize(cand if only is None else replace(cand, exclude=()), trial, only)
-        if not _quantized_ops(_graph(trial)):
+        if not quantized_ops(_graph(trial)):
             nothing.extend([cand] if cand == first and only is None else [])
             return quant_search.Result(False, failures=["no node was quantised (no op of these types)"])
-        return _evaluate_model(ctx, open_runner("onnx", trial, *names), fp32, full=only is None)
+        result = _evaluate_model(ctx, open_runner("onnx", trial, *names), fp32, full=only is None)
+        if only is None and result.passed:
+            kept.keep(cand, trial)
+        return result
 
     kind = "dynamic" if first.quant_format == "dynamic" else "static"  # a build may search both: say which
     priors = quant_search.host_priors(host_isa_flags(), kind == "dynamic")
     candidates = quant_search.with_priors(first, priors, candidates or quant_search.default_candidates(q.calibration_samples))
     tried_first = 1 + sum(1 for c in priors if c != first)
-    remeasure = _remeasurer(ctx, quantize, fp32, out_dir, names)
+    remeasure = _remeasurer(ctx, quantize, fp32, out_dir, names, kept)
     # auto: the default and this host's priors always; on only while nothing settles it (quant_search.auto_settled)
     stop = (lambda rows: bool(nothing) or (  # noqa: E731
         q.search == "auto" and quant_search.auto_settled(rows, tried_first, remeasure)))
@@ -251,6 +243,7 @@ def _search(ctx: BuildContext, base: Variant, prepared: Path, quantize, first, o
     rows = quant_search.search(candidates, evaluate, q.search_seconds * SEARCH_SHARE, clock, stop_when=stop)
     if nothing:
         remove(trial)
+        kept.clear()
         raise _nothing_quantized(prepared, f"quantize_{kind}")
     if fallback and quant_search.best(rows) is None and clock() < deadline:
         start = quant_search.closest(rows)
@@ -258,11 +251,16 @@ def _search(ctx: BuildContext, base: Variant, prepared: Path, quantize, first, o
         ctx.progress(f"  no recipe passed: measuring {len(nodes)} nodes' sensitivity for the FP32 fallback ...")
         ranked = quant_search.rank_nodes(nodes, lambda n: _error(evaluate(start, only=[n])), deadline, clock)
         rows += quant_search.fallback(start, ranked, evaluate, deadline, clock)
-    quant_search.settle(rows, remeasure)  # the fastest passing recipes again, side by side with FP32
+    if quant_search.loses_to_fp32(rows):
+        ctx.progress(f"  {kind} INT8 is stably slower than FP32 here: its passing recipes are not re-measured")
+    else:
+        quant_search.settle(rows, remeasure)  # the fastest passing recipes again, side by side with FP32
     winner = quant_search.best(rows)
     chosen = winner.candidate if winner else quant_search.closest(rows)
-    quantize(chosen, out_dir / "candidate.onnx")
+    if not kept.take(chosen, out_dir / "candidate.onnx"):
+        quantize(chosen, out_dir / "candidate.onnx")
     remove(trial)
+    kept.clear()
     return rows, chosen
 
 
@@ -270,20 +268,23 @@ RUNOFF_SECONDS = 3.0  # the finalists and FP32 side by side, in turns
 SEARCH_SHARE = 0.6  # of quantization.search_seconds for the recipe list; the rest is the fallback's
 
 
-def _remeasurer(ctx: BuildContext, quantize, fp32, out_dir: Path, names):
+def _remeasurer(ctx: BuildContext, quantize, fp32, out_dir: Path, names, kept: KeptRecipes):
     """remeasure(candidates) -> their speeds vs FP32, measured side by side with FP32 in turns
     (quant_search.settle for the finalists, quant_search.stably_slower for the default recipe)."""
     feed = _speed_feed(ctx)
 
     def remeasure(cands) -> list[float]:
         ctx.progress(f"  re-measuring {len(cands)} recipe(s) side by side with FP32 ...")
-        calls, paths = {"fp32": lambda: fp32(feed)}, []
+        calls, made = {"fp32": lambda: fp32(feed)}, []
         for i, cand in enumerate(cands):
-            paths.append(out_dir / f"finalist{i}.onnx")
-            quantize(cand, paths[-1])
-            calls[str(i)] = (lambda run: lambda: run(feed))(open_runner("onnx", paths[-1], *names))
+            path = kept.path(cand)
+            if path is None:
+                path = out_dir / f"finalist{i}.onnx"
+                quantize(cand, path)
+                made.append(path)
+            calls[str(i)] = (lambda run: lambda: run(feed))(open_runner("onnx", path, *names))
         m = measure_round_robin(calls, window_seconds=SEARCH_WINDOW_SECONDS, max_seconds=RUNOFF_SECONDS)
-        remove(*paths)
+        remove(*made)
         return [_fastest(m[str(i)]) / _fastest(m["fp32"]) for i in range(len(cands))]
 
     return remeasure
@@ -370,7 +371,7 @@ def make_int8_dynamic(ctx: BuildContext) -> str:
     else:
         rows, chosen = _search(ctx, base, prepared, quantize, first, out_dir, quant_search.dynamic_candidates())
         move_model(out_dir / "candidate.onnx", final)
-    done = _quantized_op_types(_graph(final))
+    done = quantized_op_types(_graph(final))
     if not done:
         raise _nothing_quantized(final, "quantize_dynamic")
     remove(source, out_dir / "preprocessed.onnx", out_dir / "candidate.onnx")

@@ -18,7 +18,8 @@ import yaml
 
 from builder.accuracy import verification
 from builder.pipeline import build
-from builder.stages import quantize, verify
+from builder.optimise import onnx_quantize
+from builder.stages import verify
 from builder.stages.base import Status, Variant
 
 HALF = '''
@@ -187,9 +188,9 @@ def test_quantized_op_types_are_read_from_the_quantized_graph():
         ["DynamicQuantizeLinear", "MatMulInteger", "QuantizeLinear", "DequantizeLinear", "Cast", "MatMul"])]
     graph = helper.make_graph(nodes, "g", [], [])
     model = helper.make_model(graph)
-    assert quantize._quantized_op_types(model) == {"DynamicQuantizeLinear": 1, "MatMulInteger": 1,
+    assert onnx_quantize.quantized_op_types(model) == {"DynamicQuantizeLinear": 1, "MatMulInteger": 1,
                                                    "QuantizeLinear": 1, "DequantizeLinear": 1}
-    assert quantize._quantized_ops(model) == 3  # a QDQ pair quantizes one value
+    assert onnx_quantize.quantized_ops(model) == 3  # a QDQ pair quantizes one value
     assert isinstance(model, onnx.ModelProto) and np.isfinite(1.0)
 
 

@@ -256,8 +256,9 @@ def test_host_priors_follow_the_isa_and_come_right_after_the_default():
 
     u8s8_rr = replace(DEFAULT, activation_type="U8", weight_type="S8", reduce_range=True)
     assert host_priors(["avx2", "avx512f", "avx512_vnni"]) == [u8s8_rr]
-    assert host_priors(["avx2"]) == [replace(DEFAULT, reduce_range=True),
-                                     replace(DEFAULT, activation_type="U8", weight_type="U8")]
+    assert host_priors(["avx2"]) == [u8s8_rr]  # 7-bit weights: no VPMADDUBSW saturation without VNNI
+    assert host_priors(["neon", "asimd"]) == [replace(DEFAULT, reduce_range=True),
+                                              replace(DEFAULT, activation_type="U8", weight_type="U8")]
     assert host_priors(["avx2", "avx512_vnni"], dynamic=True) == [replace(DYNAMIC, per_channel=True)]
     ordered = with_priors(DEFAULT, [u8s8_rr], default_candidates())
     assert ordered[:2] == [DEFAULT, u8s8_rr] and len(ordered) == len(default_candidates())  # each recipe once
@@ -286,3 +287,17 @@ def test_auto_settles_only_after_the_priors_and_only_on_a_clear_win_or_a_stable_
     assert rows[0].remeasured and not auto_settled(rows, 2, never)  # decided once, not re-measured again
     # stably slower in every re-measurement: INT8 loses on this host
     assert auto_settled([_row(0.6), _row(0.5, candidate=prior)], 2, lambda cands: [0.6])
+
+
+def test_a_search_where_int8_stays_slower_than_fp32_skips_the_finalists_run_off():
+    from builder.optimise.quant_search import auto_settled, loses_to_fp32
+
+    prior = replace(DEFAULT, activation_type="U8", reduce_range=True)
+    rows = [_row(0.6), _row(0.5, candidate=prior)]
+    assert not loses_to_fp32(rows)  # one short measurement each: not decided yet
+    assert auto_settled(rows, 2, lambda cands: [0.6])  # stably slower: re-measured 3 times
+    assert rows[0].remeasured and loses_to_fp32(rows)
+    noisy = [_row(0.8), _row(0.82, candidate=prior)]
+    auto_settled(noisy, 2, lambda cands: [1.0])  # re-measured at FP32 speed: not a loss
+    assert noisy[0].remeasured and not loses_to_fp32(noisy)
+    assert not loses_to_fp32([_row(2.5)]) and not loses_to_fp32([_row(None, False)])

@@ -137,7 +137,10 @@ def test_every_verified_variant_is_measured_and_no_rejected_one_is(digits_build)
         bench = v.benchmark
         assert set(bench["latency_ms_b1"]) >= {"p50", "p95", "p99"}
         assert bench["latency_ms_b1"]["p50"] <= bench["latency_ms_b1"]["p95"] <= bench["latency_ms_b1"]["p99"]
-        assert sorted(bench["throughput_by_batch"]) == [1, 2, 4, 8, 16, 32, 64]
+        # a variant far behind the leader at batch 1 and 64 is not measured between (benchmark.far_behind)
+        skipped = (bench.get("not_measured") or {}).get("batches", [])
+        assert sorted(bench["throughput_by_batch"]) == ([1, 64] if skipped else [1, 2, 4, 8, 16, 32, 64])
+        assert skipped in ([], [2, 4, 8, 16, 32]) and (not skipped or v is not digits_build.context.selected)
         # after a close call the best comes from the confirmation round's batch sizes alone (one round)
         ranked = (bench.get("confirmed") or {}).get("batches") or list(bench["throughput_by_batch"])
         assert bench["best_throughput"] == max(bench["throughput_by_batch"][b] for b in ranked)
