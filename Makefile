@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps perf-analyzer backends test test-unit test-fast demo demo-hf docs wheel-smoke unlocked-smoke bench bench-tuning bench-serving bench-drift bench-replicas bench-faults bench-zoo bench-compression bench-peers bench-anchors bench-vs-ma bench-releases bench-standin bench-native bench-text-batching bench-monitor bench-rollouts bench-soak bench-hf clean
+.PHONY: setup system-deps perf-analyzer backends test test-unit test-fast demo demo-hf docs wheel-smoke unlocked-smoke bench bench-tuning bench-serving bench-drift bench-replicas bench-faults bench-zoo bench-compression bench-peers bench-anchors bench-anchors-avx2 bench-vs-ma bench-releases bench-standin bench-native bench-text-batching bench-monitor bench-rollouts bench-soak bench-hf clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	bash scripts/make-venv.sh "$(PYTHON)" $(VENV)
@@ -102,6 +102,11 @@ bench-peers: setup
 # on the real all-MiniLM-L6-v2 and a ResNet-18, side by side in one run (issue 40)
 bench-anchors: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/anchors.py
+
+# the same with AVX-512, VNNI and AMX hidden from every process (an AVX2-only CPU's kernels on this host's cores;
+# needs CPUID faulting: benchmarks/as_avx2_only.sh --check says what the runtimes see)
+bench-anchors-avx2: setup
+	HF_HUB_OFFLINE=1 benchmarks/as_avx2_only.sh $(BIN)/python benchmarks/anchors.py
 
 # tune vs Triton Model Analyzer 1.58 (its own venv, installed on first use), same server and perf_analyzer
 bench-vs-ma: setup

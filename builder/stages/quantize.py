@@ -31,8 +31,8 @@ from builder.model.measure import measure_round_robin
 from builder.model.runtime import open_runner
 from builder.model.variants import CPU_TARGETS, register_variant
 from builder.optimise import onnx_tools, quant_search
-from builder.optimise.onnx_quantize import (KeptRecipes, move_model, preprocess, quantize_dynamic, quantize_static,
-                                           quantized_op_types, quantized_ops, remove)
+from builder.optimise.onnx_quantize import (KeptRecipes, OneNodeAtATime, move_model, preprocess, quantize_dynamic,
+                                           quantize_static, quantized_op_types, quantized_ops, remove)
 from builder.optimise.openvino_tools import cpu_plugin_problem
 from builder.stages.base import BuildContext, StageResult, Variant
 from builder.stages.common import BaseFailed, calibration_samples, check_base, not_made, skipped_for_base
@@ -364,6 +364,8 @@ def make_int8_dynamic(ctx: BuildContext) -> str:
     first = quant_search.DYNAMIC
     fused = tuple(op for op in targets if op in FUSED_OPS)
     quantize = lambda cand, target, only=None: quantize_dynamic(prepared, target, cand, large, only, fused)  # noqa: E731
+    if not large:  # the per-node sensitivities: each model cut from one quantization of every node
+        quantize = OneNodeAtATime(quantize, prepared, out_dir)
     rows: list[quant_search.Row] = []
     if ctx.spec.quantization.search == "off" or ctx.reference is None:
         chosen = first
