@@ -18,13 +18,15 @@ from builder.optimise.quant_search import DYNAMIC
 NODES = ["fc1", "fc2", "fc3"]
 
 
-def mlp(path: Path) -> Path:
+def mlp(path: Path, last: str = "MatMul") -> Path:
     rng = np.random.default_rng(0)
     weights = [numpy_helper.from_array(rng.normal(size=(16, 16)).astype(np.float32), f"w{i}") for i in range(3)]
+    weights.append(numpy_helper.from_array(rng.normal(size=16).astype(np.float32), "bias"))
     nodes = [helper.make_node("MatMul", ["x", "w0"], ["a"], name="fc1"),
              helper.make_node("Relu", ["a"], ["b"], name="act"),
              helper.make_node("MatMul", ["b", "w1"], ["c"], name="fc2"),
-             helper.make_node("MatMul", ["c", "w2"], ["y"], name="fc3")]
+             helper.make_node("MatMul", ["c", "w2"], ["y"], name="fc3") if last == "MatMul" else
+             helper.make_node("Gemm", ["c", "w2", "bias"], ["y"], name="fc3", transB=1)]
     graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 16])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 16])], weights)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -77,3 +79,22 @@ def test_a_cut_unlike_the_quantizers_own_model_is_not_trusted_again(tmp_path, mo
         one_at_a_time(DYNAMIC, tmp_path / "trial.onnx", [node])
     assert calls == [None, ["fc1"], ["fc2"], ["fc3"]] and one_at_a_time.trusted is False
     assert not (tmp_path / "trial.onnx.cut").exists()
+
+
+def test_a_gemm_named_alone_or_kept_in_fp32_is_found_after_onnxruntimes_rewrite(tmp_path):
+    """quantize_dynamic rewrites every Gemm as MatMul + Add (named G_MatMul, G_Add): a sensitivity of the Gemm
+    alone, or keeping it in FP32, must still reach it; and since the rewrite touches nodes that are not
+    quantized, a cut from the FP32 graph is not onnxruntime's model - it is not trusted, the quantizer does all."""
+    source, calls = mlp(tmp_path / "mlp.onnx", last="Gemm"), []
+    onnx_quantize.quantize_dynamic(source, tmp_path / "alone.onnx", DYNAMIC, False, ["fc3"])
+    alone = [n.op_type for n in onnx.load(str(tmp_path / "alone.onnx")).graph.node]
+    assert alone.count("MatMulInteger") == 1 and alone.count("MatMul") == 2  # fc3 quantized, fc1 and fc2 not
+    onnx_quantize.quantize_dynamic(source, tmp_path / "kept.onnx", replace(DYNAMIC, exclude=("fc3",)), False)
+    kept = onnx.load(str(tmp_path / "kept.onnx")).graph.node
+    assert [n.name for n in kept if n.op_type == "MatMul"] == ["fc3_MatMul"] and sum(
+        n.op_type == "MatMulInteger" for n in kept) == 2
+    one_at_a_time = onnx_quantize.OneNodeAtATime(_quantizer(source, calls), source, tmp_path)
+    for node in NODES:
+        one_at_a_time(DYNAMIC, tmp_path / "trial.onnx", [node])
+    assert one_at_a_time.trusted is False and calls == [None, ["fc1"], ["fc2"], ["fc3"]]
+    assert np.array_equal(_run(tmp_path / "trial.onnx"), _run(tmp_path / "alone.onnx"))
