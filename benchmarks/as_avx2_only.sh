@@ -36,15 +36,18 @@ sed -E '/^flags/{s/ (avx512[a-z0-9_]*|amx_[a-z0-9]*|avx_vnni[a-z0-9_]*|avx_ifma|
 if [ "$1" = "--check" ]; then
   python="$repo/.venv/bin/python"
   set -- "$python" -c '
-import re, numpy, torch, onnxruntime, openvino as ov
+import re, torch, openvino as ov
 from pathlib import Path
+from builder.core.host import host_profile
 flags = next(l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags")).split()
 print("/proc/cpuinfo:", " ".join(f for f in flags if re.match(r"avx|amx", f)))
 print("torch cpu capability:", torch.backends.cpu.get_cpu_capability())
 print("OpenVINO CPU capabilities:", " ".join(ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")))
-config = numpy.show_runtime() if hasattr(numpy, "show_runtime") else None
+print("triton-builder host class:", host_profile(with_gpu=False)["isa_class"])
 '
 fi
+echo "as_avx2_only: AVX-512, AVX-VNNI and AMX hidden from $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)" \
+  "- a stand-in for an AVX2-only CPU: its kernels, this host's cores and clocks" >&2
 # GLIBC_TUNABLES: glibc chose its string functions before the library loads; hide the same ISA from it
 exec unshare --map-root-user --mount bash -c '
   mount --bind "$0" /proc/cpuinfo
