@@ -13,13 +13,18 @@ from builder.core.interrupts import stop_signals, terminate_as_interrupt
 
 
 def test_a_hangup_is_a_stop_signal():
-    with stop_signals() as received:
-        os.kill(os.getpid(), signal.SIGHUP)
-        time.sleep(0.05)
-        assert received == [signal.SIGHUP]
-    with terminate_as_interrupt(), pytest.raises(KeyboardInterrupt, match=f"signal {int(signal.SIGHUP)}"):
-        os.kill(os.getpid(), signal.SIGHUP)
-        time.sleep(1)
+    # as from a terminal: a test run started under nohup inherits SIGHUP ignored (the next test's case)
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        with stop_signals() as received:
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.05)
+            assert received == [signal.SIGHUP]
+        with terminate_as_interrupt(), pytest.raises(KeyboardInterrupt, match=f"signal {int(signal.SIGHUP)}"):
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(1)
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 def test_a_hangup_ignored_by_nohup_stays_ignored():
