@@ -261,6 +261,7 @@ class OneNodeAtATime:
     def __init__(self, quantize, prepared: Path, folder: Path):
         self.quantize, self.prepared, self.folder = quantize, prepared, folder
         self.fp32, self.every_node, self.trusted = None, {}, None
+        self.weight_bytes: dict[str, bytes] = {}  # each FP32 initializer as a serialized GraphProto field
 
     def __call__(self, cand, target: Path, only: list[str] | None = None) -> None:
         first = self.trusted is None
@@ -279,7 +280,6 @@ class OneNodeAtATime:
 
         if self.fp32 is None:
             self.fp32 = onnx.load(str(self.prepared))
-            self.weight_bytes = {}
             for tensor in self.fp32.graph.initializer:
                 data = tensor.SerializeToString()
                 self.weight_bytes[tensor.name] = _field_head(INITIALIZER_FIELD, len(data)) + data

@@ -323,8 +323,9 @@ def _check_version(folder: Path, number: int, gpu: str | None, tensorrt_version:
             return check
     if check.failures:
         return check
-    graph_ragged = readable_graph_ragged(folder / artifact["file"]) if artifact["format"] == "onnx" else None
-    if config is not None and graph_ragged is not None:
+    graph_ragged = (readable_graph_ragged(folder / artifact["file"])  # parsed only where a config can disagree
+                    if config is not None and artifact["format"] == "onnx" else None)
+    if graph_ragged is not None:
         ragged = ragged_layout_failure(graph_ragged, config_takes_ragged(config))
         if ragged:
             check.failures.append(ragged)

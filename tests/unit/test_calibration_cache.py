@@ -39,7 +39,14 @@ def calls(monkeypatch):
     def reader(feeds):
         inner = real(feeds)
         get_next = inner.get_next
-        inner.get_next = lambda: (lambda feed: count.append(1) or feed if feed is not None else None)(get_next())
+
+        def counted():
+            feed = get_next()
+            if feed is not None:
+                count.append(1)
+            return feed
+
+        inner.get_next = counted
         return inner
 
     monkeypatch.setattr(onnx_quantize, "reader", reader)
